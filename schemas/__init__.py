@@ -1,0 +1,33 @@
+"""Data on the bus: pydantic models and their (de)serialization. Imports nothing else."""
+
+from schemas.codec import SchemaError, decode, encode
+from schemas.messages import (
+    SCHEMA_VERSION,
+    ChatMessage,
+    DeadLetter,
+    ErrorInfo,
+    FinishReason,
+    InferenceRequest,
+    SamplingParams,
+    TokenChunk,
+    UsageEvent,
+    UsageStatus,
+    WorkerStatus,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChatMessage",
+    "DeadLetter",
+    "ErrorInfo",
+    "FinishReason",
+    "InferenceRequest",
+    "SamplingParams",
+    "SchemaError",
+    "TokenChunk",
+    "UsageEvent",
+    "UsageStatus",
+    "WorkerStatus",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,167 @@
+"""Every message on the bus. Data only: nothing here imports another tokenbus package.
+
+Each message carries ``schema_version``. A consumer that meets a version it does not
+know sends the message to the dead-letter topic (see ``schemas.codec``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: Annotated[int, Field(ge=1, le=131_072)] = 256
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+Priority = Annotated[int, Field(ge=0, le=2)]
+"""0 VIP, 1 standard, 2 batch."""
+
+
+class InferenceRequest(Message):
+    """A client's request, produced to ``requests.p{priority}`` keyed by tenant."""
+
+    request_id: str
+    session_id: str
+    tenant_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    priority: Priority = 1
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    reply_to: str
+    created_at: datetime = Field(default_factory=_now)
+    attempt: int = 0
+    """Incremented when the request is dispatched again after a worker loss."""
+    worker_id: str | None = None
+    """Set by the dispatcher on the copy it forwards to a worker."""
+    dispatched_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> InferenceRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        return self
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+    REJECTED = "rejected"
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str
+    """Machine-readable: ``quota_exceeded``, ``no_worker``, ``invalid_request``, ``engine_error``."""
+    message: str
+    retry_after_s: float | None = None
+
+
+class TokenChunk(Message):
+    """A slice of one request's output, produced to the request's ``reply_to`` topic."""
+
+    request_id: str
+    tenant_id: str
+    seq: int
+    """0, 1, 2, ... per request: a gap or a repeat is visible to the client."""
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: ErrorInfo | None = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish_reason is not None
+
+
+class UsageStatus(StrEnum):
+    OK = "ok"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class UsageEvent(Message):
+    """Exactly one per request attempt, produced to ``usage`` keyed by tenant."""
+
+    request_id: str
+    session_id: str
+    tenant_id: str
+    model: str
+    worker_id: str | None = None
+    priority: Priority = 1
+    attempt: int = 0
+    status: UsageStatus
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    error_code: str | None = None
+    created_at: datetime
+    finished_at: datetime = Field(default_factory=_now)
+
+
+class WorkerStatus(Message):
+    """A worker's heartbeat, produced to ``heartbeats`` keyed by worker id."""
+
+    worker_id: str
+    model: str
+    request_topic: str
+    num_running: int = 0
+    num_waiting: int = 0
+    max_num_seqs: int = 1
+    kv_cache_usage: float = 0.0
+    tokens_per_s: float = 0.0
+    draining: bool = False
+    sent_at: datetime = Field(default_factory=_now)
+
+
+class DeadLetter(Message):
+    """A message no consumer could parse, with where it came from and why."""
+
+    source_topic: str
+    partition: int
+    offset: int
+    consumer: str
+    reason: str
+    key: str | None = None
+    payload: str
+    """The original bytes, decoded as UTF-8 with replacement."""
+    failed_at: datetime = Field(default_factory=_now)

@@ -1,0 +1,1 @@
+"""tokenbus core: configuration, IDs, topic names and the Kafka helpers both envs share."""

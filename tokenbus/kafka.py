@@ -1,0 +1,115 @@
+"""aiokafka producers, consumers and topic admin, built from Settings.
+
+Every Kafka knob (bootstrap, acks, idempotence, linger, fetch wait) comes from
+configuration, so the same code runs against the bundled broker and Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from tokenbus.config import Settings
+
+
+class Publish(Protocol):
+    """Sends one record and returns once the broker has acknowledged it."""
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]: ...
+
+
+def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "acks": settings.kafka_acks,
+        "enable_idempotence": settings.kafka_idempotence,
+        "linger_ms": settings.linger_ms,
+        "request_timeout_ms": settings.request_timeout_ms,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(
+    settings: Settings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "request_timeout_ms": settings.request_timeout_ms,
+        "session_timeout_ms": int(settings.faust_session_timeout_s * 1000),
+        "heartbeat_interval_ms": int(settings.faust_heartbeat_interval_s * 1000),
+        "rebalance_timeout_ms": int(settings.faust_rebalance_timeout_s * 1000),
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+def publisher(producer: AIOKafkaProducer) -> Publish:
+    async def publish(topic: str, key: bytes, value: bytes) -> Any:
+        return await producer.send_and_wait(topic, value, key=key)
+
+    return publish
+
+
+async def ensure_topics(
+    settings: Settings, partitions_by_topic: dict[str, int], *, timeout_s: float = 30.0
+) -> None:
+    """Creates the topics that do not exist yet; existing ones are left as they are."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
+    )
+    await _start_with_retry(admin.start, timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor)
+            for name, n in partitions_by_topic.items()
+            if name not in existing
+        ]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won the race: the topic is there either way
+    finally:
+        await admin.close()
+
+
+async def delete_topics(settings: Settings, names: Iterable[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics(list(names))
+    except KafkaError:
+        pass  # deletion is housekeeping; an old reply topic does no harm
+    finally:
+        await admin.close()
+
+
+async def _start_with_retry(start: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await start()
+            return
+        except KafkaError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def wait_for_broker(settings: Settings, timeout_s: float = 30.0) -> None:
+    """Polls until the broker answers metadata requests."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await _start_with_retry(admin.start, timeout_s)
+    await admin.close()

@@ -1,0 +1,45 @@
+"""Topic names. Every topic is named here once, and keys always start with the tenant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topics:
+    prefix: str = "tokenbus"
+
+    def requests(self, priority: int) -> str:
+        """Client requests of one priority class, keyed by tenant."""
+        return f"{self.prefix}.requests.p{priority}"
+
+    @property
+    def all_requests(self) -> tuple[str, str, str]:
+        return (self.requests(0), self.requests(1), self.requests(2))
+
+    def worker(self, worker_id: str) -> str:
+        """Requests the dispatcher forwarded to one worker, keyed by tenant."""
+        return f"{self.prefix}.worker.{worker_id}"
+
+    def replies(self, client_id: str) -> str:
+        """One client's token chunks, keyed by tenant/request."""
+        return f"{self.prefix}.replies.{client_id}"
+
+    @property
+    def usage(self) -> str:
+        """One UsageEvent per request attempt, keyed by tenant."""
+        return f"{self.prefix}.usage"
+
+    @property
+    def heartbeats(self) -> str:
+        """WorkerStatus heartbeats, keyed by worker id."""
+        return f"{self.prefix}.heartbeats"
+
+    @property
+    def dead_letters(self) -> str:
+        """Messages a consumer could not parse, with the reason."""
+        return f"{self.prefix}.dlq"
+
+
+def reply_key(tenant_id: str, request_id: str) -> bytes:
+    return f"{tenant_id}/{request_id}".encode()

@@ -1,0 +1,1 @@
+"""GPU workers: a thin loop around vLLM's AsyncLLM, fed from Kafka."""
