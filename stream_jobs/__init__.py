@@ -1,0 +1,1 @@
+"""The Faust job: admission, priority and worker choice between clients and workers."""

@@ -1,0 +1,22 @@
+"""``python -m stream_jobs``: runs one instance of the Faust job (add more to scale out)."""
+
+from __future__ import annotations
+
+import sys
+
+import faust
+
+from stream_jobs.app import create_app
+from tokenbus.config import Settings
+
+
+def main() -> int:
+    settings = Settings()
+    app = create_app(settings)
+    worker = faust.Worker(app, loglevel="INFO", quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
