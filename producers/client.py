@@ -1,0 +1,181 @@
+"""``TokenbusClient``: produce an InferenceRequest, iterate over its TokenChunks.
+
+# InferenceRequest --> requests.p{priority} (keyed by tenant)
+# replies.{client_id} --> per-request queues --> ``stream()`` async iterators
+
+Each client owns one reply topic and reads it without a consumer group from the end,
+positioned before the first request is sent, so no reply can be missed. Nothing is
+committed: a reply stream is live, and a client that restarts asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas import (
+    ChatMessage,
+    ErrorInfo,
+    InferenceRequest,
+    SamplingParams,
+    SchemaError,
+    TokenChunk,
+    decode,
+    encode,
+)
+from tokenbus.config import Settings
+from tokenbus.dlq import dead_letter
+from tokenbus.ids import new_request_id, new_session_id, ulid
+from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class TokenbusTimeout(TimeoutError):
+    """No chunk arrived for ``client_timeout_s``."""
+
+
+class RequestFailed(RuntimeError):
+    """The request ended with an error chunk (rejected, no worker, engine error)."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+
+class TokenbusClient:
+    """An async client for programs that produce requests; one reply topic per client."""
+
+    def __init__(self, settings: Settings, client_id: str | None = None) -> None:
+        self._settings = settings
+        self._topics = Topics(settings.topic_prefix)
+        self.client_id = client_id or ulid().lower()
+        self.reply_topic = self._topics.replies(self.client_id)
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._streams: dict[str, asyncio.Queue[TokenChunk]] = {}
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await ensure_topics(self._settings, {self.reply_topic: 1})
+        self._producer = make_producer(self._settings)
+        self._consumer = make_consumer(self._settings, group_id=None)
+        await self._producer.start()
+        await self._consumer.start()
+        tp = TopicPartition(self.reply_topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)
+        await self._consumer.position(tp)  # resolves the end offset before any request
+        self._reader = asyncio.create_task(self._read_replies())
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        await delete_topics(self._settings, [self.reply_topic])
+
+    async def submit(
+        self,
+        *,
+        tenant_id: str,
+        prompt: str | None = None,
+        messages: list[ChatMessage] | None = None,
+        model: str | None = None,
+        priority: int = 1,
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> InferenceRequest:
+        """Produces the request; read its chunks with ``stream(request)``."""
+        assert self._producer is not None, "call start() first"
+        request = InferenceRequest(
+            request_id=request_id or new_request_id(),
+            session_id=session_id or new_session_id(),
+            tenant_id=tenant_id,
+            priority=priority,
+            model=model or self._settings.served_model_name,
+            prompt=prompt,
+            messages=messages,
+            sampling=sampling or SamplingParams(),
+            reply_to=self.reply_topic,
+        )
+        self.watch(request.request_id)
+        await self._producer.send_and_wait(
+            self._topics.requests(priority), encode(request), key=tenant_id.encode()
+        )
+        return request
+
+    def watch(self, request_id: str) -> None:
+        """Collects chunks for a request sent to this client's reply topic by any producer.
+
+        Call it before the request is produced; ``submit`` does so itself.
+        """
+        self._streams.setdefault(request_id, asyncio.Queue())
+
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]:
+        """Yields the request's chunks in order, ending with the one that has finish_reason."""
+        queue = self._streams.setdefault(request.request_id, asyncio.Queue())
+        expected = 0
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(
+                        queue.get(), timeout=self._settings.client_timeout_s
+                    )
+                except TimeoutError:
+                    raise TokenbusTimeout(
+                        f"no reply to {request.request_id} for "
+                        f"{self._settings.client_timeout_s:.0f} s"
+                    ) from None
+                if chunk.seq < expected:
+                    continue  # a redelivered chunk the client has already seen
+                expected = chunk.seq + 1
+                yield chunk
+                if chunk.is_last:
+                    return
+        finally:
+            self._streams.pop(request.request_id, None)
+
+    async def _read_replies(self) -> None:
+        assert self._consumer is not None and self._producer is not None
+        async for record in self._consumer:
+            try:
+                chunk = decode(TokenChunk, record.value)
+            except SchemaError as exc:
+                await dead_letter(
+                    publisher(self._producer),
+                    self._topics,
+                    consumer=self.client_id,
+                    source_topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key,
+                    value=record.value,
+                    reason=str(exc),
+                )
+                continue
+            queue = self._streams.get(chunk.request_id)
+            if queue is not None:
+                queue.put_nowait(chunk)
