@@ -1,0 +1,149 @@
+"""VllmEngine against a real vLLM engine serving the tiny random-weight model.
+
+Runs in the worker environment: /tmp/venvs/worker/bin/python -m pytest tests/worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import pytest_asyncio
+
+from workers.interface import EngineDelta, GenerateParams
+from workers.tiny_model import build_tiny_model
+from workers.vllm_engine import VllmEngine
+
+TIMEOUT_S = 60
+NUM_PROMPT_TOKENS = 300  # more than two of the CPU build's 128-token cache blocks
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    engine = VllmEngine(
+        model_dir,
+        served_model_name="tiny",
+        max_num_seqs=32,
+        max_model_len=4096,
+        dtype="float32",
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        kv_cache_gib=1,
+    )
+    await engine.start()
+    yield engine
+    await engine.shutdown()
+
+
+def unique_prompt(seed: int) -> list[int]:
+    # Distinct per test, so one test's cached blocks never serve another's prompt.
+    return [2 + (seed * 131 + i * 7) % 500 for i in range(NUM_PROMPT_TOKENS)]
+
+
+async def collect(
+    engine: VllmEngine,
+    prompt: str | list[int],
+    params: GenerateParams,
+    *,
+    cache_salt: str | None = None,
+) -> list[EngineDelta]:
+    request_id = uuid.uuid4().hex
+    async with asyncio.timeout(TIMEOUT_S):
+        stream = engine.generate(request_id, prompt, params, cache_salt=cache_salt)
+        return [delta async for delta in stream]
+
+
+async def test_deltas_add_up_to_max_tokens(engine: VllmEngine) -> None:
+    params = GenerateParams(max_tokens=24, ignore_eos=True)
+    prompts = [f"request {i} begins here" for i in range(8)]
+
+    runs = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
+
+    for deltas in runs:
+        assert sum(len(d.token_ids) for d in deltas) == 24
+        assert [d.finish_reason for d in deltas][-1] == "length"
+        assert all(d.finish_reason is None for d in deltas[:-1])
+        assert deltas[0].num_prompt_tokens and deltas[0].num_prompt_tokens > 0
+        assert all(d.num_prompt_tokens is None for d in deltas[1:])
+
+
+async def test_token_prompt_counts_its_tokens(engine: VllmEngine) -> None:
+    prompt = unique_prompt(seed=1)[:50]
+
+    deltas = await collect(engine, prompt, GenerateParams(max_tokens=5, ignore_eos=True))
+
+    assert deltas[0].num_prompt_tokens == 50
+    assert sum(len(d.token_ids) for d in deltas) == 5
+
+
+async def test_repeated_prompt_reuses_prefix_cache(engine: VllmEngine) -> None:
+    prompt = unique_prompt(seed=2)
+    params = GenerateParams(max_tokens=4, ignore_eos=True)
+
+    first = await collect(engine, prompt, params)
+    again = await collect(engine, prompt, params)
+
+    assert first[0].num_cached_tokens == 0
+    assert again[0].num_cached_tokens is not None and again[0].num_cached_tokens > 0
+
+
+async def test_cache_salt_isolates_tenants(engine: VllmEngine) -> None:
+    prompt = unique_prompt(seed=3)
+    params = GenerateParams(max_tokens=4, ignore_eos=True)
+    await collect(engine, prompt, params)  # cached without a salt
+
+    salted = await collect(engine, prompt, params, cache_salt="tenant-a")
+    other_salt = await collect(engine, prompt, params, cache_salt="tenant-b")
+    same_salt = await collect(engine, prompt, params, cache_salt="tenant-a")
+
+    assert salted[0].num_cached_tokens == 0
+    assert other_salt[0].num_cached_tokens == 0
+    assert same_salt[0].num_cached_tokens is not None and same_salt[0].num_cached_tokens > 0
+
+
+async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
+    request_id = uuid.uuid4().hex
+    params = GenerateParams(max_tokens=3000, ignore_eos=True)
+    deltas: list[EngineDelta] = []
+
+    async with asyncio.timeout(TIMEOUT_S):
+        async for delta in engine.generate(request_id, "abort me", params):
+            deltas.append(delta)
+            if len(deltas) == 2:
+                await engine.abort(request_id)
+
+    assert deltas[-1].finish_reason == "abort"
+    assert sum(len(d.token_ids) for d in deltas) < 3000
+
+
+async def test_stats_show_running_requests_under_load(engine: VllmEngine) -> None:
+    params = GenerateParams(max_tokens=64, ignore_eos=True)
+    seen_running: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            seen_running.append(engine.stats().num_running)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    await asyncio.gather(*(collect(engine, f"load {i}", params) for i in range(8)))
+    sampler.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampler
+
+    assert max(seen_running) > 0
+    assert engine.stats().num_running == 0
+    assert engine.stats().tokens_per_s > 0
+
+
+def test_render_chat_uses_the_model_template(engine: VllmEngine) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+    assert engine.render_chat(messages) == "system: be brief\nuser: hi\nassistant: "

@@ -1,0 +1,58 @@
+"""``tokenbus-worker`` / ``python -m workers``: one vLLM worker serving one model.
+
+Configuration comes from ``TOKENBUS_*`` variables (see tokenbus.config.Settings).
+SIGTERM or SIGINT drains: running requests finish, nothing new is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from tokenbus.config import Settings
+from workers.worker import Worker
+
+log = logging.getLogger("workers")
+
+
+async def _serve(settings: Settings) -> None:
+    from workers.vllm_engine import VllmEngine  # imports vLLM: worker environment only
+
+    engine = VllmEngine(
+        model_dir=settings.model_dir,
+        served_model_name=settings.served_model_name,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        dtype=settings.dtype,
+        enforce_eager=settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        kv_cache_gib=settings.kv_cache_gib,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("starting engine for %s from %s", settings.served_model_name, settings.model_dir)
+    await engine.start()
+    try:
+        await Worker(settings, engine).run(stop)
+    finally:
+        await engine.shutdown()
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = Settings()
+    if not settings.model_dir.exists():
+        print(f"error: no model at {settings.model_dir}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(settings))
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns its engine core: the guard is required
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The Engine contract on vLLM's v1 AsyncLLM; the GPU and CPU builds run this same code.
+
+Imported only in the worker environment, where vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+from vllm import SamplingParams
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TextPrompt, TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+
+from workers.interface import EngineDelta, EngineStats, GenerateParams
+
+GiB = 1 << 30
+RATE_WINDOW_S = 5.0
+
+
+class SchedulerStatsRecorder(StatLoggerBase):
+    """Keeps vLLM's latest scheduler stats and a window of generated tokens for heartbeats."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
+        self.latest = SchedulerStats()
+        self._generated: deque[tuple[float, int]] = deque()  # (monotonic time, tokens)
+
+    # Called by AsyncLLM's output handler, on the event loop, once per engine step.
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.latest = scheduler_stats
+        if iteration_stats is not None and iteration_stats.num_generation_tokens:
+            self._generated.append((time.monotonic(), iteration_stats.num_generation_tokens))
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def tokens_per_s(self) -> float:
+        # A fixed window, so the rate decays to 0 when the engine goes idle.
+        horizon = time.monotonic() - RATE_WINDOW_S
+        while self._generated and self._generated[0][0] < horizon:
+            self._generated.popleft()
+        return sum(n for _, n in self._generated) / RATE_WINDOW_S
+
+
+class VllmEngine:
+    """Engine backed by vllm.v1 AsyncLLM: continuous batching, prefix cache, priorities."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        served_model_name: str,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: str,
+        enforce_eager: bool,
+        enable_prefix_caching: bool,
+        kv_cache_gib: int,
+    ) -> None:
+        self.model_name = served_model_name
+        self.max_num_seqs = max_num_seqs
+        self._args = AsyncEngineArgs(
+            model=str(model_dir),
+            served_model_name=served_model_name,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            dtype=dtype,  # type: ignore[arg-type]
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            # An engine argument rather than VLLM_CPU_KVCACHE_SPACE: the CPU build reads
+            # that variable into this same field, and the GPU build honours only this.
+            kv_cache_memory_bytes=kv_cache_gib * GiB,
+            scheduling_policy="priority",
+            # Only our recorder: the default loggers print to the log every few seconds.
+            disable_log_stats=True,
+        )
+        self._llm: AsyncLLM | None = None
+        self._recorder: SchedulerStatsRecorder | None = None
+
+    async def start(self) -> None:
+        recorders: list[SchedulerStatsRecorder] = []
+
+        def make_recorder(config: VllmConfig, engine_index: int) -> SchedulerStatsRecorder:
+            recorders.append(SchedulerStatsRecorder(config, engine_index))
+            return recorders[-1]
+
+        # Loading blocks for many seconds; a thread keeps this loop (and its Kafka
+        # heartbeats) alive. AsyncLLM starts its output handler on the first request.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, self._args, stat_loggers=[make_recorder]
+        )
+        self._recorder = recorders[0]
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        tokenizer = self._engine().get_tokenizer()
+        rendered = tokenizer.apply_chat_template(
+            messages,  # type: ignore[arg-type]
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        assert isinstance(rendered, str)
+        return rendered
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: GenerateParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[EngineDelta]:
+        sampling = SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        engine_prompt: TextPrompt | TokensPrompt = (
+            TextPrompt(prompt=prompt)
+            if isinstance(prompt, str)
+            else TokensPrompt(prompt_token_ids=list(prompt))
+        )
+        if cache_salt is not None:
+            engine_prompt["cache_salt"] = cache_salt  # separates tenants in the prefix cache
+        first = True
+        # aclosing: if our caller stops early, vLLM's generator closes now and aborts.
+        async with aclosing(
+            self._engine().generate(engine_prompt, sampling, request_id, priority=priority)
+        ) as outputs:
+            async for out in outputs:
+                completion = out.outputs[0]
+                finish_reason = completion.finish_reason if out.finished else None
+                token_ids = list(completion.token_ids)
+                if not (first or token_ids or completion.text or finish_reason):
+                    continue  # an empty step (e.g. text held back for a stop string)
+                yield EngineDelta(
+                    text=completion.text,
+                    token_ids=token_ids,
+                    finish_reason=finish_reason,
+                    num_prompt_tokens=len(out.prompt_token_ids or ()) if first else None,
+                    num_cached_tokens=(out.num_cached_tokens or 0) if first else None,
+                )
+                first = False
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine().abort(request_id)
+
+    def stats(self) -> EngineStats:
+        if self._llm is None or self._recorder is None:
+            return EngineStats()
+        latest = self._recorder.latest
+        # The scheduler reports only when it steps; an abort of the last request leaves
+        # no further step, so its last counts would stay stale while the engine idles.
+        idle = self._llm.get_num_unfinished_requests() == 0
+        return EngineStats(
+            num_running=0 if idle else latest.num_running_reqs,
+            num_waiting=0 if idle else latest.num_waiting_reqs,
+            kv_cache_usage=latest.kv_cache_usage,
+            tokens_per_s=self._recorder.tokens_per_s(),
+        )
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    def _engine(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine.start() has not been called")
+        return self._llm
