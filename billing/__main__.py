@@ -1,0 +1,94 @@
+"""``python -m billing``: the sink and its query server, until SIGINT or SIGTERM.
+
+This process owns the ClickHouse data (see ``billing.query_server`` for why that
+matters with chdb). ``billing_report`` is re-exported here for the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from billing.console import billing_report
+from billing.query_server import create_app, start_query_server
+from billing.sink import BillingSink
+from billing.storage import ClickHouseStore
+from tokenbus.config import Settings
+from tokenbus.kafka import ensure_topics
+from tokenbus.topics import Topics
+
+__all__ = ["billing_report", "main", "serve"]
+
+log = logging.getLogger("billing")
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    """Runs the sink and the query server until ``stop`` is set."""
+    topics = Topics(settings.topic_prefix)
+    # The same topics as the local stack creates; existing ones are left alone.
+    await ensure_topics(settings, {topics.usage: settings.num_partitions, topics.dead_letters: 1})
+    # The writer migrates first; the query side gets a client of its own, read-only,
+    # so outside SQL can never write and never waits on the sink's inserts.
+    store = await _open_writer(settings.clickhouse)
+    try:
+        query_store = await asyncio.to_thread(
+            ClickHouseStore, settings.clickhouse, migrate=False, read_only=True
+        )
+        try:
+            sink = BillingSink(settings, store)
+            app = create_app(query_store, dsn=settings.clickhouse, stats=sink.stats)
+            runner = await start_query_server(app, settings.billing_query_port)
+            log.info(
+                "billing: %s --> %s; queries on http://127.0.0.1:%d",
+                topics.usage,
+                settings.clickhouse,
+                settings.billing_query_port,
+            )
+            try:
+                await sink.run(stop)
+            finally:
+                await runner.cleanup()
+        finally:
+            query_store.close()
+    finally:
+        store.close()
+
+
+async def _open_writer(dsn: str, timeout_s: float = 15.0) -> ClickHouseStore:
+    """Opens (and migrates) the store, waiting out a reader that holds a chdb directory.
+
+    A CLI report run while no sink is up opens the directory itself for a moment
+    (``billing.reader``, case c); chdb then refuses this process until it lets go.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await asyncio.to_thread(ClickHouseStore, dsn)
+        except ClickHouseError as exc:
+            if loop.time() > deadline:
+                raise
+            log.warning("cannot open %s yet, retrying: %s", dsn, exc)
+            await asyncio.sleep(0.5)
+
+
+async def _main(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(settings, stop)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_main(Settings()))
+
+
+if __name__ == "__main__":
+    main()

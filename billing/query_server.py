@@ -1,0 +1,108 @@
+"""Read-only SQL over loopback HTTP, for the ClickHouse data this process owns.
+
+A chdb data directory can be open in one process only, and the sink's process holds
+it. So that process also answers queries for the CLI, tests and dashboards:
+
+- ``POST /query`` with ``{"sql": "...", "parameters": {...}}`` --> ``{"rows": [...]}``;
+  a refused statement or a ClickHouse error --> 400 ``{"error": "..."}``.
+- ``GET /healthz`` --> ``{"status": "ok", "chdb_path": ..., **stats}``; readers compare
+  ``chdb_path`` to make sure they reached the owner of *their* directory.
+
+It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
+keyword check below only makes refusals clear, ClickHouse's readonly=1 enforces them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from billing.sql_guard import read_only_problem
+from billing.storage import Queryable, chdb_path
+
+STORE_KEY = web.AppKey("store", Queryable)
+HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
+
+
+def create_app(
+    store: Queryable, *, dsn: str, stats: Callable[[], Mapping[str, int]] | None = None
+) -> web.Application:
+    path = chdb_path(dsn)
+    owned_path = os.path.realpath(path) if path is not None else None
+
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "chdb_path": owned_path, **(stats() if stats else {})}
+
+    app = web.Application()
+    app[STORE_KEY] = store
+    app[HEALTH_KEY] = health
+    app.router.add_post("/query", _query)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def start_query_server(app: web.Application, port: int) -> web.AppRunner:
+    """Serves ``app`` on 127.0.0.1:``port``; the caller awaits ``runner.cleanup()``."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return _json(request.app[HEALTH_KEY]())
+
+
+async def _query(request: web.Request) -> web.Response:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return _error(f"the body is not JSON: {exc}")
+    if not isinstance(body, dict) or not isinstance(body.get("sql"), str):
+        return _error('expected {"sql": "...", "parameters": {...}}')
+    sql: str = body["sql"]
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        return _error('"parameters" must be a JSON object')
+    problem = read_only_problem(sql)
+    if problem is not None:
+        return _error(problem)
+    store = request.app[STORE_KEY]
+    try:
+        # Off the event loop: the sink's batches share it, and the client call blocks.
+        rows = await asyncio.to_thread(store.query, sql, parameters)
+    except ClickHouseError as exc:
+        return _error(str(exc))
+    try:
+        return _json({"rows": rows})
+    except orjson.JSONEncodeError as exc:  # e.g. an Int128 beyond JSON's 64-bit range
+        return _error(f"a result value cannot be sent as JSON: {exc}")
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    body = orjson.dumps(payload, default=_jsonable, option=orjson.OPT_NON_STR_KEYS)
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def _error(message: str) -> web.Response:
+    return _json({"error": message}, status=400)
+
+
+def _jsonable(value: Any) -> Any:
+    # orjson handles datetimes, dates, UUIDs and containers; what is left (Decimal,
+    # IP addresses, bytes) travels as text so that no digit is rounded on the way.
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)

@@ -1,0 +1,71 @@
+"""UsageEvent --> a ``usage_events`` row. Pure: the storage layer's only encoding step."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas import UsageEvent
+
+USAGE_COLUMNS: tuple[str, ...] = (
+    "tenant_id",
+    "session_id",
+    "request_id",
+    "attempt",
+    "model",
+    "worker_id",
+    "priority",
+    "status",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "queue_ms",
+    "ttft_ms",
+    "total_ms",
+    "error_code",
+    "created_at",
+    "finished_at",
+)
+"""Every column the sink writes; ``inserted_at`` is left to its DEFAULT."""
+
+_UNSIGNED_FIELDS = ("attempt", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens")
+
+
+class UnstorableEvent(ValueError):
+    """An event that decoded but cannot be a row; the sink dead-letters it.
+
+    Retrying would never help, and one such event must not hold up the whole batch.
+    """
+
+
+def usage_row(event: UsageEvent) -> tuple[Any, ...]:
+    for name in _UNSIGNED_FIELDS:
+        if getattr(event, name) < 0:
+            raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
+    return (
+        event.tenant_id,
+        event.session_id,
+        event.request_id,
+        event.attempt,
+        event.model,
+        event.worker_id or "",
+        event.priority,
+        event.status.value,
+        event.finish_reason.value if event.finish_reason is not None else "",
+        event.num_prompt_tokens,
+        event.num_completion_tokens,
+        event.num_cached_tokens,
+        event.queue_ms,
+        event.ttft_ms,
+        event.total_ms,
+        event.error_code or "",
+        _utc(event.created_at),
+        _utc(event.finished_at),
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    # clickhouse-connect turns a naive datetime into epoch seconds with the *host's* local
+    # zone; the bus speaks UTC, so a naive timestamp from a producer is taken as UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -1,0 +1,146 @@
+"""The loopback query server, on the embedded engine with a read-only client."""
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from billing.query_server import create_app
+from billing.storage import ClickHouseStore
+from schemas import UsageEvent, UsageStatus
+
+
+@pytest.fixture
+def stores() -> Iterator[tuple[ClickHouseStore, ClickHouseStore]]:
+    """(writer, read-only reader) on one embedded engine, as in the sink's process."""
+    with ClickHouseStore("chdb://memory") as writer:
+        with ClickHouseStore("chdb://memory", migrate=False, read_only=True) as reader:
+            yield writer, reader
+
+
+@pytest.fixture
+async def client(
+    stores: tuple[ClickHouseStore, ClickHouseStore], tmp_path: Path
+) -> AsyncIterator[TestClient[Any, Any]]:
+    app = create_app(stores[1], dsn=f"chdb://{tmp_path}", stats=lambda: {"num_inserted": 7})
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+async def _post(client: TestClient[Any, Any], body: Any) -> tuple[int, Any]:
+    response = await client.post("/query", data=orjson.dumps(body))
+    return response.status, orjson.loads(await response.read())
+
+
+async def test_select_returns_rows_as_json(
+    client: TestClient[Any, Any], stores: tuple[ClickHouseStore, ClickHouseStore]
+) -> None:
+    stores[0].insert_usage(
+        [
+            UsageEvent(
+                request_id="req_1",
+                session_id="sess_1",
+                tenant_id="acme",
+                model="tiny",
+                status=UsageStatus.OK,
+                num_prompt_tokens=11,
+                created_at=datetime(2026, 1, 1, tzinfo=UTC),
+            )
+        ]
+    )
+
+    status, body = await _post(
+        client,
+        {
+            "sql": "SELECT tenant_id, prompt_tokens, created_at, ttft_ms, toDecimal64(1.25, 2) AS d"
+            " FROM usage_events FINAL WHERE tenant_id = {tenant:String}",
+            "parameters": {"tenant": "acme"},
+        },
+    )
+
+    assert status == 200
+    assert body == {
+        "rows": [
+            {
+                "tenant_id": "acme",
+                "prompt_tokens": 11,
+                "created_at": "2026-01-01T00:00:00+00:00",
+                "ttft_ms": None,
+                "d": str(Decimal("1.25")),
+            }
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("INSERT INTO usage_events (tenant_id) VALUES ('x')", "read-only statements"),
+        ("SELECT 1; DROP TABLE usage_events", "one statement"),
+        ("SELEC 1", "only read-only statements"),
+        ("SELECT 1 INTO OUTFILE 'billing-test-outfile.txt'", "INTO OUTFILE"),
+        ("SELECT * FROM no_such_table", "UNKNOWN_TABLE"),
+        ("SELECT nope FROM usage_events", "UNKNOWN_IDENTIFIER"),
+    ],
+)
+async def test_refused_or_failing_sql_is_a_400_with_the_reason(
+    client: TestClient[Any, Any], sql: str, message: str
+) -> None:
+    status, body = await _post(client, {"sql": sql})
+
+    assert status == 400
+    assert message in body["error"]
+    # The table is intact and the handle answers the next query correctly.
+    status, body = await _post(client, {"sql": "SELECT count() AS n FROM usage_events"})
+    assert (status, body) == (200, {"rows": [{"n": 0}]})
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "WITH 'x' AS t INSERT INTO usage_events (tenant_id) SELECT t",
+        "SELECT * FROM system.one SETTINGS readonly = 0",
+        "SELECT * FROM file('/etc/hostname', 'LineAsString')",
+    ],
+)
+async def test_the_read_only_client_refuses_what_passes_the_keyword_check(
+    client: TestClient[Any, Any], sql: str
+) -> None:
+    status, body = await _post(client, {"sql": sql})
+
+    assert status == 400
+    assert "readonly" in body["error"].lower()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b"[]", b'{"sql": 1}', b'{"sql": "SELECT 1", "parameters": [1]}'],
+)
+async def test_malformed_requests_are_a_400(client: TestClient[Any, Any], raw: bytes) -> None:
+    response = await client.post("/query", data=raw)
+
+    assert response.status == 400
+    assert "error" in orjson.loads(await response.read())
+
+
+@pytest.fixture
+def resolved_tmp_path(tmp_path: Path) -> str:
+    return str(tmp_path.resolve())
+
+
+async def test_healthz_names_the_directory_it_owns_and_the_counters(
+    client: TestClient[Any, Any], resolved_tmp_path: str
+) -> None:
+    response = await client.get("/healthz")
+
+    assert response.status == 200
+    assert orjson.loads(await response.read()) == {
+        "status": "ok",
+        "chdb_path": resolved_tmp_path,
+        "num_inserted": 7,
+    }

@@ -1,0 +1,286 @@
+"""The sink's write order and retries, on a fake consumer and a fake store."""
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from billing.retry import Backoff
+from billing.sink import BillingSink, billing_group_id
+from billing.storage import Row
+from schemas import DeadLetter, UsageEvent, UsageStatus, decode, encode
+from tokenbus.config import Settings
+from tokenbus.kafka import Publish
+from tokenbus.topics import Topics
+
+TOPICS = Topics("t")
+P0 = TopicPartition(TOPICS.usage, 0)
+P1 = TopicPartition(TOPICS.usage, 1)
+FAST = Backoff(initial_s=0.01, max_s=0.02)
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class FakeConsumer:
+    def __init__(self, journal: list[Any], records: Mapping[TopicPartition, list[bytes]]) -> None:
+        self.journal = journal
+        self.queues = {
+            tp: [Record(tp.topic, tp.partition, i, b"acme", v) for i, v in enumerate(values)]
+            for tp, values in records.items()
+        }
+        self.end_offsets = {tp: len(values) for tp, values in records.items()}
+        self.assigned = set(records)
+        self.committed: dict[TopicPartition, int] = {}
+        self.num_fetches = 0
+
+    async def getmany(
+        self, *partitions: Any, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, list[Any]]:
+        self.num_fetches += 1
+        budget = max_records or 1_000_000
+        fetched: dict[Any, list[Any]] = {}
+        for tp, queue in self.queues.items():
+            take, self.queues[tp] = queue[:budget], queue[budget:]
+            if take:
+                fetched[tp] = take
+                budget -= len(take)
+        if not fetched:
+            await asyncio.sleep(min(timeout_ms, 5) / 1000)
+        return fetched
+
+    async def commit(self, offsets: dict[Any, int] | None = None) -> None:
+        assert offsets is not None
+        self.journal.append(("commit", dict(offsets)))
+        self.committed.update(offsets)
+
+    def assignment(self) -> set[Any]:
+        return set(self.assigned)
+
+    @property
+    def drained(self) -> bool:
+        return self.committed == {
+            tp: n for tp, n in self.end_offsets.items() if tp in self.assigned
+        }
+
+
+class FakeStore:
+    def __init__(self, journal: list[Any], *, num_failures: int = 0) -> None:
+        self.journal = journal
+        self.num_failures = num_failures
+        self.rows: list[UsageEvent] = []
+        self.fetches_at_insert: list[int] = []
+        self.consumer: FakeConsumer | None = None
+
+    def insert_usage(self, events: Sequence[UsageEvent]) -> None:
+        if self.consumer is not None:
+            self.fetches_at_insert.append(self.consumer.num_fetches)
+        if self.num_failures > 0:
+            self.num_failures -= 1
+            self.journal.append(("insert failed", len(events)))
+            raise ConnectionError("ClickHouse is down")
+        self.journal.append(("insert", [e.request_id for e in events]))
+        self.rows.extend(events)
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[Row]:
+        raise NotImplementedError
+
+
+class FakePublish:
+    def __init__(self, journal: list[Any]) -> None:
+        self.journal = journal
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        self.journal.append(("publish", topic))
+        self.sent.append((topic, key, value))
+
+
+def _usage(n: int, **overrides: object) -> bytes:
+    fields: dict[str, object] = {
+        "request_id": f"req_{n}",
+        "session_id": "sess_1",
+        "tenant_id": "acme",
+        "model": "tiny",
+        "status": UsageStatus.OK,
+        "num_prompt_tokens": n,
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    fields.update(overrides)
+    return encode(UsageEvent.model_validate(fields))
+
+
+def test_the_group_is_tokenbus_billing_unless_the_prefix_changes(tmp_path: Path) -> None:
+    assert billing_group_id(Settings(home=tmp_path)) == "tokenbus-billing"
+    assert billing_group_id(Settings(home=tmp_path, topic_prefix="ci-7")) == "ci-7-billing"
+
+
+def _settings(tmp_path: Path, batch_rows: int = 100) -> Settings:
+    return Settings(
+        home=tmp_path,
+        topic_prefix=TOPICS.prefix,
+        billing_batch_rows=batch_rows,
+        billing_batch_interval_s=0.01,
+    )
+
+
+async def _eventually(done: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if done():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the sink did not get there within 5 s")
+
+
+async def _run_until(
+    sink: BillingSink, consumer: FakeConsumer, publish: Publish, done: Callable[[], bool]
+) -> None:
+    """Runs the sink's loop until ``done()``, then stops it and waits for it to return."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.consume(consumer, publish, stop))
+    try:
+        await _eventually(done)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_inserts_then_commits_past_the_batch_and_dead_letters_bad_records(
+    tmp_path: Path,
+) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(
+        journal, {P0: [_usage(0), b"{not json", _usage(1)], P1: [_usage(2), _usage(3)]}
+    )
+    store = FakeStore(journal)
+    publish = FakePublish(journal)
+    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+
+    await _run_until(sink, consumer, publish, lambda: consumer.drained)
+
+    assert [kind for kind, _ in journal] == ["publish", "insert", "commit"]
+    assert journal[-1] == ("commit", {P0: 3, P1: 2})
+    assert sorted(e.request_id for e in store.rows) == ["req_0", "req_1", "req_2", "req_3"]
+    [(topic, key, value)] = publish.sent
+    letter = decode(DeadLetter, value)
+    assert (topic, key) == (TOPICS.dead_letters, b"acme")
+    assert (letter.source_topic, letter.partition, letter.offset) == (TOPICS.usage, 0, 1)
+    assert letter.consumer == "t-billing"
+    assert "not JSON" in letter.reason
+    assert letter.payload == "{not json"
+    assert (sink.num_inserted, sink.num_dead_letters) == (4, 1)
+
+
+async def test_events_that_cannot_be_rows_are_dead_lettered_not_retried(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0, num_cached_tokens=-1), _usage(1)]})
+    store = FakeStore(journal)
+    publish = FakePublish(journal)
+    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+
+    await _run_until(sink, consumer, publish, lambda: consumer.drained)
+
+    assert [e.request_id for e in store.rows] == ["req_1"]
+    assert "num_cached_tokens" in decode(DeadLetter, publish.sent[0][2]).reason
+    assert sink.num_write_failures == 0
+
+
+async def test_a_failing_insert_is_retried_without_committing_or_fetching_more(
+    tmp_path: Path,
+) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(n) for n in range(6)]})
+    store = FakeStore(journal, num_failures=3)
+    store.consumer = consumer
+    sink = BillingSink(_settings(tmp_path, batch_rows=4), store, backoff=FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert journal == [
+        ("insert failed", 4),
+        ("insert failed", 4),
+        ("insert failed", 4),
+        ("insert", ["req_0", "req_1", "req_2", "req_3"]),
+        ("commit", {P0: 4}),
+        ("insert", ["req_4", "req_5"]),
+        ("commit", {P0: 6}),
+    ]
+    # All four attempts at the first batch saw the same number of fetches: none between.
+    assert len(set(store.fetches_at_insert[:4])) == 1
+    assert (sink.num_inserted, sink.num_write_failures) == (6, 3)
+
+
+async def test_stopping_during_an_outage_commits_nothing(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
+    store = FakeStore(journal, num_failures=1_000)
+    sink = BillingSink(_settings(tmp_path), store, backoff=Backoff(initial_s=60, max_s=60))
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: bool(journal))
+
+    assert journal == [("insert failed", 2)]
+    assert consumer.committed == {}
+    assert sink.num_inserted == 0
+
+
+async def test_batches_hold_at_most_batch_rows(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(n) for n in range(4)], P1: [_usage(9)] * 3})
+    store = FakeStore(journal)
+    sink = BillingSink(_settings(tmp_path, batch_rows=3), store, backoff=FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    inserts = [len(ids) for kind, ids in journal if kind == "insert"]
+    assert max(inserts) <= 3
+    assert sum(inserts) == 7
+
+
+async def test_only_assigned_partitions_are_committed(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)], P1: [_usage(1)]})
+    consumer.assigned = {P0}  # P1 moved to another member after this batch was fetched
+    store = FakeStore(journal)
+    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert consumer.committed == {P0: 1}
+
+
+@pytest.mark.parametrize("num_failures", [1, 2])
+async def test_a_failing_dead_letter_send_is_retried_before_the_commit(
+    tmp_path: Path, num_failures: int
+) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [b"[]"]})
+    publish = FakePublish(journal)
+    remaining = [num_failures]
+
+    async def flaky_publish(topic: str, key: bytes, value: bytes) -> None:
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            journal.append(("publish failed", topic))
+            raise ConnectionError("broker away")
+        await publish(topic, key, value)
+
+    sink = BillingSink(_settings(tmp_path), FakeStore(journal), backoff=FAST)
+
+    await _run_until(sink, consumer, flaky_publish, lambda: consumer.drained)
+
+    assert [kind for kind, _ in journal] == ["publish failed"] * num_failures + [
+        "publish",
+        "commit",
+    ]
+    assert (sink.num_dead_letters, sink.num_write_failures) == (1, num_failures)
