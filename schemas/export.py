@@ -1,6 +1,6 @@
 """Writes one JSON Schema file per bus message, for producers in other languages.
 
-    python -m schemas.export          # rewrite schemas/json/*.schema.json
+python -m schemas.export          # rewrite schemas/json/*.schema.json
 """
 
 from __future__ import annotations

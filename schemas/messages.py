@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 def _now() -> datetime:
@@ -85,7 +85,7 @@ class ErrorInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     code: str
-    """Machine-readable: ``quota_exceeded``, ``no_worker``, ``invalid_request``, ``engine_error``."""
+    """Machine-readable: ``quota_exceeded``, ``no_worker``, ``engine_error``, ..."""
     message: str
     retry_after_s: float | None = None
 

@@ -9,8 +9,12 @@ from schemas.export import BUS_MESSAGES, render, schema_path
 
 def request(**overrides: object) -> InferenceRequest:
     fields: dict[str, object] = {
-        "request_id": "req_1", "session_id": "sess_1", "tenant_id": "acme",
-        "model": "tiny-llama", "prompt": "hello", "reply_to": "tokenbus.replies.c1",
+        "request_id": "req_1",
+        "session_id": "sess_1",
+        "tenant_id": "acme",
+        "model": "tiny-llama",
+        "prompt": "hello",
+        "reply_to": "tokenbus.replies.c1",
     }
     fields.update(overrides)
     return InferenceRequest.model_validate(fields)
@@ -69,6 +73,15 @@ def test_last_chunk_is_the_one_with_a_finish_reason() -> None:
 
 def test_usage_event_requires_a_status() -> None:
     with pytest.raises(SchemaError, match="status"):
-        decode(UsageEvent, orjson.dumps({"request_id": "r", "session_id": "s",
-                                         "tenant_id": "t", "model": "m",
-                                         "created_at": "2026-01-01T00:00:00Z"}))
+        decode(
+            UsageEvent,
+            orjson.dumps(
+                {
+                    "request_id": "r",
+                    "session_id": "s",
+                    "tenant_id": "t",
+                    "model": "m",
+                    "created_at": "2026-01-01T00:00:00Z",
+                }
+            ),
+        )

