@@ -3,6 +3,7 @@
 from schemas.codec import SchemaError, decode, encode
 from schemas.messages import (
     SCHEMA_VERSION,
+    CancelRequest,
     ChatMessage,
     DeadLetter,
     ErrorInfo,
@@ -17,6 +18,7 @@ from schemas.messages import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CancelRequest",
     "ChatMessage",
     "DeadLetter",
     "ErrorInfo",

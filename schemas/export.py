@@ -11,13 +11,21 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
-from schemas.messages import DeadLetter, InferenceRequest, TokenChunk, UsageEvent, WorkerStatus
+from schemas.messages import (
+    CancelRequest,
+    DeadLetter,
+    InferenceRequest,
+    TokenChunk,
+    UsageEvent,
+    WorkerStatus,
+)
 
 BUS_MESSAGES: tuple[type[BaseModel], ...] = (
     InferenceRequest,
     TokenChunk,
     UsageEvent,
     WorkerStatus,
+    CancelRequest,
     DeadLetter,
 )
 SCHEMA_DIR = Path(__file__).parent / "json"

@@ -65,6 +65,12 @@ class InferenceRequest(Message):
     worker_id: str | None = None
     """Set by the dispatcher on the copy it forwards to a worker."""
     dispatched_at: datetime | None = None
+    overload_tier: Annotated[int, Field(ge=0, le=2)] = 0
+    """0 normal, 1 above 120% of capacity, 2 above 150%; set by the dispatcher."""
+    cache_salt: str | None = None
+    """Prefix-cache isolation key; the dispatcher sets it from the tenant's sharing group."""
+    flags: list[str] = Field(default_factory=list)
+    """Notes that travel to the UsageEvent: ``injection_suspected``, ``max_tokens_capped``."""
 
     @model_validator(mode="after")
     def _one_input(self) -> InferenceRequest:
@@ -134,6 +140,10 @@ class UsageEvent(Message):
     ttft_ms: float | None = None
     total_ms: float = 0.0
     error_code: str | None = None
+    overload_tier: Annotated[int, Field(ge=0, le=2)] = 0
+    precision: str = "fp16"
+    """Weights precision (fp32, fp16, bf16, int8), for the cost weights."""
+    flags: list[str] = Field(default_factory=list)
     created_at: datetime
     finished_at: datetime = Field(default_factory=_now)
 
@@ -150,6 +160,18 @@ class WorkerStatus(Message):
     kv_cache_usage: float = 0.0
     tokens_per_s: float = 0.0
     draining: bool = False
+    sent_at: datetime = Field(default_factory=_now)
+
+
+class CancelRequest(Message):
+    """A client gave up on a request, produced to ``cancels`` keyed by tenant.
+
+    The job drops it if still queued; the worker running it aborts it in vLLM.
+    """
+
+    request_id: str
+    tenant_id: str
+    reason: str = "client_cancelled"
     sent_at: datetime = Field(default_factory=_now)
 
 

@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     max_model_len: int = 16_384
     kv_cache_gib: int = 1
     dtype: str = "float32"
+    precision: str | None = None
+    """What billing calls the served weights (``int8`` for a quantized model); default: dtype."""
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     heartbeat_interval_s: float = 0.5
@@ -93,6 +95,11 @@ class Settings(BaseSettings):
     @property
     def clickhouse(self) -> str:
         return self.clickhouse_dsn or f"chdb://{self.home / 'clickhouse'}"
+
+    @property
+    def served_precision(self) -> str:
+        short = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+        return self.precision or short.get(self.dtype, self.dtype)
 
     def tpm_for(self, tenant_id: str) -> int:
         return self.tenant_tpm.get(tenant_id, self.default_tpm)

@@ -31,6 +31,11 @@ class Topics:
         return f"{self.prefix}.usage"
 
     @property
+    def cancels(self) -> str:
+        """CancelRequests, keyed by tenant; read by the job and by every worker."""
+        return f"{self.prefix}.cancels"
+
+    @property
     def heartbeats(self) -> str:
         """WorkerStatus heartbeats, keyed by worker id."""
         return f"{self.prefix}.heartbeats"

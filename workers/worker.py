@@ -203,7 +203,7 @@ class Worker:
                 prompt,
                 params,
                 priority=request.priority,
-                cache_salt=request.tenant_id,
+                cache_salt=request.cache_salt or request.tenant_id,
             ):
                 if delta.num_prompt_tokens is not None:
                     num_prompt = delta.num_prompt_tokens
@@ -269,6 +269,9 @@ class Worker:
             ttft_ms=_elapsed_ms(request.created_at, first_token_at) if first_token_at else None,
             total_ms=_elapsed_ms(request.created_at, finished),
             error_code=error.code if error else None,
+            overload_tier=request.overload_tier,
+            precision=self._settings.served_precision,
+            flags=request.flags,
             created_at=request.created_at,
             finished_at=finished,
         )
