@@ -2,6 +2,7 @@
 
 # requests.p0/p1/p2 --> admit agents --> Dispatcher --> worker topics / reply topics
 # usage --> settle agent --> Dispatcher.observe_usage (quota settles on real counts)
+# cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
 
 Commits: Faust acks an event when the agent's loop moves past it and commits acked
@@ -16,18 +17,19 @@ import logging
 from typing import Any
 
 import faust
+import orjson
 from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TableT
 
 from stream_jobs.dispatcher import Dispatcher
+from stream_jobs.metrics import render_metrics
+from stream_jobs.window import WindowState
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
-
-ADMIT_CONCURRENCY = 64
-"""Requests in flight per priority topic, so that waiting ones can be reordered by class."""
 
 
 def _bounded_fetch_wait(wait_ms: int) -> None:
@@ -49,6 +51,21 @@ def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
 
 
+class TableWindowStore:
+    """Quota windows in a Faust table: each write goes to its changelog partition, and a
+    restarted job recovers the table from the changelog before it consumes again."""
+
+    def __init__(self, table: TableT[bytes, bytes]) -> None:
+        self._table = table
+
+    def load(self, tenant_id: str) -> WindowState:
+        raw = self._table.get(tenant_id.encode())
+        return WindowState.from_json(orjson.loads(raw) if raw else None)
+
+    def save(self, tenant_id: str, state: WindowState) -> None:
+        self._table[tenant_id.encode()] = orjson.dumps(state.to_json())
+
+
 def create_app(settings: Settings) -> faust.App:
     _bounded_fetch_wait(settings.fetch_max_wait_ms)
     topics = Topics(settings.topic_prefix)
@@ -58,7 +75,9 @@ def create_app(settings: Settings) -> faust.App:
         broker=brokers,
         key_serializer="raw",
         value_serializer="raw",
-        web_enabled=False,
+        web_enabled=settings.faust_web_port is not None,
+        web_port=settings.faust_web_port or 6066,
+        web_bind="127.0.0.1",
         datadir=str(settings.home / "faust"),
         topic_partitions=settings.num_partitions,
         topic_replication_factor=settings.replication_factor,
@@ -71,6 +90,15 @@ def create_app(settings: Settings) -> faust.App:
         producer_linger_ms=settings.linger_ms,
         consumer_auto_offset_reset="earliest",
     )
+    # Keyed by tenant, like every stream that writes it: requests and usage are
+    # co-partitioned, so one instance owns each tenant's window.
+    windows = app.Table(
+        "quota-windows",
+        default=None,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=settings.num_partitions,
+    )
     state: dict[str, Dispatcher] = {}
 
     async def publish(topic: str, key: bytes, value: bytes) -> Any:
@@ -80,7 +108,7 @@ def create_app(settings: Settings) -> faust.App:
 
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
-            state["dispatcher"] = Dispatcher(settings, publish)
+            state["dispatcher"] = Dispatcher(settings, publish, TableWindowStore(windows))
         return state["dispatcher"]
 
     def admit_agent(priority: int) -> None:
@@ -90,14 +118,10 @@ def create_app(settings: Settings) -> faust.App:
             async for event in stream.events():
                 message = event.message
                 await dispatcher().handle_request(
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    message.key,
-                    message.value,
+                    message.topic, message.partition, message.offset, message.key, message.value
                 )
 
-        app.agent(topic, name=f"admit_p{priority}", concurrency=ADMIT_CONCURRENCY)(admit)
+        app.agent(topic, name=f"admit_p{priority}", concurrency=settings.admit_concurrency)(admit)
 
     for priority in (0, 1, 2):
         admit_agent(priority)
@@ -105,9 +129,16 @@ def create_app(settings: Settings) -> faust.App:
     usage_topic = app.topic(topics.usage, key_type=bytes, value_type=bytes)
 
     @app.agent(usage_topic, name="settle_usage")
-    async def settle(stream: faust.StreamT[bytes]) -> None:
+    async def settle_usage(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             dispatcher().observe_usage(event.message.value)
+
+    cancels_topic = app.topic(topics.cancels, key_type=bytes, value_type=bytes)
+
+    @app.agent(cancels_topic, name="cancel_waiting")
+    async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
+        async for event in stream.events():
+            await dispatcher().handle_cancel(event.message.value)
 
     @app.task
     async def dispatch_loop() -> None:
@@ -126,5 +157,9 @@ def create_app(settings: Settings) -> faust.App:
                 dispatcher().observe_heartbeat(record.value)
         finally:
             await consumer.stop()
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        return web.bytes(render_metrics(dispatcher().metrics), content_type="text/plain")
 
     return app

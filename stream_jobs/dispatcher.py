@@ -1,25 +1,34 @@
-"""Admission and dispatch: the thin shell around the quota and the worker registry.
+"""Admission and dispatch: the thin shell around the job's policies.
 
-# raw request bytes --> decoded InferenceRequest --> quota --> priority queue
-# priority queue --> pick_worker --> the worker's topic (or an error chunk)
+# raw request --> InferenceRequest --> tenant rules --> overload tier --> TPM/RPM window
+# admitted request --> FairQueue (class, then VTC share) --> pick_worker --> worker topic
+# UsageEvent --> settle the window, free the slot, correct the tenant's VTC counter
+# CancelRequest --> drop the request if it is still waiting
 
-Delivery: ``handle_request`` returns only once the request has been forwarded to a
-worker (acknowledged by the broker) or answered with an error chunk on its reply
-topic, or parked in the dead-letter topic. The Faust agent acks the event after
-``handle_request`` returns, and Faust commits only acked offsets, so a crash at any
-point redelivers the request rather than losing it.
+Delivery: ``handle_request`` returns only once its request has been forwarded to a
+worker (acknowledged by the broker), answered with a chunk on its reply topic, or
+dead-lettered. The Faust agent acks the event after that, and Faust commits only acked
+offsets, so a crash redelivers rather than loses. A redelivered request is not charged
+twice: its reservation is already in the window.
+
+State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
+written only from the agent handling the tenant's partition. The queue, the in-flight
+set and the tier are this instance's own, rebuilt from redeliveries and heartbeats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
+from typing import Protocol
 
 from schemas import (
+    CancelRequest,
     ErrorInfo,
     FinishReason,
     InferenceRequest,
@@ -31,52 +40,114 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.quota import MinuteTokenQuota, estimate_prompt_tokens
+from stream_jobs.fair_queue import FairQueue
+from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.registry import WorkerRegistry
+from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
+from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
+from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics, reply_key
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(order=True)
-class _Pending:
+class WindowStore(Protocol):
+    """Per-tenant quota windows. ``save`` is called from the tenant's partition's agent."""
+
+    def load(self, tenant_id: str) -> WindowState: ...
+
+    def save(self, tenant_id: str, state: WindowState) -> None: ...
+
+
+class MemoryWindowStore:
+    def __init__(self) -> None:
+        self._states: dict[str, WindowState] = {}
+
+    def load(self, tenant_id: str) -> WindowState:
+        return self._states.get(tenant_id) or WindowState()
+
+    def save(self, tenant_id: str, state: WindowState) -> None:
+        self._states[tenant_id] = state
+
+
+class Outcome(Enum):
+    FORWARDED = "forwarded"
+    REFUSED = "refused"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class _Waiting:
+    request: InferenceRequest
+    done: asyncio.Future[Outcome]
+    received_at: float
+
+
+@dataclass
+class _InFlight:
+    tenant_id: str
     priority: int
-    seq: int
-    request: InferenceRequest = field(compare=False)
-    done: asyncio.Future[None] = field(compare=False)
-    received_at: float = field(compare=False)
+    num_output_estimate: int
 
 
 @dataclass
 class DispatchMetrics:
     num_admitted: int = 0
     num_rejected_quota: int = 0
+    num_rejected_invalid: int = 0
+    num_shed: int = 0
+    num_capped: int = 0
     num_no_worker: int = 0
+    num_cancelled_waiting: int = 0
     num_dead_letters: int = 0
     num_dispatched: int = 0
+    num_tier_changes: int = 0
+    tier: int = 0
+    tier_changed_at: float = 0.0
+    num_waiting: int = 0
+    num_in_flight: int = 0
+    capacity: int = 0
+    queue_ms_by_class: dict[int, list[float]] = field(default_factory=lambda: {0: [], 1: [], 2: []})
 
 
 class Dispatcher:
-    """Admits requests against the quota and forwards them, highest priority first."""
+    """Admits requests and forwards them by class and fair share as capacity frees up."""
 
-    def __init__(self, settings: Settings, publish: Publish) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        publish: Publish,
+        store: WindowStore,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._settings = settings
         self._publish = publish
+        self._store = store
+        self._clock = clock
         self._topics = Topics(settings.topic_prefix)
-        self._quota = MinuteTokenQuota()
+        self._tenants: TenantDirectory = settings.tenant_directory()
+        self._counter = PromptCounter(settings.model_dir / "tokenizer.json")
         self._registry = WorkerRegistry(dead_after_s=settings.worker_dead_after_s)
-        self._queue: asyncio.PriorityQueue[_Pending] = asyncio.PriorityQueue()
-        self._seq = itertools.count()
-        self._reserved: dict[str, int] = {}  # request_id -> tokens reserved
+        self._queue: FairQueue[_Waiting] = FairQueue()
+        self._waiting: dict[str, _Waiting] = {}
+        self._in_flight: dict[str, _InFlight] = {}
+        self._tiers = TierPolicy(
+            cap_above=settings.tier_cap_above,
+            shed_above=settings.tier_shed_above,
+            capped_max_tokens=settings.tier_capped_max_tokens,
+        )
+        self._tier = Tier.NORMAL
+        self._wake = asyncio.Event()
         self.metrics = DispatchMetrics()
 
-    # -- inputs ----------------------------------------------------------------------
+    # -- admission (runs in the request's agent: may write the tenant's window) --------
     async def handle_request(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> None:
+    ) -> Outcome:
         try:
             request = decode(InferenceRequest, value)
         except SchemaError as exc:
@@ -92,33 +163,132 @@ class Dispatcher:
                 value=value,
                 reason=str(exc),
             )
-            return
+            return Outcome.REFUSED
 
-        now = time.monotonic()
-        prompt_text = request.prompt or "".join(m.content for m in request.messages or [])
-        reserve = estimate_prompt_tokens(prompt_text) + request.sampling.max_tokens
-        limit = self._settings.tpm_for(request.tenant_id)
-        admission = self._quota.reserve_tokens(request.tenant_id, reserve, limit, now)
-        if not admission.admitted:
+        tenant = self._tenants.get(request.tenant_id)
+        num_prompt = self._counter.count(request)
+        problem = self._check_tenant_rules(request, num_prompt)
+        if problem is not None:
+            self.metrics.num_rejected_invalid += 1
+            await self._refuse(request, problem)
+            return Outcome.REFUSED
+
+        # A tenant cannot buy a better class than its config gives it.
+        priority = max(request.priority, tenant.priority_class)
+        self._update_tier(extra_waiting=1)
+        action = apply_tier(self._tiers, self._tier, priority, request.sampling.max_tokens)
+        if action.shed:
+            self.metrics.num_shed += 1
+            await self._refuse(
+                request,
+                ErrorInfo(
+                    code="overloaded",
+                    message=f"the fleet is above {self._tiers.shed_above:.0%} of capacity; "
+                    "batch requests are shed until it recovers",
+                    retry_after_s=1.0,
+                ),
+                tier=self._tier,
+            )
+            return Outcome.REFUSED
+        updates: dict[str, object] = {"priority": priority, "overload_tier": int(self._tier)}
+        if action.max_tokens is not None:
+            self.metrics.num_capped += 1
+            updates["sampling"] = request.sampling.model_copy(
+                update={"max_tokens": action.max_tokens}
+            )
+            updates["flags"] = [*request.flags, "max_tokens_capped"]
+        if tenant.sharing_group is not None:
+            updates["cache_salt"] = f"group:{tenant.sharing_group}"
+        request = request.model_copy(update=updates)
+
+        now = self._clock()
+        state = self._store.load(request.tenant_id)
+        decision = reserve(
+            state,
+            request.request_id,
+            num_prompt + request.sampling.max_tokens,
+            Limits(tpm=tenant.tpm, rpm=tenant.rpm),
+            now,
+        )
+        if not decision.admitted:
             self.metrics.num_rejected_quota += 1
             await self._refuse(
                 request,
                 ErrorInfo(
                     code="quota_exceeded",
                     message=(
-                        f"tenant {request.tenant_id!r} would use {admission.used + reserve} "
-                        f"of its {limit} tokens per minute"
+                        f"tenant {request.tenant_id!r}: {decision.reason}; used "
+                        f"{decision.num_tokens_used} of {tenant.tpm} tokens and "
+                        f"{decision.num_requests_used} of {tenant.rpm} requests in the last 60 s"
                     ),
-                    retry_after_s=round(admission.retry_after_s, 3),
+                    retry_after_s=round(decision.retry_after_s, 3) or None,
                 ),
             )
-            return
+            return Outcome.REFUSED
+        self._store.save(request.tenant_id, state)
         self.metrics.num_admitted += 1
-        self._reserved[request.request_id] = reserve
 
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(request.priority, next(self._seq), request, done, now))
-        await done
+        waiting = _Waiting(request, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._waiting[request.request_id] = waiting
+        self._queue.push(
+            request.request_id,
+            waiting,
+            tenant=request.tenant_id,
+            priority=priority,
+            weight=tenant.weight,
+            num_input=num_prompt,
+            num_output=request.sampling.max_tokens,
+        )
+        self._wake.set()
+        outcome = await waiting.done
+        if outcome is not Outcome.FORWARDED:
+            # Never ran: give the tenant its reservation back (in this agent's context).
+            state = self._store.load(request.tenant_id)
+            release(state, request.request_id, self._clock())
+            self._store.save(request.tenant_id, state)
+        return outcome
+
+    def _check_tenant_rules(self, request: InferenceRequest, num_prompt: int) -> ErrorInfo | None:
+        tenant = self._tenants.get(request.tenant_id)
+        if not tenant.may_use(request.model):
+            return ErrorInfo(
+                code="model_not_allowed",
+                message=f"tenant {request.tenant_id!r} may not use {request.model!r}",
+            )
+        if num_prompt > tenant.max_prompt_tokens:
+            return ErrorInfo(
+                code="prompt_too_long",
+                message=f"prompt has {num_prompt} tokens; tenant "
+                f"{request.tenant_id!r} allows {tenant.max_prompt_tokens}",
+            )
+        if request.sampling.max_tokens > tenant.max_output_tokens:
+            return ErrorInfo(
+                code="invalid_request",
+                message=f"sampling.max_tokens {request.sampling.max_tokens} is above "
+                f"the tenant's max_output_tokens {tenant.max_output_tokens}",
+            )
+        return None
+
+    # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
+    def observe_usage(self, value: bytes | None) -> None:
+        """Settles the window on the real count, frees the slot, corrects the VTC counter."""
+        try:
+            usage = decode(UsageEvent, value)
+        except SchemaError:
+            return  # the billing sink dead-letters usage it cannot read
+        state = self._store.load(usage.tenant_id)
+        actual = usage.num_prompt_tokens + usage.num_completion_tokens
+        if settle(state, usage.request_id, actual, self._clock()) is not None:
+            self._store.save(usage.tenant_id, state)
+        flight = self._in_flight.pop(usage.request_id, None)
+        if flight is not None:
+            self._queue.correct(
+                flight.tenant_id,
+                flight.priority,
+                estimated_output=flight.num_output_estimate,
+                actual_output=usage.num_completion_tokens,
+            )
+            self._wake.set()
 
     def observe_heartbeat(self, value: bytes | None) -> None:
         try:
@@ -126,35 +296,67 @@ class Dispatcher:
         except SchemaError as exc:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
+        age = (datetime.now(UTC) - status.sent_at).total_seconds()
+        if age > self._settings.worker_dead_after_s:
+            return  # an old heartbeat read on start-up says nothing about now
         self._registry.observe(status, time.monotonic())
+        self._wake.set()
 
-    def observe_usage(self, value: bytes | None) -> None:
-        """Settles a request's reservation on the tokens it really used."""
+    async def handle_cancel(self, value: bytes | None) -> None:
         try:
-            usage = decode(UsageEvent, value)
-        except SchemaError:
-            return  # the billing sink dead-letters usage it cannot read
-        reserved = self._reserved.pop(usage.request_id, None)
-        if reserved is not None:
-            actual = usage.num_prompt_tokens + usage.num_completion_tokens
-            self._quota.reconcile_usage(usage.tenant_id, reserved, actual, time.monotonic())
+            cancel = decode(CancelRequest, value)
+        except SchemaError as exc:
+            log.warning("ignoring a malformed cancel: %s", exc)
+            return
+        waiting = self._waiting.pop(cancel.request_id, None)
+        if waiting is None or waiting.request.tenant_id != cancel.tenant_id:
+            return  # running on a worker (it aborts), finished, or not this tenant's
+        self._queue.remove(cancel.request_id)
+        self.metrics.num_cancelled_waiting += 1
+        await self._answer(
+            waiting.request,
+            FinishReason.ABORT,
+            UsageStatus.CANCELLED,
+            ErrorInfo(code="cancelled", message=cancel.reason),
+        )
+        waiting.done.set_result(Outcome.CANCELLED)
+        self._update_tier()
 
-    # -- the dispatch loop -------------------------------------------------------------
+    # -- the dispatch loop ------------------------------------------------------------------
     async def run(self) -> None:
-        """Forwards queued requests, lowest priority number first, FIFO within a class."""
+        """Forwards waiting requests while the fleet has room; wakes on every change."""
         while True:
-            pending = await self._queue.get()
             try:
-                await self._dispatch(pending)
-            except Exception as exc:  # an unforwarded request must be redelivered, not lost
-                if not pending.done.done():
-                    pending.done.set_exception(exc)
-            else:
-                if not pending.done.done():
-                    pending.done.set_result(None)
+                await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+            except TimeoutError:
+                pass  # a periodic look: workers may have died or come back
+            self._wake.clear()
+            while (priority := self._queue.peek_priority()) is not None:
+                if not self._has_room(priority):
+                    break
+                waiting = self._queue.pop(priority)
+                assert waiting is not None
+                self._waiting.pop(waiting.request.request_id, None)
+                try:
+                    outcome = await self._dispatch(waiting)
+                except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
+                    waiting.done.set_exception(exc)
+                else:
+                    waiting.done.set_result(outcome)
+            self._update_tier()
 
-    async def _dispatch(self, pending: _Pending) -> None:
-        request = pending.request
+    def _capacity(self) -> int:
+        return sum(view.status.max_num_seqs for view in self._registry.all_live(time.monotonic()))
+
+    def _has_room(self, priority: int) -> bool:
+        capacity = self._capacity()
+        if capacity == 0:
+            return True  # no live worker: dispatching answers with no_worker at once
+        limit = capacity * (1 + self._settings.vip_headroom) if priority == 0 else capacity
+        return len(self._in_flight) < limit
+
+    async def _dispatch(self, waiting: _Waiting) -> Outcome:
+        request = waiting.request
         worker = self._registry.pick_worker(request.model, time.monotonic())
         if worker is None:
             self.metrics.num_no_worker += 1
@@ -163,34 +365,66 @@ class Dispatcher:
                 request,
                 ErrorInfo(
                     code="no_worker",
-                    message=(
-                        f"no live worker serves model {request.model!r}"
-                        f" (served now: {', '.join(live) or 'none'})"
-                    ),
+                    message=f"no live worker serves model {request.model!r}"
+                    f" (served now: {', '.join(live) or 'none'})",
                     retry_after_s=1.0,
                 ),
             )
-            return
-        queue_ms = (time.monotonic() - pending.received_at) * 1000
+            return Outcome.REFUSED
+        queue_ms = (time.monotonic() - waiting.received_at) * 1000
         forwarded = request.model_copy(
             update={"worker_id": worker.status.worker_id, "dispatched_at": datetime.now(UTC)}
         )
-        await self._publish(
-            worker.status.request_topic, request.tenant_id.encode(), encode(forwarded)
+        self._in_flight[request.request_id] = _InFlight(
+            request.tenant_id, request.priority, request.sampling.max_tokens
         )
+        try:
+            await self._publish(
+                worker.status.request_topic, request.tenant_id.encode(), encode(forwarded)
+            )
+        except Exception:
+            self._in_flight.pop(request.request_id, None)
+            raise
         self.metrics.num_dispatched += 1
-        log.debug("dispatched %s to %s after %.1f ms", request.request_id, worker, queue_ms)
+        samples = self.metrics.queue_ms_by_class[request.priority]
+        samples.append(queue_ms)
+        del samples[:-1000]
+        return Outcome.FORWARDED
 
-    async def _refuse(self, request: InferenceRequest, error: ErrorInfo) -> None:
-        """Answers the client at once, and records the refusal for billing."""
-        reserved = self._reserved.pop(request.request_id, None)
-        if reserved is not None:
-            self._quota.reconcile_usage(request.tenant_id, reserved, 0, time.monotonic())
+    def _update_tier(self, extra_waiting: int = 0) -> None:
+        capacity = self._capacity()
+        demand = demand_ratio(len(self._in_flight), len(self._queue) + extra_waiting, capacity)
+        tier = self._tiers.next_tier(self._tier, demand)
+        self.metrics.num_waiting = len(self._queue)
+        self.metrics.num_in_flight = len(self._in_flight)
+        self.metrics.capacity = capacity
+        if tier is not self._tier:
+            log.warning("overload tier %d -> %d at demand %.0f%%", self._tier, tier, demand * 100)
+            self._tier = tier
+            self.metrics.tier = int(tier)
+            self.metrics.num_tier_changes += 1
+            self.metrics.tier_changed_at = time.time()
+
+    # -- answers ------------------------------------------------------------------------------
+    async def _refuse(
+        self, request: InferenceRequest, error: ErrorInfo, tier: Tier = Tier.NORMAL
+    ) -> None:
+        await self._answer(
+            request.model_copy(update={"overload_tier": int(tier)}),
+            FinishReason.REJECTED,
+            UsageStatus.REJECTED,
+            error,
+        )
+
+    async def _answer(
+        self, request: InferenceRequest, finish: FinishReason, status: UsageStatus, error: ErrorInfo
+    ) -> None:
+        """Tells the client at once, and records the request for billing."""
         chunk = TokenChunk(
             request_id=request.request_id,
             tenant_id=request.tenant_id,
             seq=0,
-            finish_reason=FinishReason.REJECTED,
+            finish_reason=finish,
             error=error,
         )
         usage = UsageEvent(
@@ -200,9 +434,11 @@ class Dispatcher:
             model=request.model,
             priority=request.priority,
             attempt=request.attempt,
-            status=UsageStatus.REJECTED,
-            finish_reason=FinishReason.REJECTED,
+            status=status,
+            finish_reason=finish,
             error_code=error.code,
+            overload_tier=request.overload_tier,
+            flags=request.flags,
             created_at=request.created_at,
         )
         await asyncio.gather(

@@ -32,6 +32,13 @@ class WorkerRegistry:
     def observe(self, status: WorkerStatus, now: float) -> None:
         self._workers[status.worker_id] = WorkerView(status=status, seen_at=now)
 
+    def all_live(self, now: float) -> list[WorkerView]:
+        return [
+            view
+            for view in self._workers.values()
+            if not view.status.draining and now - view.seen_at < self.dead_after_s
+        ]
+
     def live(self, model: str, now: float) -> list[WorkerView]:
         return [
             view

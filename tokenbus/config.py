@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tokenbus.tenants import TenantConfig, TenantDirectory
+
 
 def _default_home() -> Path:
     return Path.cwd() / ".tokenbus"
@@ -48,10 +50,23 @@ class Settings(BaseSettings):
     faust_commit_interval_s: float = 1.0
     """How often Faust commits acked offsets; a crash redelivers at most this much."""
 
-    # -- admission (simple per-minute token quota; issue 3 replaces it) --------------
+    faust_web_port: int | None = None
+    """Serves the job's ``/metrics`` here; unset, the job runs no web server."""
+    admit_concurrency: int = 256
+    """Requests per priority topic the job holds at once, waiting for capacity."""
+
+    # -- admission and scheduling ------------------------------------------------------
+    tenants_file: Path | None = None
+    """TOML or JSON with a ``tenants`` table (see tokenbus.tenants); unset: defaults only."""
     default_tpm: int = 1_000_000
+    default_rpm: int = 6_000
     tenant_tpm: dict[str, int] = Field(default_factory=dict)
     """Per-tenant tokens-per-minute overrides, e.g. ``{"acme": 20000}``."""
+    vip_headroom: float = 0.25
+    """Class 0 may run this fraction above the fleet's capacity; vLLM schedules it first."""
+    tier_cap_above: float = 1.2
+    tier_shed_above: float = 1.5
+    tier_capped_max_tokens: int = 256
 
     # -- workers ----------------------------------------------------------------------
     worker_id: str = "worker-0"
@@ -83,6 +98,31 @@ class Settings(BaseSettings):
     client_timeout_s: float = 120.0
     """A client gives up on a request with no chunk for this long: it never hangs."""
 
+    # -- bridge (OpenAI-compatible HTTP + SSE) -------------------------------------------
+    bridge_host: str = "127.0.0.1"
+    bridge_port: int = 18080
+    bridge_max_body_bytes: int = 1_048_576
+    bridge_max_prompt_chars: int = 262_144
+    """Checked before tokenizing, so a huge prompt costs no tokenizer time."""
+    bridge_key_rate_per_s: float = 100.0
+    """Requests per second one API key or token may send; more are answered 429."""
+    bridge_key_burst: int = 100
+    bridge_heartbeat_s: float = 15.0
+    """An SSE comment is sent when a stream has been quiet this long."""
+    bridge_first_chunk_wait_s: float = 10.0
+    """A stream's HTTP status waits this long for the first chunk, so rejections get 429/503."""
+    bridge_jwt_audience: str = "tokenbus"
+    bridge_jwt_hs256_secret: str | None = None
+    bridge_jwt_rs256_public_key: str | None = None
+    """PEM text of the key that verifies RS256 tokens."""
+    bridge_jwt_leeway_s: float = 5.0
+    bridge_session_secret: str | None = None
+    """Signs session IDs to their tenant; share it across bridge instances. Unset: random."""
+    bridge_injection_patterns: list[str] | None = None
+    """Regexes for prompt injection (case-insensitive); unset: bridge.hygiene's defaults."""
+    bridge_sensitive_patterns: list[str] | None = None
+    """Regexes for sensitive data (keys, card numbers); unset: bridge.hygiene's defaults."""
+
     # -- derived ------------------------------------------------------------------------
     @property
     def bootstrap(self) -> str:
@@ -101,5 +141,13 @@ class Settings(BaseSettings):
         short = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
         return self.precision or short.get(self.dtype, self.dtype)
 
-    def tpm_for(self, tenant_id: str) -> int:
-        return self.tenant_tpm.get(tenant_id, self.default_tpm)
+    def tenant_directory(self) -> TenantDirectory:
+        """All tenants: the file's, with ``tenant_tpm`` overrides, else the defaults."""
+        default = TenantConfig(tenant_id="*", tpm=self.default_tpm, rpm=self.default_rpm)
+        if self.tenants_file is not None:
+            directory = TenantDirectory.from_file(self.tenants_file, default)
+        else:
+            directory = TenantDirectory({}, default)
+        return directory.with_overrides(
+            {tenant: {"tpm": tpm} for tenant, tpm in self.tenant_tpm.items()}
+        )

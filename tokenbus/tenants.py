@@ -84,6 +84,12 @@ class TenantDirectory:
                 raise TenantConfigError(f"{path}: tenant {tenant_id!r}: {exc}") from None
         return cls(tenants, default)
 
+    def with_overrides(self, overrides: dict[str, dict[str, object]]) -> TenantDirectory:
+        tenants = dict(self._tenants)
+        for tenant_id, fields in overrides.items():
+            tenants[tenant_id] = self.get(tenant_id).model_copy(update=fields)
+        return TenantDirectory(tenants, self._default)
+
     def get(self, tenant_id: str) -> TenantConfig:
         config = self._tenants.get(tenant_id)
         if config is None:

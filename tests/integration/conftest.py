@@ -21,7 +21,7 @@ from tokenbus.config import Settings
 from tokenbus.stack import REPO_ROOT, Stack
 
 QUOTA_TENANT = "tenant-tiny-quota"
-QUOTA_TENANT_TPM = 50
+QUOTA_TENANT_TPM = 120
 T = TypeVar("T")
 
 

@@ -81,11 +81,12 @@ async def test_concurrent_requests_stream_to_completion_and_bill_exactly(
 async def test_request_over_quota_gets_a_rejection_chunk(
     client: TokenbusClient, settings: Settings
 ) -> None:
-    request = await client.submit(
-        tenant_id=QUOTA_TENANT,
-        prompt="This tenant may use only fifty tokens a minute.",
-        sampling=SamplingParams(max_tokens=64),
-    )
+    # Each request reserves its prompt (2 tokens) plus max_tokens: the first fits in the
+    # tenant's 120 tokens a minute, the second would not.
+    sampling = SamplingParams(max_tokens=60, ignore_eos=True)
+    first = await client.submit(tenant_id=QUOTA_TENANT, prompt="a", sampling=sampling)
+    assert (await collect(client, first))[-1].error is None
+    request = await client.submit(tenant_id=QUOTA_TENANT, prompt="a", sampling=sampling)
     chunks = await asyncio.wait_for(collect(client, request), timeout=10)
 
     assert len(chunks) == 1
@@ -94,6 +95,13 @@ async def test_request_over_quota_gets_a_rejection_chunk(
     assert chunk.error is not None and chunk.error.code == "quota_exceeded"
     assert chunk.error.retry_after_s is not None and 0 < chunk.error.retry_after_s <= 60
     assert QUOTA_TENANT in chunk.error.message
+
+    too_big = await client.submit(
+        tenant_id=QUOTA_TENANT, prompt="a", sampling=SamplingParams(max_tokens=500)
+    )
+    (never,) = await asyncio.wait_for(collect(client, too_big), timeout=10)
+    assert never.error is not None and never.error.code == "quota_exceeded"
+    assert "more than the 120 per minute" in never.error.message
 
     rows = await eventually(lambda: usage_rows(settings, [request.request_id]))
     assert rows[0]["status"] == "rejected"

@@ -1,0 +1,48 @@
+"""The job's metrics in Prometheus text format."""
+
+from __future__ import annotations
+
+from stream_jobs.dispatcher import DispatchMetrics
+
+_COUNTERS = (
+    "num_admitted",
+    "num_rejected_quota",
+    "num_rejected_invalid",
+    "num_shed",
+    "num_capped",
+    "num_no_worker",
+    "num_cancelled_waiting",
+    "num_dead_letters",
+    "num_dispatched",
+    "num_tier_changes",
+)
+_GAUGES = ("tier", "tier_changed_at", "num_waiting", "num_in_flight", "capacity")
+
+
+def _quantile(samples: list[float], q: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def render_metrics(metrics: DispatchMetrics) -> bytes:
+    lines: list[str] = []
+    for name in _COUNTERS:
+        lines += [
+            f"# TYPE tokenbus_job_{name}_total counter",
+            f"tokenbus_job_{name}_total {getattr(metrics, name)}",
+        ]
+    for name in _GAUGES:
+        lines += [
+            f"# TYPE tokenbus_job_{name} gauge",
+            f"tokenbus_job_{name} {getattr(metrics, name)}",
+        ]
+    lines.append("# TYPE tokenbus_job_queue_ms summary")
+    for priority, samples in metrics.queue_ms_by_class.items():
+        for q in (0.5, 0.99):
+            lines.append(
+                f'tokenbus_job_queue_ms{{priority="{priority}",quantile="{q}"}} '
+                f"{_quantile(samples, q):.3f}"
+            )
+    return ("\n".join(lines) + "\n").encode()

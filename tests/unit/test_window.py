@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_jobs.window import Limits, WindowState, release, reserve, settle
+
+LIMITS = Limits(tpm=1000, rpm=10)
+
+
+def test_admits_up_to_the_token_limit_and_says_when_to_retry() -> None:
+    state = WindowState()
+    assert reserve(state, "r1", 600, LIMITS, now=100.0).admitted
+    refused = reserve(state, "r2", 500, LIMITS, now=115.5)
+    assert not refused.admitted
+    assert refused.reason == "tpm"
+    assert refused.retry_after_s == 44.5  # r1's bucket (second 100) leaves at 160
+    assert reserve(state, "r2", 500, LIMITS, now=160.0).admitted
+
+
+def test_the_window_slides_second_by_second() -> None:
+    state = WindowState()
+    reserve(state, "a", 400, LIMITS, now=0.0)
+    reserve(state, "b", 400, LIMITS, now=30.0)
+    assert not reserve(state, "c", 400, LIMITS, now=59.9).admitted
+    assert reserve(state, "c", 400, LIMITS, now=60.0).admitted  # "a" slid out
+    assert not reserve(state, "d", 400, LIMITS, now=60.0).admitted
+
+
+def test_rpm_limits_requests_independently_of_tokens() -> None:
+    state = WindowState()
+    for i in range(10):
+        assert reserve(state, f"r{i}", 1, LIMITS, now=float(i)).admitted
+    refused = reserve(state, "r10", 1, LIMITS, now=10.0)
+    assert not refused.admitted and refused.reason == "rpm"
+    assert refused.retry_after_s == 50.0
+
+
+def test_settle_refunds_unused_tokens_and_charges_overruns() -> None:
+    state = WindowState()
+    reserve(state, "a", 900, LIMITS, now=0.0)
+    assert settle(state, "a", 300, now=1.0) == -600
+    assert reserve(state, "b", 700, LIMITS, now=2.0).admitted
+    assert settle(state, "b", 750, now=3.0) == 50
+    assert state.used() == (1050, 2)
+    assert settle(state, "b", 750, now=4.0) is None  # settled once only
+
+
+def test_a_redelivered_request_is_not_charged_twice() -> None:
+    state = WindowState()
+    reserve(state, "a", 900, LIMITS, now=0.0)
+    assert reserve(state, "a", 900, LIMITS, now=1.0).admitted
+    assert state.used() == (900, 1)
+
+
+def test_release_returns_a_request_that_never_ran() -> None:
+    state = WindowState()
+    reserve(state, "a", 900, LIMITS, now=0.0)
+    release(state, "a", now=1.0)
+    assert state.used() == (0, 0)
+
+
+def test_a_request_larger_than_the_limit_is_refused_with_a_reason() -> None:
+    decision = reserve(WindowState(), "a", 1001, LIMITS, now=0.0)
+    assert not decision.admitted and "more than the 1000 per minute" in decision.reason
+
+
+def test_state_round_trips_through_json() -> None:
+    state = WindowState()
+    reserve(state, "a", 10, LIMITS, now=5.0)
+    assert WindowState.from_json(state.to_json()) == state
+
+
+requests = st.lists(
+    st.tuples(st.floats(0, 300, allow_nan=False), st.integers(1, 400), st.integers(0, 400)),
+    max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests)
+def test_no_sixty_second_window_ever_holds_more_than_the_limit(
+    events: list[tuple[float, int, int]],
+) -> None:
+    """Whatever arrives, settled real counts in any window stay within tpm + overruns."""
+    state = WindowState()
+    admitted: list[tuple[int, int]] = []  # (second, tokens charged)
+    for i, (at, estimate, actual) in enumerate(sorted(events)):
+        decision = reserve(state, f"r{i}", estimate, LIMITS, now=at)
+        if decision.admitted:
+            admitted.append((int(at), estimate))
+            if actual <= estimate:  # refunds only: the limit must hold exactly
+                settle(state, f"r{i}", actual, now=at)
+                admitted[-1] = (int(at), actual)
+        tokens, reqs = state.used()
+        assert tokens <= LIMITS.tpm and reqs <= LIMITS.rpm
+    for start, _ in admitted:
+        in_window = [t for s, t in admitted if start <= s < start + 60]
+        assert sum(in_window) <= LIMITS.tpm
+        assert len(in_window) <= LIMITS.rpm
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests)
+def test_a_refused_request_fits_once_retry_after_has_passed(
+    events: list[tuple[float, int, int]],
+) -> None:
+    state = WindowState()
+    for i, (at, estimate, _) in enumerate(sorted(events)):
+        decision = reserve(state, f"r{i}", estimate, LIMITS, now=at)
+        if not decision.admitted:
+            probe = WindowState.from_json(state.to_json())
+            later = at + decision.retry_after_s
+            assert reserve(probe, "probe", estimate, LIMITS, now=later).admitted
