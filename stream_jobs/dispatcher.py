@@ -77,6 +77,8 @@ class Outcome(Enum):
     FORWARDED = "forwarded"
     REFUSED = "refused"
     CANCELLED = "cancelled"
+    DUPLICATE = "duplicate"
+    """A redelivered request that already ran to completion: nothing to do."""
 
 
 @dataclass
@@ -104,6 +106,7 @@ class DispatchMetrics:
     num_cancelled_waiting: int = 0
     num_dead_letters: int = 0
     num_dispatched: int = 0
+    num_duplicates: int = 0
     num_tier_changes: int = 0
     tier: int = 0
     tier_changed_at: float = 0.0
@@ -225,6 +228,9 @@ class Dispatcher:
                 ),
             )
             return Outcome.REFUSED
+        if decision.duplicate:
+            self.metrics.num_duplicates += 1
+            return Outcome.DUPLICATE
         self._store.save(request.tenant_id, state)
         self.metrics.num_admitted += 1
 

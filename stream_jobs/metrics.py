@@ -14,6 +14,7 @@ _COUNTERS = (
     "num_cancelled_waiting",
     "num_dead_letters",
     "num_dispatched",
+    "num_duplicates",
     "num_tier_changes",
 )
 _GAUGES = ("tier", "tier_changed_at", "num_waiting", "num_in_flight", "capacity")

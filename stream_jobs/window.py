@@ -1,4 +1,4 @@
-"""Per-tenant TPM and RPM over a sliding 60 s window, in one-second buckets.
+"""Per-tenant TPM and RPM over a sliding 60 s window, in 100 ms buckets.
 
 A pure policy over plain data: ``WindowState`` round-trips through JSON, so the Faust job
 keeps it in a changelog-backed table and a restarted job resumes with the same counts.
@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WINDOW_S = 60
+BUCKETS_PER_S = 10
+"""The window slides in steps of 100 ms: the limit holds over any 60 s to within a step."""
+
+
+def _bucket(now: float) -> int:
+    return math.floor(now * BUCKETS_PER_S)
 
 
 @dataclass(frozen=True)
@@ -33,14 +39,17 @@ class Decision:
     """Tokens in the window after this decision."""
     num_requests_used: int = 0
     reason: str = ""
+    duplicate: bool = False
+    """The request was reserved and settled before: it already ran (a redelivery)."""
 
 
 @dataclass
 class WindowState:
     buckets: dict[int, list[int]] = field(default_factory=dict)
-    """Second -> [tokens, requests] charged in that second."""
+    """Bucket (100 ms since the epoch) -> [tokens, requests] charged in it."""
     reservations: dict[str, list[int]] = field(default_factory=dict)
-    """request_id -> [second, tokens reserved]; removed on settle or when it leaves the window."""
+    """request_id -> [bucket, tokens, settled]: kept until it leaves the window, so that a
+    redelivered request is recognised and never charged twice."""
 
     def to_json(self) -> dict[str, Any]:
         return {"b": {str(k): v for k, v in self.buckets.items()}, "r": self.reservations}
@@ -55,10 +64,10 @@ class WindowState:
         )
 
     def expire(self, now: float) -> None:
-        oldest = math.floor(now) - WINDOW_S + 1
-        for second in [s for s in self.buckets if s < oldest]:
-            del self.buckets[second]
-        for request_id in [r for r, (s, _) in self.reservations.items() if s < oldest]:
+        oldest = _bucket(now) - WINDOW_S * BUCKETS_PER_S + 1
+        for key in [k for k in self.buckets if k < oldest]:
+            del self.buckets[key]
+        for request_id in [r for r, (k, *_) in self.reservations.items() if k < oldest]:
             del self.reservations[request_id]
 
     def used(self) -> tuple[int, int]:
@@ -74,8 +83,11 @@ def reserve(
     """Admits and charges the request, or says how long until it would fit."""
     state.expire(now)
     tokens, requests = state.used()
-    if request_id in state.reservations:
-        return Decision(True, num_tokens_used=tokens, num_requests_used=requests)
+    known = state.reservations.get(request_id)
+    if known is not None:
+        return Decision(
+            True, num_tokens_used=tokens, num_requests_used=requests, duplicate=bool(known[2])
+        )
     if num_tokens > limits.tpm:
         return Decision(
             False,
@@ -92,11 +104,11 @@ def reserve(
             num_requests_used=requests,
             reason="tpm" if tokens + num_tokens > limits.tpm else "rpm",
         )
-    second = math.floor(now)
-    bucket = state.buckets.setdefault(second, [0, 0])
+    key = _bucket(now)
+    bucket = state.buckets.setdefault(key, [0, 0])
     bucket[0] += num_tokens
     bucket[1] += 1
-    state.reservations[request_id] = [second, num_tokens]
+    state.reservations[request_id] = [key, num_tokens, 0]
     return Decision(True, num_tokens_used=tokens + num_tokens, num_requests_used=requests + 1)
 
 
@@ -106,12 +118,13 @@ def settle(state: WindowState, request_id: str, num_tokens_actual: int, now: flo
     None when there is nothing to settle: settled already, or out of the window.
     """
     state.expire(now)
-    reservation = state.reservations.pop(request_id, None)
-    if reservation is None:
+    reservation = state.reservations.get(request_id)
+    if reservation is None or reservation[2]:
         return None
-    second, reserved = reservation
+    key, reserved, _ = reservation
+    reservation[1:] = [num_tokens_actual, 1]
     delta = num_tokens_actual - reserved
-    bucket = state.buckets.get(second)
+    bucket = state.buckets.get(key)
     if bucket is not None:
         bucket[0] = max(0, bucket[0] + delta)
     return delta
@@ -120,11 +133,12 @@ def settle(state: WindowState, request_id: str, num_tokens_actual: int, now: flo
 def release(state: WindowState, request_id: str, now: float) -> None:
     """A request that never ran (refused after admission, or cancelled while queued)."""
     state.expire(now)
-    reservation = state.reservations.pop(request_id, None)
-    if reservation is None:
+    reservation = state.reservations.get(request_id)
+    if reservation is None or reservation[2]:
         return
-    second, reserved = reservation
-    bucket = state.buckets.get(second)
+    del state.reservations[request_id]
+    key, reserved, _ = reservation
+    bucket = state.buckets.get(key)
     if bucket is not None:
         bucket[0] = max(0, bucket[0] - reserved)
         bucket[1] = max(0, bucket[1] - 1)
@@ -133,10 +147,10 @@ def release(state: WindowState, request_id: str, now: float) -> None:
 def _retry_after(state: WindowState, num_tokens: int, limits: Limits, now: float) -> float:
     """Seconds until enough of the window has slid out for this request to fit."""
     tokens, requests = state.used()
-    for second in sorted(state.buckets):
-        bucket_tokens, bucket_requests = state.buckets[second]
+    for key in sorted(state.buckets):
+        bucket_tokens, bucket_requests = state.buckets[key]
         tokens -= bucket_tokens
         requests -= bucket_requests
         if tokens + num_tokens <= limits.tpm and requests + 1 <= limits.rpm:
-            return max(0.001, second + WINDOW_S - now)
+            return max(0.001, key / BUCKETS_PER_S + WINDOW_S - now)
     return float(WINDOW_S)

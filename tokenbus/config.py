@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     """TOML or JSON with a ``tenants`` table (see tokenbus.tenants); unset: defaults only."""
     default_tpm: int = 1_000_000
     default_rpm: int = 6_000
+    default_priority_class: int = 1
+    """The best class a tenant not in the tenants file may use (0 VIP, 1, 2 batch)."""
     tenant_tpm: dict[str, int] = Field(default_factory=dict)
     """Per-tenant tokens-per-minute overrides, e.g. ``{"acme": 20000}``."""
     vip_headroom: float = 0.25
@@ -93,6 +95,16 @@ class Settings(BaseSettings):
     billing_batch_interval_s: float = 1.0
     billing_query_port: int = 18123
     """Loopback port where the sink answers SQL for the chdb data it owns."""
+    billing_batch_max_rows: int = 50_000
+    """Under a backlog a batch takes what is already fetched, up to this many rows."""
+    billing_prices_file: Path | None = None
+    """TOML price table (see ``billing/prices.toml``); unset: that bundled file."""
+
+    # -- cost weights (tokenbus.cost; shared by the quota and billing) ------------------
+    peak_hours: str = ""
+    """Hours in which work costs 1.5x, e.g. ``"9-17"`` or ``"8-12,14-18"``; empty: none."""
+    peak_hours_tz: str = "UTC"
+    """The time zone ``peak_hours`` are read in."""
 
     # -- clients ------------------------------------------------------------------------
     client_timeout_s: float = 120.0
@@ -143,7 +155,12 @@ class Settings(BaseSettings):
 
     def tenant_directory(self) -> TenantDirectory:
         """All tenants: the file's, with ``tenant_tpm`` overrides, else the defaults."""
-        default = TenantConfig(tenant_id="*", tpm=self.default_tpm, rpm=self.default_rpm)
+        default = TenantConfig(
+            tenant_id="*",
+            tpm=self.default_tpm,
+            rpm=self.default_rpm,
+            priority_class=self.default_priority_class,
+        )
         if self.tenants_file is not None:
             directory = TenantDirectory.from_file(self.tenants_file, default)
         else:

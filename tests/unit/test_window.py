@@ -14,7 +14,7 @@ def test_admits_up_to_the_token_limit_and_says_when_to_retry() -> None:
     refused = reserve(state, "r2", 500, LIMITS, now=115.5)
     assert not refused.admitted
     assert refused.reason == "tpm"
-    assert refused.retry_after_s == 44.5  # r1's bucket (second 100) leaves at 160
+    assert refused.retry_after_s == 44.5  # r1's bucket (100.0-100.1 s) leaves at 160
     assert reserve(state, "r2", 500, LIMITS, now=160.0).admitted
 
 
@@ -49,8 +49,13 @@ def test_settle_refunds_unused_tokens_and_charges_overruns() -> None:
 def test_a_redelivered_request_is_not_charged_twice() -> None:
     state = WindowState()
     reserve(state, "a", 900, LIMITS, now=0.0)
-    assert reserve(state, "a", 900, LIMITS, now=1.0).admitted
+    again = reserve(state, "a", 900, LIMITS, now=1.0)
+    assert again.admitted and not again.duplicate  # may not have run yet: run it
     assert state.used() == (900, 1)
+    settle(state, "a", 500, now=2.0)
+    after_settle = reserve(state, "a", 900, LIMITS, now=3.0)
+    assert after_settle.admitted and after_settle.duplicate  # it ran: do not run it again
+    assert state.used() == (500, 1)
 
 
 def test_release_returns_a_request_that_never_ran() -> None:
@@ -84,14 +89,15 @@ def test_no_sixty_second_window_ever_holds_more_than_the_limit(
 ) -> None:
     """Whatever arrives, settled real counts in any window stay within tpm + overruns."""
     state = WindowState()
-    admitted: list[tuple[int, int]] = []  # (second, tokens charged)
+    admitted: list[tuple[float, int]] = []  # (bucket start, tokens charged)
     for i, (at, estimate, actual) in enumerate(sorted(events)):
         decision = reserve(state, f"r{i}", estimate, LIMITS, now=at)
         if decision.admitted:
-            admitted.append((int(at), estimate))
+            start = int(at * 10) / 10
+            admitted.append((start, estimate))
             if actual <= estimate:  # refunds only: the limit must hold exactly
                 settle(state, f"r{i}", actual, now=at)
-                admitted[-1] = (int(at), actual)
+                admitted[-1] = (start, actual)
         tokens, reqs = state.used()
         assert tokens <= LIMITS.tpm and reqs <= LIMITS.rpm
     for start, _ in admitted:
