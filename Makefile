@@ -6,7 +6,7 @@ VENVS := .venvs
 STREAM := $(VENVS)/stream
 WORKER := $(VENVS)/worker
 
-.PHONY: setup up test lint unit integration clean
+.PHONY: setup up test lint unit integration clean chromium
 
 setup: $(STREAM)/.installed $(WORKER)/.installed
 
@@ -33,9 +33,20 @@ lint: setup
 	$(STREAM)/bin/ruff format --check .
 	$(STREAM)/bin/mypy
 
-test: lint
+test: lint chromium
 	$(WORKER)/bin/python -m pytest -q -p no:cacheprovider tests/worker
 	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+# Headless Chromium renders the billing dashboard in its integration test (a screenshot).
+# Debian's package; CI runs as root, elsewhere this needs sudo once.
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+
+# Benchmarks (BENCHMARKS.md): tokenbus against direct vLLM on the tiny model. The stage,
+# growth and load-table scripts run the same way: $(STREAM)/bin/python -m bench.<name>.
+.PHONY: bench
+bench: setup
+	$(STREAM)/bin/python -m bench.overhead
 
 clean:
 	rm -rf $(VENVS) .tokenbus

@@ -1,7 +1,14 @@
-"""Billing: the usage topic lands in ClickHouse, and reports read it back.
+"""Billing: the usage topic lands in ClickHouse, priced, each attempt once; reports read it.
 
 Layers, each its own module, imports flowing one way:
-``storage`` (the contract and its ClickHouse implementation) <-- ``sink`` (Kafka -->
-storage) and ``query_server`` (loopback SQL for the data the sink's process owns)
-<-- ``reader`` (how another process reaches that data) <-- ``report`` / ``console``.
+
+- pure policies: ``pricing`` (price book, charge policy, cost = list price x the weight
+  from ``tokenbus.cost``), ``dedup`` (which events are new attempts, insert tokens),
+  ``rows`` (event + charge --> row), ``queries`` (the dashboard SQL files), ``svg`` and
+  ``html`` (the dashboard page), ``grafana`` (the Grafana JSON);
+- ``storage`` (the contract and its ClickHouse implementation, with ``migrate``)
+  <-- ``sink`` (Kafka --> storage) and ``query_server`` (loopback SQL and the dashboard
+  for the data the sink's process owns) <-- ``reader`` (how another process reaches that
+  data) <-- ``report`` / ``console`` (the CLI's tables);
+- ``price_file`` reads the TOML price table; ``bench`` measures ingest throughput.
 """

@@ -13,10 +13,13 @@ import signal
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from billing.console import billing_report
+from billing.price_file import load_price_book
+from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
 from billing.sink import BillingSink
 from billing.storage import ClickHouseStore
 from tokenbus.config import Settings
+from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
 from tokenbus.topics import Topics
 
@@ -28,17 +31,23 @@ log = logging.getLogger("billing")
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Runs the sink and the query server until ``stop`` is set."""
     topics = Topics(settings.topic_prefix)
+    # A bad price file or peak-hours spec fails the start, before anything is consumed.
+    pricer = Pricer(
+        load_price_book(settings), PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
+    )
     # The same topics as the local stack creates; existing ones are left alone.
     await ensure_topics(settings, {topics.usage: settings.num_partitions, topics.dead_letters: 1})
     # The writer migrates first; the query side gets a client of its own, read-only,
     # so outside SQL can never write and never waits on the sink's inserts.
     store = await _open_writer(settings.clickhouse)
     try:
+        num_new = await asyncio.to_thread(store.sync_prices, pricer.book)
+        log.info("price table: %d versions, %d new", len(pricer.book.prices), num_new)
         query_store = await asyncio.to_thread(
             ClickHouseStore, settings.clickhouse, migrate=False, read_only=True
         )
         try:
-            sink = BillingSink(settings, store)
+            sink = BillingSink(settings, store, pricer)
             app = create_app(query_store, dsn=settings.clickhouse, stats=sink.stats)
             runner = await start_query_server(app, settings.billing_query_port)
             log.info(

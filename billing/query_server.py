@@ -7,6 +7,9 @@ it. So that process also answers queries for the CLI, tests and dashboards:
   a refused statement or a ClickHouse error --> 400 ``{"error": "..."}``.
 - ``GET /healthz`` --> ``{"status": "ok", "chdb_path": ..., **stats}``; readers compare
   ``chdb_path`` to make sure they reached the owner of *their* directory.
+- ``GET /dashboard?tenant=&since=&until=`` --> the HTML dashboard (``billing.html``):
+  every dashboard query (``billing/dashboards/*.sql``) for that window, as charts. Any
+  other parameter a query declares (``limit``, ``bucket_tokens``) may be given too.
 
 It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
 keyword check below only makes refusals clear, ClickHouse's readonly=1 enforces them.
@@ -17,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from aiohttp import web
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from billing.html import render_dashboard
+from billing.queries import dashboard_queries
 from billing.sql_guard import read_only_problem
-from billing.storage import Queryable, chdb_path
+from billing.storage import Queryable, Row, chdb_path
 
 STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
@@ -44,6 +50,7 @@ def create_app(
     app[HEALTH_KEY] = health
     app.router.add_post("/query", _query)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/dashboard", _dashboard)
     return app
 
 
@@ -87,6 +94,42 @@ async def _query(request: web.Request) -> web.Response:
         return _json({"rows": rows})
     except orjson.JSONEncodeError as exc:  # e.g. an Int128 beyond JSON's 64-bit range
         return _error(f"a result value cannot be sent as JSON: {exc}")
+
+
+DASHBOARD_WINDOW = timedelta(hours=24)
+"""What the dashboard shows when the URL names no window: the last day."""
+DASHBOARD_DEFAULTS = {"limit": "10"}
+"""Page-sized values for query parameters the URL does not give (top 10 sessions)."""
+
+
+def dashboard_filters(query: Mapping[str, str], now: datetime) -> dict[str, str]:
+    """The window and tenant the page shows: the URL's values, else the last day."""
+    filters = {
+        "tenant": "",
+        "since": (now - DASHBOARD_WINDOW).strftime("%Y-%m-%d %H:%M:00"),
+        "until": (now + timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M:00"),
+    }
+    filters.update({key: value for key, value in query.items() if key in filters})
+    return filters
+
+
+async def _dashboard(request: web.Request) -> web.Response:
+    now = datetime.now(UTC)
+    filters = dashboard_filters(request.query, now)
+    store = request.app[STORE_KEY]
+    results: dict[str, list[Row]] = {}
+    errors: dict[str, str] = {}
+    for name, query in dashboard_queries().items():
+        declared = {param.name for param in query.params}
+        given = {**DASHBOARD_DEFAULTS, **request.query, **filters}
+        chosen = {k: v for k, v in given.items() if k in declared}
+        sql, values = query.to_sql(chosen)
+        try:
+            results[name] = await asyncio.to_thread(store.query, sql, values)
+        except ClickHouseError as exc:
+            errors[name] = str(exc).splitlines()[0]
+    page = render_dashboard(results, filters, generated_at=now, errors=errors)
+    return web.Response(text=page, content_type="text/html")
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:

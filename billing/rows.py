@@ -1,10 +1,11 @@
-"""UsageEvent --> a ``usage_events`` row. Pure: the storage layer's only encoding step."""
+"""UsageEvent + its Charge --> a ``usage_events`` row. Pure: the only encoding step."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+from billing.pricing import Charge
 from schemas import UsageEvent
 
 USAGE_COLUMNS: tuple[str, ...] = (
@@ -24,6 +25,13 @@ USAGE_COLUMNS: tuple[str, ...] = (
     "ttft_ms",
     "total_ms",
     "error_code",
+    "overload_tier",
+    "precision",
+    "flags",
+    "cost_weight",
+    "cost_units",
+    "billed_units",
+    "price_version",
     "created_at",
     "finished_at",
 )
@@ -39,10 +47,15 @@ class UnstorableEvent(ValueError):
     """
 
 
-def usage_row(event: UsageEvent) -> tuple[Any, ...]:
+def check_storable(event: UsageEvent) -> None:
+    """Raises UnstorableEvent for an event no row can hold (a negative count)."""
     for name in _UNSIGNED_FIELDS:
         if getattr(event, name) < 0:
             raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
+
+
+def usage_row(event: UsageEvent, charge: Charge) -> tuple[Any, ...]:
+    check_storable(event)
     return (
         event.tenant_id,
         event.session_id,
@@ -60,6 +73,13 @@ def usage_row(event: UsageEvent) -> tuple[Any, ...]:
         event.ttft_ms,
         event.total_ms,
         event.error_code or "",
+        event.overload_tier,
+        event.precision,
+        event.flags,
+        charge.cost_weight,
+        charge.cost_units,
+        charge.billed_units,
+        charge.price_version,
         _utc(event.created_at),
         _utc(event.finished_at),
     )

@@ -13,9 +13,10 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 
+from billing.dedup import UsageKey
 from billing.migrate import apply_migrations
-from billing.rows import USAGE_COLUMNS, usage_row
-from schemas import UsageEvent
+from billing.pricing import PriceBook
+from billing.rows import USAGE_COLUMNS
 
 Row = dict[str, Any]
 
@@ -27,14 +28,19 @@ class Queryable(Protocol):
 
 
 class UsageStore(Queryable, Protocol):
-    def insert_usage(self, events: Sequence[UsageEvent]) -> None:
-        """Writes one row per event, durably, before it returns.
+    """What the sink writes through. Calls come from one thread at a time."""
 
-        The sink commits the batch's Kafka offsets right after this returns, so a return
-        must mean the rows survive a crash. The sink calls it again with the same events
-        after any exception, and Kafka redelivers events after a crash, so the same event
-        may arrive any number of times, even after a partial write: rows must collapse
-        by (tenant_id, session_id, request_id, attempt).
+    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
+        """The keys among ``keys`` that ``usage_events`` already holds."""
+        ...
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        """Writes the rows (``USAGE_COLUMNS`` order) durably, as one block, before returning.
+
+        The sink commits the batch's offsets right after this returns, so a return must
+        mean the rows survive a crash. After an exception the sink calls it again with
+        the same rows and token: a store must drop the repeat of a block that did land
+        (ClickHouse does, by ``insert_deduplication_token``), rollups included.
         """
         ...
 
@@ -63,12 +69,67 @@ class ClickHouseStore:
             self._client.close()
             raise
 
-    def insert_usage(self, events: Sequence[UsageEvent]) -> None:
-        if not events:
+    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
+        wanted = set(keys)
+        found: set[UsageKey] = set()
+        ordered = sorted(wanted)
+        for start in range(0, len(ordered), _KEYS_PER_LOOKUP):
+            chunk = ordered[start : start + _KEYS_PER_LOOKUP]
+            # Three IN sets on the leading sort-key columns: the primary index narrows
+            # the read to the granules these tenants, sessions and requests can be in.
+            # The sets match a few extra combinations; the exact keys are picked below.
+            parameters = {
+                "tenants": sorted({k[0] for k in chunk}),
+                "sessions": sorted({k[1] for k in chunk}),
+                "requests": sorted({k[2] for k in chunk}),
+            }
+            with self._lock:
+                result = self._client.query(_EXISTING_KEYS_SQL, parameters=parameters)
+            found.update(key for key in map(_key, result.result_rows) if key in wanted)
+        return found
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        if not rows:
             return
-        rows = [usage_row(event) for event in events]
         with self._lock:
-            self._client.insert("usage_events", rows, column_names=USAGE_COLUMNS)
+            self._client.insert(
+                "usage_events",
+                list(rows),
+                column_names=USAGE_COLUMNS,
+                settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
+            )
+
+    def sync_prices(self, book: PriceBook) -> int:
+        """Copies the book into ``prices``; returns how many versions were new.
+
+        A version is immutable once stored: the same (model, version) with other amounts
+        or another start raises ``PriceConflict`` rather than re-pricing history.
+        """
+        with self._lock:
+            stored = {
+                (row[0], row[1]): row[2:]
+                for row in self._client.query(_STORED_PRICES_SQL).result_rows
+            }
+        new = []
+        for price in book.prices:
+            values = (
+                price.effective_from,
+                price.input_per_1k,
+                price.output_per_1k,
+                price.cached_input_per_1k,
+            )
+            known = stored.get((price.model, price.version))
+            if known is None:
+                new.append((price.model, price.version, *values))
+            elif tuple(known) != values:
+                raise PriceConflict(
+                    f"price version {price.version} of model {price.model!r} is stored as "
+                    f"{known}, the price file says {values}: add a new version instead"
+                )
+        if new:
+            with self._lock:
+                self._client.insert("prices", new, column_names=_PRICE_COLUMNS)
+        return len(new)
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[Row]:
         with self._lock:
@@ -84,6 +145,37 @@ class ClickHouseStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class PriceConflict(RuntimeError):
+    """The price file changes a price version ClickHouse already holds."""
+
+
+_KEYS_PER_LOOKUP = 5_000
+"""Keys per lookup query: over HTTP the parameters travel in the URL, which has limits."""
+_EXISTING_KEYS_SQL = """\
+SELECT tenant_id, session_id, request_id, attempt
+FROM usage_events
+WHERE tenant_id IN {tenants:Array(String)}
+  AND session_id IN {sessions:Array(String)}
+  AND request_id IN {requests:Array(String)}"""
+_DEDUP_SETTINGS: dict[str, Any] = {
+    # The default, said out loud: the sink's retries rely on it.
+    "insert_deduplicate": 1,
+}
+_PRICE_COLUMNS = [
+    "model",
+    "version",
+    "effective_from",
+    "input_per_1k",
+    "output_per_1k",
+    "cached_input_per_1k",
+]
+_STORED_PRICES_SQL = f"SELECT {', '.join(_PRICE_COLUMNS)} FROM prices FINAL"
+
+
+def _key(row: Sequence[Any]) -> UsageKey:
+    return (row[0], row[1], row[2], int(row[3]))
 
 
 def chdb_path(dsn: str) -> str | None:

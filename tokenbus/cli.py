@@ -162,5 +162,33 @@ def report(tenant: str | None) -> None:
     billing_report(Settings(), Console(), tenant=tenant)
 
 
+@billing.command("query")
+@click.argument("name", required=False)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A query parameter, e.g. --param tenant=acme --param since=2026-03-01.",
+)
+def billing_query(name: str | None, params: tuple[str, ...]) -> None:
+    """Run dashboard query NAME (billing/dashboards/NAME.sql); without NAME, list them."""
+    from rich.console import Console
+
+    from billing.console import billing_query as run_query
+    from billing.console import list_queries
+
+    if name is None:
+        list_queries(Console())
+        return
+    values: dict[str, str] = {}
+    for pair in params:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--param")
+        values[key.strip()] = value
+    run_query(Settings(), Console(), name, values)
+
+
 if __name__ == "__main__":
     main()

@@ -10,9 +10,14 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from billing.query_server import create_app
+from billing.dedup import write_usage
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Pricer
+from billing.query_server import create_app, dashboard_filters
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
+
+PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
 
 @pytest.fixture
@@ -40,7 +45,8 @@ async def _post(client: TestClient[Any, Any], body: Any) -> tuple[int, Any]:
 async def test_select_returns_rows_as_json(
     client: TestClient[Any, Any], stores: tuple[ClickHouseStore, ClickHouseStore]
 ) -> None:
-    stores[0].insert_usage(
+    write_usage(
+        stores[0],
         [
             UsageEvent(
                 request_id="req_1",
@@ -51,7 +57,8 @@ async def test_select_returns_rows_as_json(
                 num_prompt_tokens=11,
                 created_at=datetime(2026, 1, 1, tzinfo=UTC),
             )
-        ]
+        ],
+        PRICER,
     )
 
     status, body = await _post(
@@ -144,3 +151,67 @@ async def test_healthz_names_the_directory_it_owns_and_the_counters(
         "chdb_path": resolved_tmp_path,
         "num_inserted": 7,
     }
+
+
+async def test_the_dashboard_page_shows_every_query_for_the_window(
+    client: TestClient[Any, Any], stores: tuple[ClickHouseStore, ClickHouseStore]
+) -> None:
+    events = [
+        UsageEvent(
+            request_id=f"req_{n}",
+            session_id="sess_<b>",  # data is escaped, never markup
+            tenant_id=tenant,
+            model="tiny",
+            status=UsageStatus.FAILED if n == 0 else UsageStatus.OK,
+            num_prompt_tokens=3000 * (n + 1),
+            num_completion_tokens=10,
+            ttft_ms=20.0 + n,
+            created_at=datetime(2026, 1, 1, 10, n, tzinfo=UTC),
+        )
+        for n, tenant in enumerate(["acme", "acme", "beta"])
+    ]
+    write_usage(stores[0], events, PRICER)
+
+    response = await client.get(
+        "/dashboard", params={"since": "2026-01-01 00:00:00", "until": "2026-01-02 00:00:00"}
+    )
+    page = await response.text()
+
+    assert response.status == 200
+    assert response.content_type == "text/html"
+    for title in (
+        "Spend by tenant per day",
+        "Tokens per minute by tenant",
+        "Top sessions by cost",
+        "Share of failed and cancelled work",
+        "Cost per 1k tokens by context length",
+        "p50 and p99 TTFT by tenant and priority",
+    ):
+        assert title in page
+    assert page.count("<svg") >= 6
+    assert "sess_&lt;b&gt;" in page and "sess_<b>" not in page
+    assert 'class="error"' not in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no CDN
+    # A window without data renders empty charts, not errors.
+    empty = await (await client.get("/dashboard", params={"since": "2030-01-01"})).text()
+    assert "no data in this window" in empty
+
+
+async def test_a_bad_dashboard_parameter_shows_as_an_error_on_the_page(
+    client: TestClient[Any, Any],
+) -> None:
+    response = await client.get("/dashboard", params={"since": "not a time"})
+
+    assert response.status == 200
+    assert 'class="error"' in await response.text()
+
+
+def test_the_dashboard_window_defaults_to_the_last_day() -> None:
+    now = datetime(2026, 3, 2, 10, 30, 15, tzinfo=UTC)
+
+    assert dashboard_filters({}, now) == {
+        "tenant": "",
+        "since": "2026-03-01 10:30:00",
+        "until": "2026-03-02 10:31:00",
+    }
+    assert dashboard_filters({"tenant": "acme", "other": "x"}, now)["tenant"] == "acme"

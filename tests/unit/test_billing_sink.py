@@ -1,6 +1,7 @@
 """The sink's write order and retries, on a fake consumer and a fake store."""
 
 import asyncio
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -10,7 +11,11 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
+from billing.dedup import UsageKey
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Pricer
 from billing.retry import Backoff
+from billing.rows import USAGE_COLUMNS
 from billing.sink import BillingSink, billing_group_id
 from billing.storage import Row
 from schemas import DeadLetter, UsageEvent, UsageStatus, decode, encode
@@ -22,6 +27,7 @@ TOPICS = Topics("t")
 P0 = TopicPartition(TOPICS.usage, 0)
 P1 = TopicPartition(TOPICS.usage, 1)
 FAST = Backoff(initial_s=0.01, max_s=0.02)
+PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
 
 @dataclass
@@ -76,22 +82,42 @@ class FakeConsumer:
 
 
 class FakeStore:
-    def __init__(self, journal: list[Any], *, num_failures: int = 0) -> None:
+    """Keeps rows by key as ClickHouse would, and drops a block whose token it has seen."""
+
+    def __init__(
+        self, journal: list[Any], *, num_failures: int = 0, num_lookup_failures: int = 0
+    ) -> None:
         self.journal = journal
         self.num_failures = num_failures
-        self.rows: list[UsageEvent] = []
+        self.num_lookup_failures = num_lookup_failures
+        self.rows: list[tuple[Any, ...]] = []
+        self.tokens: list[str] = []
         self.fetches_at_insert: list[int] = []
         self.consumer: FakeConsumer | None = None
 
-    def insert_usage(self, events: Sequence[UsageEvent]) -> None:
+    @property
+    def request_ids(self) -> list[str]:
+        return [row[2] for row in self.rows]
+
+    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
+        if self.num_lookup_failures > 0:
+            self.num_lookup_failures -= 1
+            self.journal.append(("lookup failed", len(keys)))
+            raise ConnectionError("ClickHouse is down")
+        self.journal.append(("lookup", len(keys)))
+        stored = {(r[0], r[1], r[2], r[3]) for r in self.rows}
+        return set(keys) & stored
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
         if self.consumer is not None:
             self.fetches_at_insert.append(self.consumer.num_fetches)
+        self.tokens.append(dedup_token)
         if self.num_failures > 0:
             self.num_failures -= 1
-            self.journal.append(("insert failed", len(events)))
+            self.journal.append(("insert failed", len(rows)))
             raise ConnectionError("ClickHouse is down")
-        self.journal.append(("insert", [e.request_id for e in events]))
-        self.rows.extend(events)
+        self.journal.append(("insert", [row[2] for row in rows]))
+        self.rows.extend(rows)
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[Row]:
         raise NotImplementedError
@@ -126,13 +152,18 @@ def test_the_group_is_tokenbus_billing_unless_the_prefix_changes(tmp_path: Path)
     assert billing_group_id(Settings(home=tmp_path, topic_prefix="ci-7")) == "ci-7-billing"
 
 
-def _settings(tmp_path: Path, batch_rows: int = 100) -> Settings:
+def _settings(tmp_path: Path, batch_rows: int = 100, batch_max_rows: int = 100) -> Settings:
     return Settings(
         home=tmp_path,
         topic_prefix=TOPICS.prefix,
         billing_batch_rows=batch_rows,
+        billing_batch_max_rows=batch_max_rows,
         billing_batch_interval_s=0.01,
     )
+
+
+def _sink(settings: Settings, store: FakeStore, backoff: Backoff = FAST) -> BillingSink:
+    return BillingSink(settings, store, PRICER, backoff=backoff)
 
 
 async def _eventually(done: Callable[[], bool]) -> None:
@@ -165,13 +196,13 @@ async def test_inserts_then_commits_past_the_batch_and_dead_letters_bad_records(
     )
     store = FakeStore(journal)
     publish = FakePublish(journal)
-    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+    sink = _sink(_settings(tmp_path), store, FAST)
 
     await _run_until(sink, consumer, publish, lambda: consumer.drained)
 
-    assert [kind for kind, _ in journal] == ["publish", "insert", "commit"]
+    assert [kind for kind, _ in journal] == ["publish", "lookup", "insert", "commit"]
     assert journal[-1] == ("commit", {P0: 3, P1: 2})
-    assert sorted(e.request_id for e in store.rows) == ["req_0", "req_1", "req_2", "req_3"]
+    assert sorted(store.request_ids) == ["req_0", "req_1", "req_2", "req_3"]
     [(topic, key, value)] = publish.sent
     letter = decode(DeadLetter, value)
     assert (topic, key) == (TOPICS.dead_letters, b"acme")
@@ -187,11 +218,11 @@ async def test_events_that_cannot_be_rows_are_dead_lettered_not_retried(tmp_path
     consumer = FakeConsumer(journal, {P0: [_usage(0, num_cached_tokens=-1), _usage(1)]})
     store = FakeStore(journal)
     publish = FakePublish(journal)
-    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+    sink = _sink(_settings(tmp_path), store, FAST)
 
     await _run_until(sink, consumer, publish, lambda: consumer.drained)
 
-    assert [e.request_id for e in store.rows] == ["req_1"]
+    assert store.request_ids == ["req_1"]
     assert "num_cached_tokens" in decode(DeadLetter, publish.sent[0][2]).reason
     assert sink.num_write_failures == 0
 
@@ -203,48 +234,176 @@ async def test_a_failing_insert_is_retried_without_committing_or_fetching_more(
     consumer = FakeConsumer(journal, {P0: [_usage(n) for n in range(6)]})
     store = FakeStore(journal, num_failures=3)
     store.consumer = consumer
-    sink = BillingSink(_settings(tmp_path, batch_rows=4), store, backoff=FAST)
+    sink = _sink(_settings(tmp_path, batch_rows=4, batch_max_rows=4), store, FAST)
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
     assert journal == [
+        ("lookup", 4),
         ("insert failed", 4),
         ("insert failed", 4),
         ("insert failed", 4),
         ("insert", ["req_0", "req_1", "req_2", "req_3"]),
         ("commit", {P0: 4}),
+        ("lookup", 2),
         ("insert", ["req_4", "req_5"]),
         ("commit", {P0: 6}),
     ]
     # All four attempts at the first batch saw the same number of fetches: none between.
     assert len(set(store.fetches_at_insert[:4])) == 1
+    # The same block was retried with the same token, so a landed try would be dropped.
+    assert len(set(store.tokens[:4])) == 1
+    assert store.tokens[4] != store.tokens[0]
     assert (sink.num_inserted, sink.num_write_failures) == (6, 3)
+
+
+async def test_a_failing_lookup_is_retried_before_anything_is_inserted(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
+    store = FakeStore(journal, num_lookup_failures=2)
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert [kind for kind, _ in journal] == [
+        "lookup failed",
+        "lookup failed",
+        "lookup",
+        "insert",
+        "commit",
+    ]
+    assert sink.num_write_failures == 2
+
+
+async def test_copies_in_the_batch_and_attempts_already_stored_are_left_out(
+    tmp_path: Path,
+) -> None:
+    journal: list[Any] = []
+    store = FakeStore(journal)
+    store.rows.append(("acme", "sess_1", "req_0", 0))  # stored by a run that crashed
+    first = _usage(1, num_completion_tokens=5)
+    served_again = _usage(1, num_completion_tokens=9)  # same attempt, reported twice
+    consumer = FakeConsumer(
+        journal, {P0: [_usage(0), first, _usage(2), served_again, _usage(2), _usage(1, attempt=1)]}
+    )
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    inserted = {(row[2], row[3]): row for row in store.rows[1:]}
+    assert sorted(inserted) == [("req_1", 0), ("req_1", 1), ("req_2", 0)]
+    # The first copy is the one billed.
+    completion = USAGE_COLUMNS.index("completion_tokens")
+    assert inserted[("req_1", 0)][completion] == 5
+    assert (sink.num_inserted, sink.num_duplicates) == (3, 3)
+    assert consumer.committed == {P0: 6}
+
+
+async def test_a_batch_of_known_attempts_inserts_nothing_and_commits(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    store = FakeStore(journal)
+    store.rows.extend([("acme", "sess_1", "req_0", 0), ("acme", "sess_1", "req_1", 0)])
+    consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert journal == [("lookup", 2), ("commit", {P0: 2})]
+    assert (sink.num_inserted, sink.num_duplicates) == (0, 2)
+
+
+async def test_rows_are_priced_as_they_are_written(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    store = FakeStore(journal)
+    raw = _usage(3000, num_completion_tokens=10, model="tiny-llama", precision="int8")
+    consumer = FakeConsumer(journal, {P0: [raw]})
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    [row] = store.rows
+    values = dict(zip(USAGE_COLUMNS, row, strict=True))
+    charge = PRICER.charge(decode(UsageEvent, raw))
+    assert values["cost_weight"] == charge.cost_weight == round(1.2 * 0.7, 6)
+    assert values["cost_units"] == charge.cost_units
+    assert values["price_version"] == 1
 
 
 async def test_stopping_during_an_outage_commits_nothing(tmp_path: Path) -> None:
     journal: list[Any] = []
     consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
     store = FakeStore(journal, num_failures=1_000)
-    sink = BillingSink(_settings(tmp_path), store, backoff=Backoff(initial_s=60, max_s=60))
+    sink = _sink(_settings(tmp_path), store, Backoff(initial_s=60, max_s=60))
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: bool(journal))
 
-    assert journal == [("insert failed", 2)]
+    assert journal == [("lookup", 2), ("insert failed", 2)]
     assert consumer.committed == {}
     assert sink.num_inserted == 0
 
 
-async def test_batches_hold_at_most_batch_rows(tmp_path: Path) -> None:
+async def test_batches_hold_at_most_batch_max_rows(tmp_path: Path) -> None:
     journal: list[Any] = []
-    consumer = FakeConsumer(journal, {P0: [_usage(n) for n in range(4)], P1: [_usage(9)] * 3})
+    consumer = FakeConsumer(
+        journal, {P0: [_usage(n) for n in range(4)], P1: [_usage(n) for n in range(10, 13)]}
+    )
     store = FakeStore(journal)
-    sink = BillingSink(_settings(tmp_path, batch_rows=3), store, backoff=FAST)
+    sink = _sink(_settings(tmp_path, batch_rows=2, batch_max_rows=3), store, FAST)
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
     inserts = [len(ids) for kind, ids in journal if kind == "insert"]
-    assert max(inserts) <= 3
+    assert max(inserts) == 3
     assert sum(inserts) == 7
+
+
+async def test_a_backlog_is_taken_in_batches_larger_than_batch_rows(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(n) for n in range(50)]})
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path, batch_rows=10, batch_max_rows=40), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert [len(ids) for kind, ids in journal if kind == "insert"] == [40, 10]
+
+
+async def test_revoking_waits_for_the_batch_in_hand(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)]})
+    store = FakeStore(journal)
+    release = asyncio.Event()
+    original = store.insert_rows
+
+    def slow_insert(rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        journal.append(("insert started", len(rows)))
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+        original(rows, dedup_token=dedup_token)
+
+    loop = asyncio.get_running_loop()
+    store.insert_rows = slow_insert  # type: ignore[method-assign]
+    sink = _sink(_settings(tmp_path), store, FAST)
+    listener = sink.rebalance_listener()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.consume(consumer, FakePublish(journal), stop))
+    await _eventually(lambda: ("insert started", 1) in journal)
+    revoke = asyncio.create_task(listener.on_partitions_revoked({P0}))
+    await asyncio.sleep(0.05)
+    assert not revoke.done()  # the batch is still being written
+    release.set()
+    await asyncio.wait_for(revoke, 5)
+    journal.append(("revoked", None))
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+    assert [kind for kind, _ in journal] == [
+        "lookup",
+        "insert started",
+        "insert",
+        "commit",
+        "revoked",
+    ]
 
 
 async def test_only_assigned_partitions_are_committed(tmp_path: Path) -> None:
@@ -252,7 +411,7 @@ async def test_only_assigned_partitions_are_committed(tmp_path: Path) -> None:
     consumer = FakeConsumer(journal, {P0: [_usage(0)], P1: [_usage(1)]})
     consumer.assigned = {P0}  # P1 moved to another member after this batch was fetched
     store = FakeStore(journal)
-    sink = BillingSink(_settings(tmp_path), store, backoff=FAST)
+    sink = _sink(_settings(tmp_path), store, FAST)
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
@@ -275,7 +434,7 @@ async def test_a_failing_dead_letter_send_is_retried_before_the_commit(
             raise ConnectionError("broker away")
         await publish(topic, key, value)
 
-    sink = BillingSink(_settings(tmp_path), FakeStore(journal), backoff=FAST)
+    sink = _sink(_settings(tmp_path), FakeStore(journal), FAST)
 
     await _run_until(sink, consumer, flaky_publish, lambda: consumer.drained)
 
@@ -284,3 +443,23 @@ async def test_a_failing_dead_letter_send_is_retried_before_the_commit(
         "commit",
     ]
     assert (sink.num_dead_letters, sink.num_write_failures) == (1, num_failures)
+
+
+async def test_the_cycle_collector_pauses_for_a_batch_only(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)]})
+    store = FakeStore(journal)
+    seen: list[bool] = []
+    original = store.insert_rows
+
+    def insert_rows(rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        seen.append(gc.isenabled())
+        original(rows, dedup_token=dedup_token)
+
+    store.insert_rows = insert_rows  # type: ignore[method-assign]
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert seen == [False]
+    assert gc.isenabled()

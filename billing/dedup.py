@@ -1,0 +1,85 @@
+"""Which events of a batch are new attempts, and the token that makes their insert idempotent.
+
+An attempt is identified by ``(tenant_id, session_id, request_id, attempt)``, the sort
+key of ``usage_events``. Copies of one attempt reach the sink when Kafka redelivers a
+batch after a crash, when a group's offsets are reset and the topic replayed, and when a
+worker that crashed after reporting serves a request again. The first copy to reach
+ClickHouse is the one billed; later ones are dropped here, before the insert, because
+the rollups add up whatever is inserted and only a merge, not a plain read, drops a copy.
+
+Pure except ``write_usage``, which runs the same steps as the sink, synchronously and
+without retries, for seeding data and for benchmarks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from billing.pricing import Pricer
+from billing.rows import usage_row
+from schemas import UsageEvent
+
+UsageKey = tuple[str, str, str, int]
+"""(tenant_id, session_id, request_id, attempt)."""
+
+
+class KeyedStore(Protocol):
+    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]: ...
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None: ...
+
+
+def usage_key(event: UsageEvent) -> UsageKey:
+    return (event.tenant_id, event.session_id, event.request_id, event.attempt)
+
+
+def first_copies(events: Iterable[UsageEvent]) -> list[UsageEvent]:
+    """The first event of each key, in order; the batch's own repeats are dropped."""
+    seen: set[UsageKey] = set()
+    kept = []
+    for event in events:
+        key = usage_key(event)
+        if key not in seen:
+            seen.add(key)
+            kept.append(event)
+    return kept
+
+
+@dataclass(frozen=True)
+class InsertPlan:
+    rows: list[tuple[Any, ...]]
+    dedup_token: str
+    """Same rows, same token: a retried insert is dropped by ClickHouse if the first landed."""
+    num_known: int
+    """Events left out because ClickHouse already holds their attempt."""
+
+
+def plan_insert(
+    events: Sequence[UsageEvent], existing: set[UsageKey], pricer: Pricer
+) -> InsertPlan:
+    """Rows for the events whose key is not in ``existing`` (``events`` are first copies)."""
+    new = [event for event in events if usage_key(event) not in existing]
+    rows = [usage_row(event, pricer.charge(event)) for event in new]
+    return InsertPlan(rows, dedup_token([usage_key(e) for e in new]), len(events) - len(new))
+
+
+def dedup_token(keys: Iterable[UsageKey]) -> str:
+    """A digest of the keys, independent of their order."""
+    digest = hashlib.sha256()
+    for key in sorted(keys):
+        digest.update("\x1f".join(map(str, key)).encode())
+        digest.update(b"\x1e")
+    return f"usage-{digest.hexdigest()}"
+
+
+def write_usage(store: KeyedStore, events: Iterable[UsageEvent], pricer: Pricer) -> InsertPlan:
+    """Inserts the new attempts among ``events``, as the sink does, in one go."""
+    batch = first_copies(events)
+    existing = store.existing_keys([usage_key(e) for e in batch]) if batch else set()
+    plan = plan_insert(batch, existing, pricer)
+    if plan.rows:
+        store.insert_rows(plan.rows, dedup_token=plan.dedup_token)
+    return plan

@@ -1,0 +1,257 @@
+"""The built-in HTML dashboard: the dashboard queries' rows --> one self-contained page.
+
+Pure: the query server runs the queries (``billing.queries``) and hands the rows here.
+Charts are inline SVG (``billing.svg``) and the style is inline, so the page needs no
+network and no script. Values may be Decimals (a store read directly) or decimal text
+(rows that crossed the query server's JSON); both are read as floats for drawing only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from html import escape
+from typing import Any
+
+from billing.svg import Series, bar_chart, compact, hbar_chart, line_chart
+
+Rows = Sequence[Mapping[str, Any]]
+MAX_LINE_POINTS = 240
+"""Longer minute series are drawn as means over steps of several minutes."""
+
+_STYLE = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;
+background:#f5f6f8;color:#111827}
+header{background:#111827;color:#f9fafb;padding:14px 24px;display:flex;
+align-items:center;gap:24px;flex-wrap:wrap}
+header h1{font-size:18px;margin:0}
+form{display:flex;gap:8px;align-items:center;flex-wrap:wrap}
+form input{padding:4px 6px;border-radius:4px;border:1px solid #4b5563;width:150px}
+form button{padding:4px 12px}
+main{padding:16px 24px;display:grid;grid-template-columns:repeat(auto-fit,minmax(620px,1fr));
+gap:16px}
+.card{background:#fff;border-radius:8px;padding:12px 16px;box-shadow:0 1px 2px #0001}
+.card h2{font-size:15px;margin:0 0 8px}
+.card p.note{color:#6b7280;margin:0 0 8px;font-size:12px}
+.totals{display:flex;gap:28px;flex-wrap:wrap;grid-column:1/-1}
+.total b{display:block;font-size:22px}
+.total span{color:#6b7280;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:12px;margin-top:8px}
+th,td{padding:3px 6px;border-bottom:1px solid #e5e7eb;text-align:right}
+th:first-child,td:first-child{text-align:left}
+svg .grid{stroke:#e5e7eb}
+svg .tick,svg .label,svg .value{font-size:11px;fill:#4b5563}
+.legend{display:flex;gap:12px;flex-wrap:wrap;font-size:12px;margin-top:4px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.error{color:#b91c1c}
+"""
+
+
+def render_dashboard(
+    results: Mapping[str, Rows],
+    filters: Mapping[str, str],
+    *,
+    generated_at: datetime,
+    errors: Mapping[str, str] | None = None,
+) -> str:
+    """The page for ``results`` keyed by dashboard query name; missing ones show as empty."""
+    errors = errors or {}
+
+    def rows(name: str) -> Rows:
+        return results.get(name, [])
+
+    cards = [
+        _totals(rows("spend_by_tenant_per_day"), rows("failed_cancelled_share")),
+        _card(
+            "Spend by tenant per day",
+            "Billed cost units, stacked by tenant.",
+            _spend(rows("spend_by_tenant_per_day")),
+            errors.get("spend_by_tenant_per_day"),
+        ),
+        _card(
+            "Tokens per minute by tenant",
+            "Prompt + completion tokens of the requests created in each minute.",
+            _tokens(rows("tokens_per_minute_by_tenant")),
+            errors.get("tokens_per_minute_by_tenant"),
+        ),
+        _card(
+            "Top sessions by cost",
+            "Billed cost units of the costliest sessions active in the window.",
+            _sessions(rows("top_sessions_by_cost")),
+            errors.get("top_sessions_by_cost"),
+        ),
+        _card(
+            "Share of failed and cancelled work",
+            "Share of the work's cost (list price, whatever was billed) spent on attempts "
+            "that failed or were cancelled.",
+            _share(rows("failed_cancelled_share")),
+            errors.get("failed_cancelled_share"),
+        ),
+        _card(
+            "Cost per 1k tokens by context length",
+            "List-price cost per 1,000 tokens, by prompt length; long context weighs more.",
+            _context(rows("cost_per_1k_by_context_bucket")),
+            errors.get("cost_per_1k_by_context_bucket"),
+        ),
+        _card(
+            "p50 and p99 TTFT by tenant and priority",
+            "Time to first token in ms, from the request's creation (0 VIP, 1 standard, 2 batch).",
+            _ttft(rows("ttft_by_tenant_and_priority")),
+            errors.get("ttft_by_tenant_and_priority"),
+        ),
+    ]
+    form = "".join(
+        f'<label>{escape(name)} <input name="{escape(name)}" value="{escape(value)}"></label>'
+        for name, value in filters.items()
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        "<title>tokenbus billing</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        f"<header><h1>tokenbus billing</h1><form method=get>{form}"
+        "<button>show</button></form>"
+        f"<span>as of {escape(generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</span></header>"
+        f"<main>{''.join(cards)}</main></body></html>"
+    )
+
+
+def number(value: Any) -> float:
+    if value is None:
+        return 0.0
+    return float(value) if isinstance(value, int | float | Decimal) else float(str(value))
+
+
+def money(value: float) -> str:
+    return f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _card(title: str, note: str, body: str, error: str | None) -> str:
+    shown = f'<p class="error">{escape(error)}</p>' if error else body
+    heading = f'<h2>{escape(title)}</h2><p class="note">{escape(note)}</p>'
+    return f'<section class="card">{heading}{shown}</section>'
+
+
+def _totals(spend: Rows, share: Rows) -> str:
+    overall = next((r for r in share if r.get("tenant") == "*"), None)
+    tokens = sum(number(r["prompt_tokens"]) + number(r["completion_tokens"]) for r in spend)
+    figures = [
+        (money(sum(number(r["billed_units"]) for r in spend)), "billed cost units"),
+        (money(sum(number(r["cost_units"]) for r in spend)), "cost at list price"),
+        (f"{int(sum(number(r['num_attempts']) for r in spend)):,}", "request attempts"),
+        (f"{int(tokens):,}", "tokens"),
+        (
+            f"{number(overall['cost_share']):.1%}" if overall else "-",
+            "of the cost went to failed or cancelled work",
+        ),
+    ]
+    items = "".join(
+        f'<div class="total"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for v, k in figures
+    )
+    return f'<section class="card totals">{items}</section>'
+
+
+def _pivot(rows: Rows, x: str, series: str, value: str) -> tuple[list[str], list[Series]]:
+    """Rows of (x, series, value) --> shared x labels and one Series per name, 0 if absent."""
+    labels = sorted({str(r[x]) for r in rows})
+    names = sorted({str(r[series]) for r in rows})
+    cells = {(str(r[x]), str(r[series])): number(r[value]) for r in rows}
+    return labels, [Series(n, [cells.get((label, n), 0.0) for label in labels]) for n in names]
+
+
+def _spend(rows: Rows) -> str:
+    days, series = _pivot(rows, "day", "tenant_id", "billed_units")
+    return bar_chart(days, series, stacked=True, fmt=compact)
+
+
+def _tokens(rows: Rows) -> str:
+    minutes, series = _pivot(rows, "minute", "tenant_id", "total_tokens")
+    step = max(1, -(-len(minutes) // MAX_LINE_POINTS))
+    if step > 1:
+        minutes = minutes[::step]
+        series = [
+            Series(
+                s.name, [sum(s.values[i : i + step]) / step for i in range(0, len(s.values), step)]
+            )
+            for s in series
+        ]
+    labels = [m[11:16] if len(m) >= 16 else m for m in minutes]  # hh:mm of the ISO time
+    note = f"<p class=note>means over {step}-minute steps</p>" if step > 1 else ""
+    return line_chart(labels, series) + note
+
+
+def _sessions(rows: Rows) -> str:
+    labels = [f"{r['tenant_id']} / {r['session_id']}" for r in rows]
+    chart = hbar_chart(labels, [number(r["billed_units"]) for r in rows], fmt=money)
+    return chart + _table(
+        rows, ("tenant_id", "session_id", "billed_units", "num_attempts", "num_failed")
+    )
+
+
+def _share(rows: Rows) -> str:
+    tenants = [r for r in rows if r.get("tenant") != "*"]
+    chart = hbar_chart(
+        [str(r["tenant"]) for r in tenants],
+        [number(r["cost_share"]) for r in tenants],
+        fmt=lambda v: f"{v:.1%}",
+        maximum=1.0,
+    )
+    return chart + _table(
+        rows,
+        ("tenant", "total_attempts", "failed_attempts", "cancelled_attempts", "cost_share"),
+        percent=("cost_share",),
+    )
+
+
+def _context(rows: Rows) -> str:
+    labels = [f"{_tokens_label(r['context_from'])}-{_tokens_label(r['context_to'])}" for r in rows]
+    chart = bar_chart(
+        labels, [Series("cost per 1k tokens", [number(r["cost_per_1k_tokens"]) for r in rows])]
+    )
+    return chart + _table(
+        rows, ("context_from", "num_attempts", "tokens", "cost_per_1k_tokens", "mean_cost_weight")
+    )
+
+
+def _tokens_label(value: Any) -> str:
+    tokens = int(number(value))
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 and tokens else str(tokens)
+
+
+def _ttft(rows: Rows) -> str:
+    labels = [f"{r['tenant_id']} p{r['priority']}" for r in rows]
+    chart = bar_chart(
+        labels,
+        [
+            Series("p50 ms", [number(r["p50_ttft_ms"]) for r in rows]),
+            Series("p99 ms", [number(r["p99_ttft_ms"]) for r in rows]),
+        ],
+    )
+    return chart + _table(
+        rows, ("tenant_id", "priority", "num_attempts", "p50_ttft_ms", "p99_ttft_ms")
+    )
+
+
+def _table(rows: Rows, columns: Sequence[str], percent: Sequence[str] = ()) -> str:
+    if not rows:
+        return ""
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{escape(_cell(r.get(c), c in percent))}</td>" for c in columns)
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any, percent: bool) -> str:
+    if percent:
+        return f"{number(value):.1%}"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, Decimal):
+        return money(float(value))
+    return str(value)

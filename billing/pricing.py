@@ -1,0 +1,211 @@
+"""What one request attempt costs: list price x cost weight, and the share billed by status.
+
+Pure: no I/O. ``billing.price_file`` reads the prices; the sink prices each event once,
+as it writes the row, and stores the result with the price version it used.
+
+- ``cost_units``: what the attempt consumed, at list price, times the weight from
+  ``tokenbus.cost`` (context length, precision, peak hour), whatever its end. Failed and
+  cancelled work is priced too: that is what makes its share of the resources visible.
+  Rejected work never ran and costs nothing.
+- ``billed_units``: ``cost_units`` times the share the charge policy bills for the status
+  (by default all of ok and cancelled work, none of failed or rejected work).
+
+Money is ``Decimal`` quantized to ``COST_QUANTUM``, the scale of the ClickHouse column,
+so a sum in ClickHouse equals the sum of the values computed here, to the last digit.
+``charge`` computes it in integer nano-units, rounding half to even once, which gives
+exactly ``quantize(list_cost(event, price) * weight)`` (tests hold the two together) at a
+fraction of the cost of Decimal arithmetic: the sink prices every event it ingests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from schemas import UsageEvent, UsageStatus
+from tokenbus.cost import NO_PEAK_HOURS, PeakHours, cost_weight
+
+COST_QUANTUM = Decimal("0.000000001")
+"""Nine decimals: ``Decimal(38, 9)`` in ``usage_events``."""
+ANY_MODEL = "*"
+"""The price entry for every model that has none of its own."""
+UNPRICED_VERSION = 0
+"""The price version of a row no price applied to; its cost is zero."""
+_ZERO = Decimal(0)
+_PER = Decimal(1000)
+_NANOS = 10**9
+"""Nano-units per unit: prices and costs carry nine decimals."""
+_MICROS = 10**6
+"""Weights and shares carry six decimals at most."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """One version of one model's prices, in cost units per 1,000 tokens."""
+
+    model: str
+    version: int
+    effective_from: datetime
+    """This version applies to requests created at or after this instant (aware)."""
+    input_per_1k: Decimal
+    output_per_1k: Decimal
+    cached_input_per_1k: Decimal
+    """Prompt tokens served from the prefix cache."""
+
+    def __post_init__(self) -> None:
+        for name in ("input_per_1k", "output_per_1k", "cached_input_per_1k"):
+            _scaled(getattr(self, name), _NANOS, f"{self.model} v{self.version} {name}")
+
+    @property
+    def nanos_per_1k(self) -> tuple[int, int, int]:
+        """(input, output, cached input), in nano-units per 1,000 tokens."""
+        return (
+            _scaled(self.input_per_1k, _NANOS, "input_per_1k"),
+            _scaled(self.output_per_1k, _NANOS, "output_per_1k"),
+            _scaled(self.cached_input_per_1k, _NANOS, "cached_input_per_1k"),
+        )
+
+
+DEFAULT_SHARES: Mapping[UsageStatus, Decimal] = {
+    UsageStatus.OK: Decimal(1),
+    UsageStatus.CANCELLED: Decimal(1),
+    UsageStatus.FAILED: Decimal(0),
+    UsageStatus.REJECTED: Decimal(0),
+}
+
+
+@dataclass(frozen=True)
+class ChargePolicy:
+    """The share of an attempt's cost the tenant is billed, by status (0 to 1)."""
+
+    shares: Mapping[UsageStatus, Decimal] = field(default_factory=lambda: dict(DEFAULT_SHARES))
+
+    def __post_init__(self) -> None:
+        for status, share in self.shares.items():
+            _scaled(share, _MICROS, f"the share billed for {status.value}")
+
+    def share(self, status: UsageStatus) -> Decimal:
+        return self.shares.get(status, Decimal(1))
+
+
+@dataclass(frozen=True)
+class Charge:
+    cost_weight: float
+    cost_units: Decimal
+    billed_units: Decimal
+    price_version: int
+
+
+class PriceBook:
+    """Every price version; ``price_for`` picks the one in force for a model at an instant."""
+
+    def __init__(self, prices: Sequence[Price], policy: ChargePolicy | None = None) -> None:
+        self.prices = tuple(sorted(prices, key=lambda p: (p.model, p.version)))
+        self.policy = policy or ChargePolicy()
+        self._by_model: dict[str, list[Price]] = {}
+        for price in self.prices:
+            self._by_model.setdefault(price.model, []).append(price)
+        for model, versions in self._by_model.items():
+            _check_versions(model, versions)
+        # Newest first, with amounts in integers, for the sink's per-event lookup.
+        self._newest_first = {
+            model: [(p, p.nanos_per_1k) for p in reversed(versions)]
+            for model, versions in self._by_model.items()
+        }
+        self._share_micros = {
+            status: _scaled(self.policy.share(status), _MICROS, status.value)
+            for status in UsageStatus
+        }
+
+    def price_for(self, model: str, at: datetime) -> Price | None:
+        """The model's latest version in force at ``at``, else that of ``ANY_MODEL``."""
+        found = self._in_force(model, at)
+        return found[0] if found else None
+
+    def _in_force(self, model: str, at: datetime) -> tuple[Price, tuple[int, int, int]] | None:
+        for name in (model, ANY_MODEL):
+            for price, nanos in self._newest_first.get(name, ()):
+                if price.effective_from <= at:
+                    return price, nanos
+        return None
+
+
+class Pricer:
+    """UsageEvent --> Charge, with one price book and one set of peak hours."""
+
+    def __init__(self, book: PriceBook, peak_hours: PeakHours = NO_PEAK_HOURS) -> None:
+        self.book = book
+        self.peak_hours = peak_hours
+
+    def charge(self, event: UsageEvent) -> Charge:
+        weight = cost_weight(
+            event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
+        )
+        found = self.book._in_force(event.model, event.created_at)
+        if found is None:
+            return Charge(weight, _ZERO, _ZERO, UNPRICED_VERSION)
+        price, (input_nanos, output_nanos, cached_nanos) = found
+        if event.status is UsageStatus.REJECTED:
+            # Refused before it ran: a prompt the dispatcher counted was never computed.
+            return Charge(weight, _ZERO, _ZERO, price.version)
+        num_cached = min(max(event.num_cached_tokens, 0), event.num_prompt_tokens)
+        at_list_price = (
+            (event.num_prompt_tokens - num_cached) * input_nanos
+            + num_cached * cached_nanos
+            + event.num_completion_tokens * output_nanos
+        )  # nano-units x 1,000
+        cost_nanos = _divide_half_even(at_list_price * round(weight * _MICROS), 1000 * _MICROS)
+        billed_nanos = _divide_half_even(
+            cost_nanos * self.book._share_micros[event.status], _MICROS
+        )
+        return Charge(
+            weight, Decimal(cost_nanos).scaleb(-9), Decimal(billed_nanos).scaleb(-9), price.version
+        )
+
+
+def list_cost(event: UsageEvent, price: Price) -> Decimal:
+    """Tokens at list price, before the weight: cached prompt tokens at the cached rate.
+
+    The definition, in Decimal; ``Pricer.charge`` computes the same in integers.
+    """
+    num_cached = min(max(event.num_cached_tokens, 0), event.num_prompt_tokens)
+    num_uncached = event.num_prompt_tokens - num_cached
+    return (
+        num_uncached * price.input_per_1k
+        + num_cached * price.cached_input_per_1k
+        + event.num_completion_tokens * price.output_per_1k
+    ) / _PER
+
+
+def quantize(value: Decimal) -> Decimal:
+    return value.quantize(COST_QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def _divide_half_even(numerator: int, denominator: int) -> int:
+    quotient, remainder = divmod(numerator, denominator)
+    if 2 * remainder > denominator or (2 * remainder == denominator and quotient % 2):
+        quotient += 1
+    return quotient
+
+
+def _scaled(amount: Decimal, scale: int, what: str) -> int:
+    """``amount * scale`` as an integer; a value with more decimals than that is refused."""
+    scaled = amount * scale
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"{what} has more than {len(str(scale)) - 1} decimals: {amount}")
+    return int(scaled)
+
+
+def _check_versions(model: str, versions: list[Price]) -> None:
+    numbers = [p.version for p in versions]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"model {model!r} lists a price version twice: {numbers}")
+    if any(p.version <= UNPRICED_VERSION for p in versions):
+        raise ValueError(f"model {model!r}: price versions start at 1")
+    starts = [p.effective_from for p in versions]
+    if starts != sorted(starts) or len(set(starts)) != len(starts):
+        raise ValueError(
+            f"model {model!r}: a later price version must take effect later than the one before"
+        )

@@ -1,0 +1,367 @@
+"""Exactly once, on real processes: SIGKILL the sink mid-batch, restart it, replay the topic.
+
+Each sink here is a real ``python -m billing`` child process on its own chdb directory
+and topic prefix, against this module's own tansu broker, so the session stack and the
+other tests are left alone. The first sink runs with a store that freezes right after
+ClickHouse acknowledged an insert and before the offsets are committed: the narrowest
+spot for exactly-once, and the test kills it there. The second is killed at whatever
+batch it is in. After a clean run to the end, the group's offsets go back to the start
+and a last sink reads the whole topic again.
+
+Run as a script (``python -m tests.integration.test_billing_exactly_once N MARKER``),
+this module is that first, freezing sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Pricer
+from billing.reader import open_reader
+from billing.sink import billing_group_id
+from schemas import FinishReason, UsageEvent, UsageStatus, encode
+from tests.integration.test_billing_sink import _committed, _free_port, _health, bootstrap
+from tokenbus.config import Settings
+from tokenbus.cost import PeakHours
+from tokenbus.kafka import ensure_topics, make_producer, wait_for_broker
+from tokenbus.stack import REPO_ROOT, settings_env
+from tokenbus.topics import Topics
+
+pytestmark = pytest.mark.integration
+__all__ = ["bootstrap"]  # the module's tansu broker, shared with test_billing_sink
+
+NUM_PARTITIONS = 3
+NUM_EVENTS = 12_000
+NUM_COPIES = 600
+"""Events produced a second time, later in the topic: a producer retry, a re-served request."""
+FREEZE_AT_INSERT = 3
+TIMEOUT_S = 120.0
+PEAK = PeakHours.parse("9-17")
+
+
+def _events(rng: random.Random) -> list[UsageEvent]:
+    t0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+    statuses = [UsageStatus.OK] * 14 + [UsageStatus.FAILED, UsageStatus.CANCELLED]
+    events = []
+    for n in range(NUM_EVENTS):
+        status = rng.choice(statuses)
+        long_context = rng.random() < 0.2
+        events.append(
+            UsageEvent(
+                request_id=f"req_{n:06d}",
+                session_id=f"sess_{n % 700}",
+                tenant_id=f"tenant-{n % 41}",
+                model=rng.choice(["tiny-llama", "other-model"]),
+                worker_id=f"worker-{n % 3}",
+                priority=n % 3,
+                attempt=rng.choice([0, 0, 0, 1]),
+                status=status,
+                finish_reason=FinishReason.ERROR if status is UsageStatus.FAILED else None,
+                num_prompt_tokens=rng.randint(8192, 14000)
+                if long_context
+                else rng.randint(1, 2000),
+                num_completion_tokens=rng.randint(0, 400),
+                num_cached_tokens=rng.randint(0, 64),
+                ttft_ms=rng.uniform(1, 300),
+                total_ms=rng.uniform(300, 3000),
+                precision=rng.choice(["fp16", "int8"]),
+                created_at=t0 + timedelta(seconds=n),
+                finished_at=t0 + timedelta(seconds=n + 2),
+            )
+        )
+    return events
+
+
+@pytest.fixture
+async def settings(bootstrap: str, tmp_path: Path) -> Settings:
+    settings = Settings(
+        home=tmp_path,
+        kafka_bootstrap=bootstrap,
+        topic_prefix=f"once-{uuid.uuid4().hex[:8]}",
+        num_partitions=NUM_PARTITIONS,
+        clickhouse_dsn=f"chdb://{tmp_path / 'clickhouse'}",
+        billing_query_port=_free_port(),
+        billing_batch_rows=1_000,
+        billing_batch_max_rows=1_000,  # many batches, so a kill lands inside the stream
+        billing_batch_interval_s=0.2,
+        peak_hours="9-17",
+        faust_session_timeout_s=1.5,
+        faust_rebalance_timeout_s=1.5,
+        faust_heartbeat_interval_s=0.3,
+    )
+    await wait_for_broker(settings, timeout_s=30)
+    topics = Topics(settings.topic_prefix)
+    await ensure_topics(settings, {topics.usage: NUM_PARTITIONS, topics.dead_letters: 1})
+    return settings
+
+
+class Sink:
+    """One ``python -m billing`` process (or the freezing variant), killed by its pid."""
+
+    def __init__(self, settings: Settings, argv: list[str], log_path: Path) -> None:
+        self.settings = settings
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, *argv],
+                env=settings_env(settings),
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.log_path = log_path
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def terminate(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=60)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    async def health(self) -> dict[str, Any]:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            health = await _health(self.settings)
+            if health is not None:
+                return health
+            assert self.alive(), f"the sink died; log {self.log_path}"
+            assert time.monotonic() < deadline, "the sink's query server never answered"
+            await asyncio.sleep(0.1)
+
+
+async def _until(condition: Any, what: str, sink: Sink) -> Any:
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        result = await condition()
+        if result:
+            return result
+        assert sink.alive(), f"the sink died waiting for {what}; log {sink.log_path}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def _produce(settings: Settings, records: list[tuple[bytes, bytes]]) -> dict[int, int]:
+    """Sends in order (batched per partition); returns partition -> end offset, from acks."""
+    producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        topic = Topics(settings.topic_prefix).usage
+        pending = [await producer.send(topic, value, key=key) for key, value in records]
+        acks = await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    ends: dict[int, int] = {}
+    for ack in acks:
+        ends[ack.partition] = max(ends.get(ack.partition, 0), ack.offset + 1)
+    return ends
+
+
+async def _reset_offsets(settings: Settings, partitions: list[int]) -> None:
+    """Moves the sink's group back to the start of the topic, as an operator would."""
+    usage = Topics(settings.topic_prefix).usage
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        group_id=billing_group_id(settings),
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(usage, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.commit({tp: 0 for tp in tps})
+    finally:
+        await consumer.stop()
+
+
+def _count_directly(settings: Settings) -> int:
+    """Rows in the chdb directory, read by this process while no sink holds it."""
+    reader = open_reader(settings)
+    try:
+        [row] = reader.query("SELECT count() AS n FROM usage_events")
+        return int(row["n"])
+    finally:
+        reader.close()
+
+
+def _expected(events: list[UsageEvent], pricer: Pricer) -> dict[str, Any]:
+    charges = [pricer.charge(e) for e in events]
+    return {
+        "num_attempts": len(events),
+        "prompt_tokens": sum(e.num_prompt_tokens for e in events),
+        "completion_tokens": sum(e.num_completion_tokens for e in events),
+        "cached_tokens": sum(e.num_cached_tokens for e in events),
+        "cost_units": sum((c.cost_units for c in charges), Decimal(0)),
+        "billed_units": sum((c.billed_units for c in charges), Decimal(0)),
+    }
+
+
+_SUMS = (
+    "count() AS num_attempts, sum(prompt_tokens) AS prompt_tokens,"
+    " sum(completion_tokens) AS completion_tokens, sum(cached_tokens) AS cached_tokens,"
+    " sum(cost_units) AS cost_units, sum(billed_units) AS billed_units"
+)
+_OUTER = ", ".join(
+    f"sum({name}) AS {name}"
+    for name in (
+        "num_attempts",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "cost_units",
+        "billed_units",
+    )
+)
+# No FINAL anywhere: the table itself must hold each attempt once. The rollup reads fail
+# unless ClickHouse answers them from the projections (the materialized rollups).
+TOTALS_SQL = {
+    "usage_events": f"SELECT {_SUMS} FROM usage_events",
+    "rollup by minute": f"SELECT {_OUTER} FROM (SELECT {_SUMS} FROM usage_events GROUP BY"
+    " tenant_id, model, toStartOfMinute(created_at), status)"
+    " SETTINGS force_optimize_projection = 1",
+    "rollup by session": f"SELECT {_OUTER} FROM (SELECT {_SUMS} FROM usage_events GROUP BY"
+    " tenant_id, session_id) SETTINGS force_optimize_projection = 1",
+}
+
+
+def _stored_totals(settings: Settings) -> tuple[dict[str, dict[str, Any]], int]:
+    """Totals per reading, and the number of distinct attempt keys, read directly."""
+    reader = open_reader(settings)
+    try:
+        totals = {}
+        for name, sql in TOTALS_SQL.items():
+            [row] = reader.query(sql)
+            totals[name] = {
+                key: Decimal(value) if key.endswith("_units") else int(value)
+                for key, value in row.items()
+            }
+        [keys] = reader.query(
+            "SELECT uniqExact(tenant_id, session_id, request_id, attempt) AS n FROM usage_events"
+        )
+        return totals, int(keys["n"])
+    finally:
+        reader.close()
+
+
+async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
+    settings: Settings, tmp_path: Path
+) -> None:
+    rng = random.Random(6)
+    events = _events(rng)
+    copies = rng.sample(events, NUM_COPIES)
+    records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies]]
+    ends = await _produce(settings, records)
+    num_records = sum(ends.values())
+    assert num_records == NUM_EVENTS + NUM_COPIES
+    log_path = tmp_path / "sinks.log"
+
+    # 1. Frozen after ClickHouse acknowledged its 3rd insert, before that commit: kill.
+    marker = tmp_path / "frozen"
+    first = Sink(
+        settings,
+        ["-m", "tests.integration.test_billing_exactly_once", str(FREEZE_AT_INSERT), str(marker)],
+        log_path,
+    )
+    try:
+        await _until(lambda: asyncio.to_thread(marker.exists), "the frozen insert", first)
+        frozen = await first.health()
+        committed = await _committed(settings, ends)
+    finally:
+        first.kill()
+    # Two batches done and committed; the third is in ClickHouse but not committed. (The
+    # copies come last in the topic, so these early batches hold only first copies.)
+    num_stored = await asyncio.to_thread(_count_directly, settings)
+    assert frozen["num_batches"] == FREEZE_AT_INSERT - 1
+    assert sum(offset or 0 for offset in committed.values()) == frozen["num_inserted"]
+    assert num_stored > frozen["num_inserted"]
+
+    # 2. A plain sink, killed wherever it is once it has written some more.
+    second = Sink(settings, ["-m", "billing"], log_path)
+    try:
+        await _until(
+            lambda: _progress(second, at_least=1_500), "the second sink to write 1,500", second
+        )
+    finally:
+        second.kill()
+
+    # 3. A plain sink to the end.
+    third = Sink(settings, ["-m", "billing"], log_path)
+    try:
+
+        async def caught_up() -> bool:
+            return await _committed(settings, ends) == ends
+
+        await _until(caught_up, "the third sink to commit everything", third)
+        third_health = await third.health()
+    finally:
+        third.terminate()
+    assert third_health["num_duplicates"] >= NUM_COPIES
+
+    # 4. Replay the whole topic from offset 0.
+    await _reset_offsets(settings, sorted(ends))
+    assert set((await _committed(settings, ends)).values()) == {0}
+    fourth = Sink(settings, ["-m", "billing"], log_path)
+    try:
+        await _until(caught_up, "the replay to commit everything", fourth)
+        replay = await fourth.health()
+    finally:
+        fourth.terminate()
+    totals, num_keys = await asyncio.to_thread(_stored_totals, settings)
+
+    assert (replay["num_inserted"], replay["num_duplicates"]) == (0, num_records)
+    # Exactly the UsageEvents, each attempt once: the first copy of every key.
+    distinct = list(
+        {(e.tenant_id, e.session_id, e.request_id, e.attempt): e for e in events}.values()
+    )
+    expected = _expected(distinct, Pricer(read_price_book(BUNDLED_PRICES), PEAK))
+    assert num_keys == len(distinct) == totals["usage_events"]["num_attempts"]
+    for reading, got in totals.items():
+        assert got == expected, reading
+
+
+async def _progress(sink: Sink, at_least: int) -> bool:
+    health = await _health(sink.settings)
+    return health is not None and health["num_inserted"] >= at_least
+
+
+def _freeze_after_insert(num_inserts: int, marker: Path) -> None:
+    """Runs ``python -m billing`` with a store that stops dead after insert ``num_inserts``."""
+    from billing import __main__ as billing_main
+    from billing.storage import ClickHouseStore
+
+    original = ClickHouseStore.insert_rows
+    calls = [0]
+
+    def insert_rows(self: ClickHouseStore, rows: Any, *, dedup_token: str) -> None:
+        original(self, rows, dedup_token=dedup_token)
+        calls[0] += 1
+        if calls[0] == num_inserts:
+            marker.touch()
+            threading.Event().wait()  # acknowledged, never returns: no commit follows
+
+    ClickHouseStore.insert_rows = insert_rows  # type: ignore[method-assign]
+    billing_main.main()
+
+
+if __name__ == "__main__":
+    _freeze_after_insert(int(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,95 @@
+"""Which events of a batch are new attempts, and the token of their insert."""
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from billing.dedup import (
+    dedup_token,
+    first_copies,
+    plan_insert,
+    usage_key,
+    write_usage,
+)
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Pricer
+from billing.rows import USAGE_COLUMNS
+from schemas import UsageEvent, UsageStatus
+
+PRICER = Pricer(read_price_book(BUNDLED_PRICES))
+
+
+def _event(request: str, attempt: int = 0, **overrides: object) -> UsageEvent:
+    fields: dict[str, object] = {
+        "request_id": request,
+        "session_id": "sess_1",
+        "tenant_id": "acme",
+        "model": "tiny",
+        "attempt": attempt,
+        "status": UsageStatus.OK,
+        "num_prompt_tokens": 10,
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    fields.update(overrides)
+    return UsageEvent.model_validate(fields)
+
+
+def test_the_key_is_tenant_session_request_attempt() -> None:
+    assert usage_key(_event("r", 2)) == ("acme", "sess_1", "r", 2)
+
+
+def test_first_copies_keep_the_first_of_each_attempt_in_order() -> None:
+    a, b, a_again, a_retry = (
+        _event("a"),
+        _event("b"),
+        _event("a", num_prompt_tokens=99),
+        _event("a", 1),
+    )
+
+    assert first_copies([a, b, a_again, a_retry, b]) == [a, b, a_retry]
+
+
+def test_the_token_depends_on_the_keys_not_their_order_or_values() -> None:
+    keys = [usage_key(_event("a")), usage_key(_event("b"))]
+
+    assert dedup_token(keys) == dedup_token(reversed(keys))
+    assert dedup_token(keys) != dedup_token(keys[:1])
+    assert dedup_token(keys).startswith("usage-")
+    # Field boundaries are marked: ("ab", "c") and ("a", "bc") differ.
+    assert dedup_token([("t", "ab", "c", 0)]) != dedup_token([("t", "a", "bc", 0)])
+
+
+def test_a_plan_leaves_out_known_attempts_and_prices_the_rest() -> None:
+    events = [_event("a"), _event("b"), _event("c")]
+
+    plan = plan_insert(events, {usage_key(events[1])}, PRICER)
+
+    assert [row[USAGE_COLUMNS.index("request_id")] for row in plan.rows] == ["a", "c"]
+    assert plan.num_known == 1
+    assert plan.dedup_token == dedup_token([usage_key(events[0]), usage_key(events[2])])
+    cost = USAGE_COLUMNS.index("cost_units")
+    assert plan.rows[0][cost] == PRICER.charge(events[0]).cost_units
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self.num_lookups = 0
+
+    def existing_keys(self, keys: Sequence[tuple[str, str, str, int]]) -> set[Any]:
+        self.num_lookups += 1
+        return set(keys) & {tuple(r[:4]) for r in self.rows}
+
+    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        self.rows.extend(rows)
+
+
+def test_write_usage_stores_each_attempt_once_across_calls() -> None:
+    store = MemoryStore()
+    write_usage(store, [_event("a"), _event("b"), _event("a")], PRICER)
+    plan = write_usage(store, [_event("b"), _event("c")], PRICER)
+
+    assert [row[2] for row in store.rows] == ["a", "b", "c"]
+    assert plan.num_known == 1
+    assert write_usage(store, [], PRICER).rows == []
+    assert store.num_lookups == 2  # nothing to look up for an empty batch

@@ -1,0 +1,235 @@
+"""Cost = list price x the shared weight, at each context length; billed share by status."""
+
+import random
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+import pytest
+
+from billing.pricing import (
+    COST_QUANTUM,
+    UNPRICED_VERSION,
+    ChargePolicy,
+    Price,
+    PriceBook,
+    Pricer,
+    list_cost,
+)
+from schemas import UsageEvent, UsageStatus
+from tokenbus.cost import PeakHours, cost_weight
+
+T0 = datetime(2026, 3, 2, 3, 0, tzinfo=UTC)  # 03:00 UTC: outside 9-17 peak hours
+V1 = Price(
+    model="m",
+    version=1,
+    effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    input_per_1k=Decimal("0.001"),
+    output_per_1k=Decimal("0.002"),
+    cached_input_per_1k=Decimal("0.0005"),
+)
+V2 = Price(
+    model="m",
+    version=2,
+    effective_from=datetime(2026, 3, 1, tzinfo=UTC),
+    input_per_1k=Decimal("0.003"),
+    output_per_1k=Decimal("0.004"),
+    cached_input_per_1k=Decimal("0.001"),
+)
+ANY = Price(
+    model="*",
+    version=1,
+    effective_from=datetime(2025, 1, 1, tzinfo=UTC),
+    input_per_1k=Decimal("0.01"),
+    output_per_1k=Decimal("0.01"),
+    cached_input_per_1k=Decimal("0.01"),
+)
+
+
+def _event(num_prompt: int, num_completion: int = 0, **overrides: object) -> UsageEvent:
+    fields: dict[str, object] = {
+        "request_id": "req_1",
+        "session_id": "sess_1",
+        "tenant_id": "acme",
+        "model": "m",
+        "status": UsageStatus.OK,
+        "num_prompt_tokens": num_prompt,
+        "num_completion_tokens": num_completion,
+        "created_at": T0,
+    }
+    fields.update(overrides)
+    return UsageEvent.model_validate(fields)
+
+
+@pytest.mark.parametrize(
+    ("num_prompt", "weight"),
+    [
+        (1000, Decimal("1.0")),
+        (2047, Decimal("1.0")),
+        (2048, Decimal("1.2")),
+        (4096, Decimal("1.3")),
+        (6144, Decimal("1.4")),
+        (8192, Decimal("1.5")),
+        (12_288, Decimal("1.7")),
+        (16_000, Decimal("1.8")),
+    ],
+)
+def test_cost_follows_the_weight_rule_at_each_context_length(
+    num_prompt: int, weight: Decimal
+) -> None:
+    pricer = Pricer(PriceBook([V2]))
+    event = _event(num_prompt, num_completion=100)
+
+    charge = pricer.charge(event)
+
+    # Written out by hand: prompt at the input price, completion at the output price.
+    at_list_price = (num_prompt * Decimal("0.003") + 100 * Decimal("0.004")) / 1000
+    assert charge.cost_weight == float(weight)
+    assert charge.cost_units == (at_list_price * weight).quantize(COST_QUANTUM)
+    assert charge.billed_units == charge.cost_units
+    assert charge.price_version == 2
+
+
+def test_the_weight_is_the_shared_quota_weight_with_precision_and_peak_hour() -> None:
+    peak = PeakHours.parse("9-17")
+    at_peak = T0.replace(hour=10)
+    event = _event(9000, num_completion=50, precision="int8", created_at=at_peak)
+
+    charge = Pricer(PriceBook([V2]), peak).charge(event)
+
+    weight = cost_weight(9000, "int8", at_peak, peak)
+    assert weight == 1.575  # context 1.5 (8k) x int8 0.7 x peak 1.5
+    assert charge.cost_weight == weight
+    expected = list_cost(event, V2) * Decimal("1.575")
+    assert charge.cost_units == expected.quantize(COST_QUANTUM)
+
+
+def test_cached_prompt_tokens_are_priced_at_the_cached_rate() -> None:
+    event = _event(1000, num_completion=10, num_cached_tokens=600)
+
+    assert (
+        list_cost(event, V2)
+        == (400 * Decimal("0.003") + 600 * Decimal("0.001") + 10 * Decimal("0.004")) / 1000
+    )
+
+
+def test_a_cached_count_above_the_prompt_is_capped_at_the_prompt() -> None:
+    event = _event(100, num_cached_tokens=500)
+
+    assert list_cost(event, V2) == 100 * Decimal("0.001") / 1000
+
+
+def test_the_version_in_force_when_the_request_was_created_applies() -> None:
+    pricer = Pricer(PriceBook([V2, V1, ANY]))
+
+    assert pricer.charge(_event(10, created_at=datetime(2026, 2, 1, tzinfo=UTC))).price_version == 1
+    assert pricer.charge(_event(10, created_at=V2.effective_from)).price_version == 2
+    other = pricer.charge(_event(1000, model="other"))
+    assert (other.price_version, other.cost_units) == (1, Decimal("0.01"))
+    before_all = pricer.charge(_event(1000, created_at=datetime(2024, 1, 1, tzinfo=UTC)))
+    assert before_all == before_all.__class__(1.0, Decimal(0), Decimal(0), UNPRICED_VERSION)
+
+
+@pytest.mark.parametrize(
+    ("status", "billed_share"),
+    [
+        (UsageStatus.OK, 1),
+        (UsageStatus.CANCELLED, 1),
+        (UsageStatus.FAILED, 0),
+    ],
+)
+def test_failed_and_cancelled_work_is_priced_and_billed_by_policy(
+    status: UsageStatus, billed_share: int
+) -> None:
+    charge = Pricer(PriceBook([V2])).charge(_event(500, num_completion=20, status=status))
+
+    assert charge.cost_units == Decimal("0.00158")  # the work's cost, whatever its end
+    assert charge.billed_units == charge.cost_units * billed_share
+
+
+def test_rejected_work_never_ran_so_it_costs_nothing() -> None:
+    # The dispatcher may report the prompt it counted before refusing it.
+    charge = Pricer(PriceBook([V2])).charge(_event(500, status=UsageStatus.REJECTED))
+
+    assert (charge.cost_units, charge.billed_units, charge.price_version) == (
+        Decimal(0),
+        Decimal(0),
+        2,
+    )
+
+
+def test_a_policy_can_bill_part_of_failed_work() -> None:
+    policy = ChargePolicy({UsageStatus.FAILED: Decimal("0.5")})
+    charge = Pricer(PriceBook([V2], policy)).charge(
+        _event(333, num_completion=7, status=UsageStatus.FAILED)
+    )
+
+    assert charge.billed_units == (charge.cost_units / 2).quantize(COST_QUANTUM)
+
+
+def test_money_is_quantized_to_nine_decimals() -> None:
+    tiny = Price("m", 1, T0 - timedelta(days=1), Decimal("0.0000001"), Decimal(0), Decimal(0))
+    charge = Pricer(PriceBook([tiny])).charge(_event(2048))
+
+    assert charge.cost_units == Decimal("0.000000246")  # 2048 x 1e-10 x 1.2, rounded
+    assert charge.cost_units.as_tuple().exponent == -9
+
+
+@pytest.mark.parametrize(
+    ("prices", "message"),
+    [
+        ([V1, V1], "twice"),
+        ([V1, Price(**{**V2.__dict__, "effective_from": V1.effective_from})], "later"),
+        ([Price(**{**V1.__dict__, "version": 0})], "start at 1"),
+    ],
+)
+def test_inconsistent_versions_are_refused(prices: list[Price], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PriceBook(prices)
+
+
+def test_the_integer_computation_equals_the_decimal_definition() -> None:
+    rng = random.Random(3)
+    peak = PeakHours.parse("9-17")
+    policy = ChargePolicy({UsageStatus.FAILED: Decimal("0.333333")})
+    prices = [
+        Price(
+            model="m",
+            version=1,
+            effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+            input_per_1k=Decimal(rng.randint(0, 10**7)).scaleb(-9),
+            output_per_1k=Decimal(rng.randint(0, 10**7)).scaleb(-9),
+            cached_input_per_1k=Decimal(rng.randint(0, 10**6)).scaleb(-9),
+        )
+    ]
+    pricer = Pricer(PriceBook(prices, policy), peak)
+    for _ in range(2000):
+        event = _event(
+            rng.randint(0, 20_000),
+            rng.randint(0, 4_000),
+            num_cached_tokens=rng.randint(0, 3_000),
+            precision=rng.choice(["int8", "fp16"]),
+            status=rng.choice([UsageStatus.OK, UsageStatus.FAILED]),
+            created_at=T0 + timedelta(minutes=rng.randint(0, 24 * 60)),
+        )
+        weight = Decimal(
+            str(cost_weight(event.num_prompt_tokens, event.precision, event.created_at, peak))
+        )
+        cost = (list_cost(event, prices[0]) * weight).quantize(COST_QUANTUM, ROUND_HALF_EVEN)
+        billed = (cost * policy.share(event.status)).quantize(COST_QUANTUM, ROUND_HALF_EVEN)
+
+        charge = pricer.charge(event)
+
+        assert (charge.cost_units, charge.billed_units) == (cost, billed), event
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Price(**{**V1.__dict__, "input_per_1k": Decimal("0.0000000001")}), "9 decimals"),
+        (lambda: ChargePolicy({UsageStatus.FAILED: Decimal("0.1234567")}), "6 decimals"),
+    ],
+)
+def test_amounts_finer_than_the_columns_are_refused(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
