@@ -2,6 +2,7 @@
 
 # InferenceRequest --> requests.p{priority} (keyed by tenant)
 # replies.{client_id} --> per-request queues --> ``stream()`` async iterators
+# ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
 Each client owns one reply topic and reads it without a consumer group from the end,
 positioned before the first request is sent, so no reply can be missed. Nothing is
@@ -19,6 +20,7 @@ from typing import Self
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import (
+    CancelRequest,
     ChatMessage,
     ErrorInfo,
     InferenceRequest,
@@ -107,6 +109,7 @@ class TokenbusClient:
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        flags: list[str] | None = None,
     ) -> InferenceRequest:
         """Produces the request; read its chunks with ``stream(request)``."""
         assert self._producer is not None, "call start() first"
@@ -120,12 +123,27 @@ class TokenbusClient:
             messages=messages,
             sampling=sampling or SamplingParams(),
             reply_to=self.reply_topic,
+            flags=flags or [],
         )
         self.watch(request.request_id)
         await self._producer.send_and_wait(
             self._topics.requests(priority), encode(request), key=tenant_id.encode()
         )
         return request
+
+    async def cancel(self, request: InferenceRequest, reason: str = "client_cancelled") -> None:
+        """Asks the job (if still queued) and every worker (if running) to stop the request.
+
+        The worker that runs it aborts it in the engine and still reports one UsageEvent,
+        status ``cancelled``, billed for the tokens generated until then.
+        """
+        assert self._producer is not None, "call start() first"
+        cancel = CancelRequest(
+            request_id=request.request_id, tenant_id=request.tenant_id, reason=reason
+        )
+        await self._producer.send_and_wait(
+            self._topics.cancels, encode(cancel), key=request.tenant_id.encode()
+        )
 
     def watch(self, request_id: str) -> None:
         """Collects chunks for a request sent to this client's reply topic by any producer.

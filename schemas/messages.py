@@ -108,6 +108,8 @@ class TokenChunk(Message):
     num_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: ErrorInfo | None = None
+    num_prompt_tokens: int | None = None
+    """On the last chunk from a worker: the prompt's length as the engine counted it."""
 
     @property
     def is_last(self) -> bool:

@@ -73,6 +73,10 @@ class Service:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_marker: str | None = None
+    """A log line that says the service is ready, for services without a health URL."""
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -133,13 +137,19 @@ class Stack:
             )
             for i in range(self.num_workers)
         ]
+        self.on_progress("starting the SSE bridge")
+        bridge = self._spawn("bridge", [sys.executable, "-m", "bridge"])
         self.on_progress("waiting for the billing sink")
         await self._wait(billing, self._billing_ready, 60)
         self.on_progress("waiting for the Faust job to join its group")
-        await self._wait(job, self._log_says(job, "[^Worker]: Ready"), 120)
+        job.ready_marker = "[^Worker]: Ready"
+        await self._wait(job, self._log_says(job, job.ready_marker), 120)
         for worker in workers:
             self.on_progress(f"waiting for {worker.name} (vLLM engine start)")
-            await self._wait(worker, self._log_says(worker, f"{worker.name} ready"), 300)
+            worker.ready_marker = f"{worker.name} ready"
+            await self._wait(worker, self._log_says(worker, worker.ready_marker), 300)
+        self.on_progress(f"waiting for the bridge on http://127.0.0.1:{settings.bridge_port}")
+        await self._wait(bridge, self._bridge_ready, 60)
         self.on_progress("sending a probe request through the whole path")
         await self._probe(timeout_s=60)
         self.on_progress("stack is up")
@@ -178,19 +188,35 @@ class Stack:
         )
 
     def _spawn(self, name: str, argv: list[str], **overrides: Any) -> Service:
-        log_path = self.logs / f"{name}.log"
-        log_file = log_path.open("wb")
-        process = subprocess.Popen(
-            argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=settings_env(self.settings, **overrides),
-            cwd=REPO_ROOT,
-            start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
-        )
-        service = Service(name, process, log_path)
+        env = settings_env(self.settings, **overrides)
+        service = Service(name, self._popen(name, argv, env), self.logs / f"{name}.log", argv, env)
         self.services.append(service)
         return service
+
+    def _popen(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as log_file:
+            return subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+            )
+
+    async def restart(self, name: str, *, kill: bool = True, timeout_s: float = 120) -> None:
+        """Stops one service (SIGKILL by default: a crash) and starts it again, then waits
+        until it says it is ready. Used by failure tests."""
+        service = self.service(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(service.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        await asyncio.to_thread(service.process.wait)
+        offset = service.log_path.stat().st_size
+        service.process = self._popen(name, service.argv, service.env)
+        if service.ready_marker is not None:
+            marker = service.ready_marker
+            ready = lambda: marker in service.log_path.read_text(errors="replace")[offset:]  # noqa: E731
+            await self._wait(service, ready, timeout_s)
 
     async def _probe(self, timeout_s: float) -> None:
         """Ready means served: the job has seen a worker's heartbeat and a request completes."""
@@ -220,6 +246,14 @@ class Stack:
 
     def _billing_ready(self) -> bool:
         url = f"http://127.0.0.1:{self.settings.billing_query_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def _bridge_ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.settings.bridge_port}/healthz"
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 return bool(response.status == 200)

@@ -4,12 +4,19 @@
 # EngineDelta --> TokenChunk on the request's reply_to topic
 # end of request --> exactly one UsageEvent on the usage topic
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
+# cancels topic (every partition, no group) --> CancelBook --> Engine.abort
 
 Commits: many requests run at once and finish out of order. A request's offset is
 marked done only after its last chunk and its UsageEvent have been acknowledged by
 the broker, and the consumer commits only up to the first offset not yet done
 (``OffsetTracker``). A crash therefore redelivers every request whose UsageEvent was
 not yet written, and never skips one.
+
+Cancels: every worker reads every cancel, from the end and with no group, and commits
+nothing: a cancel is advice. A cancelled request still ends the normal way (its last
+chunk with finish_reason ``abort``, then one UsageEvent with status ``cancelled`` and
+the tokens generated until the abort), so the commit rule above is unchanged. A cancel
+missed while a worker restarts only costs the tokens of a run to completion.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from schemas import (
+    CancelRequest,
     ErrorInfo,
     FinishReason,
     InferenceRequest,
@@ -40,6 +48,7 @@ from tokenbus.dlq import dead_letter
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.offsets import OffsetTracker
 from tokenbus.topics import Topics, reply_key
+from workers.cancels import CancelBook
 from workers.interface import Engine, EngineDelta, GenerateParams
 
 log = logging.getLogger(__name__)
@@ -71,6 +80,9 @@ class Worker:
         self._draining = False
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._cancel_consumer: AIOKafkaConsumer | None = None
+        self._cancels = CancelBook()
+        self._running: dict[str, str] = {}  # request_id -> tenant_id, while in the engine
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -81,6 +93,9 @@ class Worker:
         )
         await self._producer.start()
         await self._consumer.start()
+        # Positioned before the first request is taken, so no cancel for one is missed.
+        self._cancel_consumer = await self._follow_cancels()
+        cancels = asyncio.create_task(self._cancel_loop(self._cancel_consumer))
         heartbeats = asyncio.create_task(self._heartbeat_loop(stop))
         log.info(
             "%s ready: serving %s from %s",
@@ -99,6 +114,9 @@ class Worker:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._commit()
             heartbeats.cancel()
+            cancels.cancel()
+            await asyncio.gather(cancels, return_exceptions=True)
+            await self._cancel_consumer.stop()
             await self._consumer.stop()
             await self._producer.stop()
 
@@ -183,8 +201,19 @@ class Worker:
                 num_tokens=len(token_ids),
                 finish_reason=reason,
                 error=err,
+                num_prompt_tokens=num_prompt if reason is not None else None,
             )
 
+        tenant_id, request_id = request.tenant_id, request.request_id
+        if self._cancels.is_cancelled(tenant_id, request_id, time.monotonic()):
+            # Cancelled while queued or waiting for a slot: it never reaches the engine.
+            await producer.send_and_wait(
+                request.reply_to, encode(chunk("", [], FinishReason.ABORT)), key=key
+            )
+            await self._report(request, FinishReason.ABORT, started, None, 0, 0, 0, None)
+            return
+        self._running[request_id] = tenant_id
+        abort_sent = False
         try:
             prompt = request.prompt
             if prompt is None:
@@ -210,6 +239,12 @@ class Worker:
                     num_cached = delta.num_cached_tokens or 0
                 if delta.token_ids and first_token_at is None:
                     first_token_at = datetime.now(UTC)
+                if not abort_sent and self._cancels.is_cancelled(
+                    tenant_id, request_id, time.monotonic()
+                ):
+                    # The cancel came before the engine knew the request: abort it now.
+                    abort_sent = True
+                    await self._engine.abort(request_id)
                 num_completion += len(delta.token_ids)
                 reason = _FINISH_REASONS.get(delta.finish_reason or "", None)
                 if delta.finish_reason is not None and reason is None:
@@ -245,8 +280,26 @@ class Worker:
                         request.reply_to, encode(chunk("", [], finish, error)), key=key
                     )
                 )
+        finally:
+            self._running.pop(request_id, None)
         await asyncio.gather(*sends)
+        await self._report(
+            request, finish, started, first_token_at, num_prompt, num_completion, num_cached, error
+        )
 
+    async def _report(
+        self,
+        request: InferenceRequest,
+        finish: FinishReason,
+        started: datetime,
+        first_token_at: datetime | None,
+        num_prompt: int,
+        num_completion: int,
+        num_cached: int,
+        error: ErrorInfo | None,
+    ) -> None:
+        """The request's one UsageEvent, sent after its last chunk was acknowledged."""
+        assert self._producer is not None
         finished = datetime.now(UTC)
         status = {
             FinishReason.ERROR: UsageStatus.FAILED,
@@ -275,9 +328,40 @@ class Worker:
             created_at=request.created_at,
             finished_at=finished,
         )
-        await producer.send_and_wait(
+        await self._producer.send_and_wait(
             self._topics.usage, encode(usage), key=request.tenant_id.encode()
         )
+
+    # -- cancels ---------------------------------------------------------------------------
+    async def _follow_cancels(self) -> AIOKafkaConsumer:
+        consumer = make_consumer(self._settings, group_id=None, auto_offset_reset="latest")
+        await consumer.start()
+        await consumer.topics()  # loads metadata, so the partitions below are known
+        topic = self._topics.cancels
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or {0}]
+        consumer.assign(partitions)
+        await consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            await consumer.position(tp)  # resolves the end now, not at the first fetch
+        return consumer
+
+    async def _cancel_loop(self, consumer: AIOKafkaConsumer) -> None:
+        async for record in consumer:
+            try:
+                cancel = decode(CancelRequest, record.value)
+            except SchemaError as exc:
+                # Every worker reads every cancel; the job's grouped consumer dead-letters
+                # bad ones, so that one copy (not one per worker) reaches the DLQ.
+                log.warning("ignoring a malformed cancel at offset %d: %s", record.offset, exc)
+                continue
+            self._cancels.note(cancel.tenant_id, cancel.request_id, time.monotonic())
+            # Tenant and request must both match: a request ID alone is no capability.
+            if self._running.get(cancel.request_id) == cancel.tenant_id:
+                log.info("aborting %s: %s", cancel.request_id, cancel.reason)
+                try:
+                    await self._engine.abort(cancel.request_id)
+                except Exception:
+                    log.exception("abort of %s failed", cancel.request_id)
 
     # -- heartbeats ----------------------------------------------------------------------
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:

@@ -8,9 +8,15 @@ Every test uses its own tenants and request IDs, so tests never read each other'
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +28,20 @@ from tokenbus.stack import REPO_ROOT, Stack
 
 QUOTA_TENANT = "tenant-tiny-quota"
 QUOTA_TENANT_TPM = 120
+TENANTS: dict[str, dict[str, object]] = {
+    QUOTA_TENANT: {"tpm": QUOTA_TENANT_TPM},
+    # Quotas: accuracy, restart.
+    **{f"acc-{x}": {"tpm": 2400, "rpm": 100_000} for x in "abc"},
+    "restart": {"tpm": 2400, "rpm": 100_000},
+    # Fair share within class 1, and priority between classes.
+    "fair-light": {"weight": 1.0, "priority_class": 1},
+    "fair-heavy": {"weight": 2.0, "priority_class": 1},
+    "vip": {"priority_class": 0},
+    "batch": {"priority_class": 2},
+    "tier-std": {"priority_class": 1},
+    "tier-batch": {"priority_class": 2},
+    "limited": {"models": ["other-model"], "max_prompt_tokens": 50, "max_output_tokens": 100},
+}
 T = TypeVar("T")
 
 
@@ -40,12 +60,17 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("tokenbus-home")
+    tenants_file = home / "tenants.json"
+    tenants_file.write_text(json.dumps({"tenants": TENANTS}))
     settings = Settings(
-        home=tmp_path_factory.mktemp("tokenbus-home"),
+        home=home,
         kafka_port=free_port(),
         billing_query_port=free_port(),
+        faust_web_port=free_port(),
+        bridge_port=free_port(),
         model_path=model_dir,
-        tenant_tpm={QUOTA_TENANT: QUOTA_TENANT_TPM},
+        tenants_file=tenants_file,
         client_timeout_s=60,
     )
     stack = Stack(settings, on_progress=print)
@@ -81,3 +106,103 @@ async def eventually(
 
 def rows_by(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, Any]]:
     return {row[key]: row for row in rows}
+
+
+# -- the SSE bridge (issue 5): its own process, tenants file and JWT keys ---------------------
+BRIDGE_TENANTS: dict[str, dict[str, object]] = {
+    "br-alice": {"models": ["tiny-llama"]},
+    "br-bob": {"models": ["tiny-llama"]},
+    "br-blocker": {"models": ["tiny-llama"], "injection_policy": "block"},
+    "br-small": {"models": ["tiny-llama"], "max_prompt_tokens": 20, "max_output_tokens": 8},
+    "br-limited": {"models": ["other-model"]},
+    "br-any": {"models": ["*"]},
+    "br-jwt": {"models": ["tiny-llama", "other-model"], "priority_class": 1},
+    "br-fuzz": {"models": ["tiny-llama"], "max_output_tokens": 4, "max_prompt_tokens": 2048},
+    QUOTA_TENANT: {"models": ["tiny-llama"]},
+}
+BRIDGE_JWT_SECRET = "bridge-test-hs256-secret-0123456789abcdef"
+BRIDGE_SESSION_SECRET = "bridge-test-session-secret-0123456789"
+
+
+def bridge_key(tenant: str) -> str:
+    return f"sk-test-{tenant}-0123456789abcdef"
+
+
+@dataclass
+class BridgeProcess:
+    url: str
+    settings: Settings
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
+    """A bridge on a free port, on the stack's broker, with the BRIDGE_TENANTS' API keys."""
+    from tokenbus.stack import settings_env
+    from tokenbus.tenants import hash_api_key
+
+    port = free_port()
+    tenants_file = stack.settings.home / f"bridge-tenants-{port}.json"
+    tenants = {
+        tenant: {**config, "api_key_sha256": [hash_api_key(bridge_key(tenant))]}
+        for tenant, config in BRIDGE_TENANTS.items()
+    }
+    tenants_file.write_text(json.dumps({"tenants": tenants}))
+    settings = stack.settings.model_copy(
+        update={
+            "bridge_port": port,
+            "tenants_file": tenants_file,
+            "bridge_session_secret": BRIDGE_SESSION_SECRET,
+            "bridge_jwt_hs256_secret": BRIDGE_JWT_SECRET,
+            **overrides,
+        }
+    )
+    log_path = stack.logs / f"bridge-{port}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridge"],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=settings_env(settings),
+        cwd=REPO_ROOT,
+    )
+    bridge = BridgeProcess(f"http://127.0.0.1:{port}", settings, process, log_path)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{bridge.url}/healthz", timeout=1) as response:
+                if response.status == 200:
+                    return bridge
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            bridge.stop()
+            raise RuntimeError(f"bridge did not start; log {log_path}:\n{log_path.read_text()}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def bridge_rsa_key() -> Any:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.fixture(scope="session")
+def bridge(stack: Stack, bridge_rsa_key: Any) -> Iterator[BridgeProcess]:
+    from cryptography.hazmat.primitives import serialization
+
+    public_pem = bridge_rsa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    process = start_bridge(stack, bridge_jwt_rs256_public_key=public_pem.decode())
+    yield process
+    process.stop()

@@ -1,0 +1,37 @@
+"""``python -m bridge``: serve the bridge with uvicorn on ``bridge_host:bridge_port``.
+
+Configuration comes from ``TOKENBUS_*`` variables (see tokenbus.config.Settings).
+SIGTERM or SIGINT stops accepting, lets open responses end, then deletes the reply topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from bridge.app import create_app
+from tokenbus.config import Settings
+
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = Settings()
+    uvicorn.run(
+        create_app(settings),
+        host=settings.bridge_host,
+        port=settings.bridge_port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

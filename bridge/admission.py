@@ -1,0 +1,169 @@
+"""An OpenAI request body + its caller --> what goes on the bus, or the reason it can't.
+
+Pure: no I/O. The checks run in the order a client can act on: model access (403),
+prompt size in characters, then in tokens (413), content screening (flag or 400),
+output length (capped to the tenant's limit, flagged), the token's quota balance (429).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bridge.api_types import ChatCompletionRequest, CompletionRequest
+from bridge.auth import Caller
+from bridge.errors import (
+    invalid_request,
+    model_not_allowed,
+    rate_limit_headers,
+    rate_limited,
+    too_large,
+)
+from bridge.hygiene import PatternScreen, clean_text
+from bridge.prompt_tokens import PromptCounter
+from schemas import ChatMessage, SamplingParams
+
+CHAT_DEFAULT_MAX_TOKENS = 256
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CAPPED_FLAG = "max_tokens_capped"
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    sampling: SamplingParams
+    priority: int
+    num_prompt_tokens: int
+    stream: bool
+    include_usage: bool
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    flags: list[str] = field(default_factory=list)
+
+
+class Planner:
+    def __init__(
+        self, screen: PatternScreen, counter: PromptCounter, *, max_prompt_chars: int
+    ) -> None:
+        self._screen = screen
+        self._counter = counter
+        self._max_prompt_chars = max_prompt_chars
+
+    def plan_chat(self, body: ChatCompletionRequest, caller: Caller) -> Plan:
+        _check_model(body.model, caller)
+        messages = [
+            ChatMessage(
+                role="system" if m.role == "developer" else m.role, content=clean_text(m.text())
+            )
+            for m in body.messages
+        ]
+        texts = [m.content for m in messages]
+        self._check_chars(texts, "messages")
+        num_prompt = self._counter.count_chat([(m.role, m.content) for m in messages])
+        flags = self._screen_texts(texts, caller, "messages")
+        requested = body.max_completion_tokens or body.max_tokens
+        sampling, more_flags = _sampling(
+            body, caller, num_prompt, requested, CHAT_DEFAULT_MAX_TOKENS
+        )
+        return Plan(
+            model=body.model,
+            sampling=sampling,
+            priority=caller.tenant.priority_class,
+            num_prompt_tokens=num_prompt,
+            stream=bool(body.stream),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            messages=messages,
+            flags=flags + more_flags,
+        )
+
+    def plan_completion(self, body: CompletionRequest, caller: Caller) -> Plan:
+        _check_model(body.model, caller)
+        prompt = clean_text(body.prompt_text())
+        self._check_chars([prompt], "prompt")
+        num_prompt = self._counter.count_prompt(prompt)
+        flags = self._screen_texts([prompt], caller, "prompt")
+        sampling, more_flags = _sampling(
+            body, caller, num_prompt, body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS
+        )
+        return Plan(
+            model=body.model,
+            sampling=sampling,
+            priority=caller.tenant.priority_class,
+            num_prompt_tokens=num_prompt,
+            stream=bool(body.stream),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            prompt=prompt,
+            flags=flags + more_flags,
+        )
+
+    def _check_chars(self, texts: list[str], param: str) -> None:
+        num_chars = sum(len(t) for t in texts)
+        if num_chars > self._max_prompt_chars:
+            raise too_large(
+                f"The prompt has {num_chars} characters; at most {self._max_prompt_chars} "
+                "are accepted.",
+                param,
+                "prompt_too_large",
+            )
+
+    def _screen_texts(self, texts: list[str], caller: Caller, param: str) -> list[str]:
+        findings = self._screen.scan(texts)
+        if findings and caller.tenant.injection_policy == "block":
+            kinds = ", ".join(f.flag for f in findings)
+            raise invalid_request(
+                f"The request was blocked by your tenant's content policy ({kinds}).",
+                param,
+                code="content_blocked",
+            )
+        return [f.flag for f in findings]
+
+
+def _check_model(model: str, caller: Caller) -> None:
+    if not caller.tenant.may_use(model):
+        raise model_not_allowed(model)
+
+
+def _sampling(
+    body: ChatCompletionRequest | CompletionRequest,
+    caller: Caller,
+    num_prompt: int,
+    requested: int | None,
+    default_max_tokens: int,
+) -> tuple[SamplingParams, list[str]]:
+    tenant = caller.tenant
+    if num_prompt > tenant.max_prompt_tokens:
+        raise too_large(
+            f"The prompt has {num_prompt} tokens; your tenant allows at most "
+            f"{tenant.max_prompt_tokens}.",
+            "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            "context_length_exceeded",
+        )
+    flags: list[str] = []
+    max_tokens = requested if requested is not None else default_max_tokens
+    if max_tokens > tenant.max_output_tokens:
+        max_tokens = tenant.max_output_tokens
+        if requested is not None:  # only a limit the client asked for is worth a flag
+            flags.append(CAPPED_FLAG)
+    if caller.quota_balance is not None:
+        left = caller.quota_balance - num_prompt
+        if left < 1:
+            raise rate_limited(
+                f"Your token's quota balance ({caller.quota_balance} tokens) does not cover "
+                f"this prompt ({num_prompt} tokens).",
+                "insufficient_quota",
+                rate_limit_headers(
+                    kind="tokens", limit=caller.quota_balance, remaining=0, reset_s=60.0
+                ),
+            )
+        if max_tokens > left:
+            max_tokens = left
+            if CAPPED_FLAG not in flags:
+                flags.append(CAPPED_FLAG)
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=bool(body.ignore_eos),
+    )
+    return sampling, flags

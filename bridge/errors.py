@@ -1,0 +1,111 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Each failure the bridge can answer is one factory here, so every handler answers the
+same status, type and code for the same cause. ``rejection`` maps the job's and the
+workers' error chunks (quota, no worker, engine) onto the same shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from schemas import ErrorInfo
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid_request(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, type="invalid_request_error", code=code, param=param)
+
+
+def unauthorized(message: str = "Invalid API key or token.") -> ApiError:
+    return ApiError(
+        401,
+        message,
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def model_not_allowed(model: str) -> ApiError:
+    return ApiError(
+        403,
+        f"Your tenant may not use the model {model!r}.",
+        type="permission_error",
+        code="model_not_allowed",
+        param="model",
+    )
+
+
+def too_large(message: str, param: str | None, code: str) -> ApiError:
+    return ApiError(413, message, type="invalid_request_error", code=code, param=param)
+
+
+def rate_limit_headers(
+    *, kind: str, limit: float, remaining: float, reset_s: float
+) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, rounded up) and OpenAI's ``x-ratelimit-*`` set."""
+    return {
+        "Retry-After": str(max(1, math.ceil(reset_s))),
+        f"x-ratelimit-limit-{kind}": str(int(limit)),
+        f"x-ratelimit-remaining-{kind}": str(max(0, int(remaining))),
+        f"x-ratelimit-reset-{kind}": f"{max(0.0, reset_s):.3f}s",
+    }
+
+
+def rate_limited(message: str, code: str, headers: dict[str, str]) -> ApiError:
+    return ApiError(429, message, type="rate_limit_error", code=code, headers=headers)
+
+
+def rejection(error: ErrorInfo, *, tokens_per_minute: int) -> ApiError:
+    """The bus's refusal or failure of a request, as an HTTP error."""
+    if error.code == "quota_exceeded":
+        retry = error.retry_after_s if error.retry_after_s is not None else 60.0
+        headers = rate_limit_headers(
+            kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
+        )
+        return rate_limited(error.message, "quota_exceeded", headers)
+    if error.code == "model_not_allowed":
+        return ApiError(403, error.message, type="permission_error", code=error.code, param="model")
+    if error.code == "prompt_too_long":
+        return too_large(error.message, None, "context_length_exceeded")
+    if error.code == "invalid_request":
+        return invalid_request(error.message, None)
+    if error.code in ("no_worker", "overloaded"):
+        headers = {}
+        if error.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        return ApiError(503, error.message, type="server_error", code=error.code, headers=headers)
+    if error.code == "timeout":
+        return ApiError(504, error.message, type="server_error", code="timeout")
+    return ApiError(502, error.message, type="server_error", code=error.code)

@@ -1,0 +1,342 @@
+"""The HTTP handlers' shell: read, call the policies, produce, relay. Little logic lives here.
+
+# Authorization --> Authenticator --> Caller (tenant config narrowed by claims)
+# credential --> KeyThrottle (429) ; body --> size limit (413) --> parse (400)
+# body + Caller --> Planner --> Plan (403 / 413 / 400 / 429, flags)
+# Plan --> TokenbusClient.submit --> ChunkFeed --> Relay --> JSON or SSE events
+# disconnect, or giving up on the bus --> TokenbusClient.cancel
+
+A request's HTTP status waits for its first chunk (at most ``bridge_first_chunk_wait_s``
+when streaming), so a refusal by the job (quota, no worker) is a real 429 or 503. Once
+events have started, an error is a final SSE error event followed by ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from bridge.admission import Plan, Planner
+from bridge.api_types import ChatCompletionRequest, CompletionRequest
+from bridge.auth import Authenticator, Caller
+from bridge.errors import (
+    ApiError,
+    invalid_request,
+    rate_limit_headers,
+    rate_limited,
+    rejection,
+    too_large,
+)
+from bridge.feed import ChunkFeed
+from bridge.metrics import BridgeMetrics
+from bridge.relay import DONE, HEARTBEAT, Kind, Relay, sse_error
+from bridge.sessions import SessionIssuer
+from bridge.sse import EventStreamResponse
+from bridge.throttle import KeyThrottle
+from producers import TokenbusTimeout
+from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams, TokenChunk
+from tokenbus.config import Settings
+from tokenbus.ids import new_request_id
+
+log = logging.getLogger(__name__)
+B = TypeVar("B", bound=BaseModel)
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response began; the request was cancelled."""
+
+
+class Bus(Protocol):
+    """What the gateway needs of ``producers.TokenbusClient``."""
+
+    reply_topic: str
+
+    async def submit(
+        self,
+        *,
+        tenant_id: str,
+        prompt: str | None = None,
+        messages: list[ChatMessage] | None = None,
+        model: str | None = None,
+        priority: int = 1,
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        flags: list[str] | None = None,
+    ) -> InferenceRequest: ...
+
+    def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]: ...
+
+    async def cancel(self, request: InferenceRequest, reason: str = ...) -> None: ...
+
+
+def ids_of(http: Request) -> dict[str, str]:
+    return dict(getattr(http.state, "ids", {}))
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        bus: Bus,
+        authenticator: Authenticator,
+        throttle: KeyThrottle,
+        sessions: SessionIssuer,
+        planner: Planner,
+        metrics: BridgeMetrics,
+    ) -> None:
+        self._settings = settings
+        self._bus = bus
+        self._auth = authenticator
+        self._throttle = throttle
+        self._sessions = sessions
+        self._planner = planner
+        self._metrics = metrics
+
+    # -- shared steps ---------------------------------------------------------------------
+    def authenticate(self, http: Request) -> Caller:
+        caller = self._auth.authenticate(http.headers.get("authorization"))
+        # Session and request IDs are fixed now, so every later answer carries them.
+        http.state.ids = {
+            "X-Session-ID": self._sessions.resolve(
+                http.headers.get("x-session-id"), caller.tenant.tenant_id
+            ),
+            "X-Request-ID": new_request_id(),
+        }
+        decision = self._throttle.take(caller.credential_id, time.monotonic())
+        if not decision.allowed:
+            raise rate_limited(
+                f"More than {self._settings.bridge_key_rate_per_s:g} requests per second "
+                "with this key.",
+                "rate_limit_exceeded",
+                rate_limit_headers(
+                    kind="requests",
+                    limit=decision.limit,
+                    remaining=decision.remaining,
+                    reset_s=decision.retry_after_s,
+                ),
+            )
+        return caller
+
+    async def read_body(self, http: Request, model: type[B]) -> B:
+        limit = self._settings.bridge_max_body_bytes
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
+        raw = bytearray()
+        async for part in http.stream():
+            raw += part
+            if len(raw) > limit:
+                raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
+        try:
+            return model.model_validate_json(bytes(raw))
+        except ValidationError as exc:
+            raise _invalid_body(exc) from None
+
+    # -- endpoints ------------------------------------------------------------------------
+    async def chat_completions(self, http: Request) -> Response:
+        caller = self.authenticate(http)
+        body = await self.read_body(http, ChatCompletionRequest)
+        return await self._complete(http, caller, self._planner.plan_chat(body, caller), "chat")
+
+    async def completions(self, http: Request) -> Response:
+        caller = self.authenticate(http)
+        body = await self.read_body(http, CompletionRequest)
+        return await self._complete(
+            http, caller, self._planner.plan_completion(body, caller), "text"
+        )
+
+    # -- one completion -------------------------------------------------------------------
+    async def _complete(self, http: Request, caller: Caller, plan: Plan, kind: Kind) -> Response:
+        ids = ids_of(http)
+        for flag in plan.flags:
+            self._metrics.flags.labels(flag).inc()
+        received = time.monotonic()
+        request = await self._bus.submit(
+            tenant_id=caller.tenant.tenant_id,
+            prompt=plan.prompt,
+            messages=plan.messages,
+            model=plan.model,
+            priority=plan.priority,
+            sampling=plan.sampling,
+            session_id=ids["X-Session-ID"],
+            request_id=ids["X-Request-ID"],
+            flags=plan.flags,
+        )
+        feed = ChunkFeed(self._bus.stream(request), request.tenant_id)
+        relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
+        try:
+            wait = self._settings.bridge_first_chunk_wait_s if plan.stream else None
+            first = await self._first_chunk(http, feed, request, wait)
+        except BaseException:
+            feed.close()
+            raise
+        if first is not None:
+            self._metrics.ttft.observe(time.monotonic() - received)
+            if first.error is not None:
+                feed.close()
+                raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
+        if plan.stream:
+            return EventStreamResponse(
+                self._events(feed, relay, request, first, plan.include_usage, caller),
+                headers=ids,
+                on_disconnect=lambda: self._cancel(request, "client_disconnected"),
+            )
+        try:
+            body = await self._collect(http, feed, relay, request, first, caller)
+        finally:
+            feed.close()
+        return JSONResponse(body, headers=ids)
+
+    async def _first_chunk(
+        self, http: Request, feed: ChunkFeed, request: InferenceRequest, wait_s: float | None
+    ) -> TokenChunk | None:
+        try:
+            return await self._until_disconnect(http, feed.get(wait_s), request)
+        except TokenbusTimeout as exc:
+            await self._cancel(request, "bridge_timeout")
+            raise rejection(
+                ErrorInfo(code="timeout", message=str(exc)), tokens_per_minute=0
+            ) from None
+
+    async def _collect(
+        self,
+        http: Request,
+        feed: ChunkFeed,
+        relay: Relay,
+        request: InferenceRequest,
+        chunk: TokenChunk | None,
+        caller: Caller,
+    ) -> dict[str, Any]:
+        while True:
+            if chunk is None:
+                try:
+                    chunk = await self._until_disconnect(http, feed.get(None), request)
+                except TokenbusTimeout as exc:
+                    await self._cancel(request, "bridge_timeout")
+                    raise rejection(
+                        ErrorInfo(code="timeout", message=str(exc)), tokens_per_minute=0
+                    ) from None
+                assert chunk is not None  # no timeout was given
+            relay.add(chunk)
+            if chunk.error is not None:
+                raise rejection(chunk.error, tokens_per_minute=caller.tenant.tpm)
+            if chunk.is_last:
+                self._metrics.tokens_relayed.labels(caller.tenant.tenant_id).inc(
+                    relay.num_completion_tokens
+                )
+                return relay.response().model_dump(mode="json")
+            chunk = None
+
+    async def _until_disconnect(
+        self, http: Request, read: Any, request: InferenceRequest
+    ) -> TokenChunk | None:
+        """Awaits ``read``; if the client leaves first, cancels the request on the bus."""
+        reading: asyncio.Task[TokenChunk | None] = asyncio.ensure_future(read)
+        leaving = asyncio.ensure_future(_disconnected(http))
+        try:
+            await asyncio.wait({reading, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leaving.cancel()
+        if not reading.done():
+            reading.cancel()
+            await self._cancel(request, "client_disconnected")
+            raise ClientGone(request.request_id)
+        return reading.result()
+
+    async def _events(
+        self,
+        feed: ChunkFeed,
+        relay: Relay,
+        request: InferenceRequest,
+        chunk: TokenChunk | None,
+        include_usage: bool,
+        caller: Caller,
+    ) -> AsyncGenerator[bytes, None]:
+        tenant = caller.tenant.tenant_id
+        self._metrics.active_streams.inc()
+        try:
+            while True:
+                if chunk is None:
+                    try:
+                        chunk = await feed.get(self._settings.bridge_heartbeat_s)
+                    except Exception as exc:  # the headers are out: end with an error event
+                        await self._cancel(request, "bridge_timeout")
+                        if isinstance(exc, TokenbusTimeout):
+                            info = ErrorInfo(code="timeout", message=str(exc))
+                        else:
+                            log.exception("stream of %s failed", request.request_id)
+                            info = ErrorInfo(code="bus_error", message="The stream broke off.")
+                        yield sse_error(rejection(info, tokens_per_minute=0))
+                        yield DONE
+                        return
+                    if chunk is None:
+                        yield HEARTBEAT  # a quiet stream stays open through proxies
+                        continue
+                relay.add(chunk)
+                if chunk.error is not None:
+                    yield sse_error(rejection(chunk.error, tokens_per_minute=caller.tenant.tpm))
+                    yield DONE
+                    return
+                event = relay.event(chunk)
+                if event is not None:
+                    yield event
+                self._metrics.tokens_relayed.labels(tenant).inc(chunk.num_tokens)
+                if chunk.is_last:
+                    if include_usage:
+                        yield relay.usage_event()
+                    yield DONE
+                    return
+                chunk = None
+        finally:
+            self._metrics.active_streams.dec()
+            feed.close()
+
+    async def _cancel(self, request: InferenceRequest, reason: str) -> None:
+        log.info("cancelling %s: %s", request.request_id, reason)
+        self._metrics.cancels.labels(reason).inc()
+        try:
+            await self._bus.cancel(request, reason)
+        except Exception:
+            log.exception("could not cancel %s on the bus", request.request_id)
+
+
+async def _disconnected(http: Request) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _invalid_body(exc: ValidationError) -> ApiError:
+    error = exc.errors(include_url=False)[0]
+    param = _param(error["loc"])
+    kind = error["type"]
+    if kind == "json_invalid":
+        return invalid_request("The body is not valid JSON.", None, code="invalid_json")
+    if kind == "extra_forbidden":
+        return invalid_request(
+            f"Unrecognized request argument supplied: {param}", param, code="unknown_parameter"
+        )
+    if kind == "missing":
+        return invalid_request(f"Missing required parameter: {param}", param, "missing_required")
+    where = f"'{param}'" if param else "the body"
+    return invalid_request(f"Invalid value for {where}: {error['msg']}", param)
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """pydantic's error location as a field path (``messages[0].content``), without the
+    union-member tags pydantic inserts (``str``, ``list[TextPart]``...)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier() and part.lower() not in _TYPE_TAGS:
+            path += f".{part}" if path else part
+    return path or None

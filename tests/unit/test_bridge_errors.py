@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from bridge.errors import rate_limit_headers, rejection
+from schemas import ErrorInfo
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("quota_exceeded", 429),
+        ("no_worker", 503),
+        ("overloaded", 503),
+        ("model_not_allowed", 403),
+        ("prompt_too_long", 413),
+        ("invalid_request", 400),
+        ("timeout", 504),
+        ("engine_error", 502),
+    ],
+)
+def test_bus_errors_map_to_http_statuses(code: str, status: int) -> None:
+    error = rejection(ErrorInfo(code=code, message="m", retry_after_s=2.5), tokens_per_minute=900)
+    assert error.status == status
+    assert error.body()["error"]["message"] == "m"
+
+
+def test_quota_rejection_carries_retry_after_and_token_headers() -> None:
+    error = rejection(
+        ErrorInfo(code="quota_exceeded", message="m", retry_after_s=2.2), tokens_per_minute=900
+    )
+    assert error.headers["Retry-After"] == "3"  # whole seconds, rounded up
+    assert error.headers["x-ratelimit-limit-tokens"] == "900"
+    assert error.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert error.headers["x-ratelimit-reset-tokens"] == "2.200s"
+
+
+def test_retry_after_is_at_least_one_second() -> None:
+    assert (
+        rate_limit_headers(kind="requests", limit=5, remaining=0, reset_s=0.01)["Retry-After"]
+        == "1"
+    )

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from bridge.openapi import build_spec
+
+
+def test_every_completion_operation_documents_every_error_status_and_id_headers() -> None:
+    spec = build_spec()
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        responses = spec["paths"][path]["post"]["responses"]
+        assert set(responses) == {"200", "400", "401", "403", "413", "429", "503"}
+        for response in responses.values():
+            assert {"X-Session-ID", "X-Request-ID"} <= set(response["headers"])
+        assert "Retry-After" in responses["429"]["headers"]
+        assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+
+
+def test_request_schemas_are_closed_and_refs_resolve() -> None:
+    spec = build_spec("served-model")
+    schemas = spec["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        assert schemas[name]["additionalProperties"] is False
+        assert schemas[name]["properties"]["model"]["examples"] == ["served-model"]
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["$ref"]] if "$ref" in node else []
+            return found + [r for value in node.values() for r in refs(value)]
+        if isinstance(node, list):
+            return [r for value in node for r in refs(value)]
+        return []
+
+    for ref in refs(spec):
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
