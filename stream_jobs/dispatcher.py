@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from stream_jobs.registry import WorkerRegistry
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.config import Settings
+from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
 from tokenbus.tenants import TenantDirectory
@@ -144,6 +146,7 @@ class Dispatcher:
             capped_max_tokens=settings.tier_capped_max_tokens,
         )
         self._tier = Tier.NORMAL
+        self._peak_hours = PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
         self._wake = asyncio.Event()
         self.metrics = DispatchMetrics()
 
@@ -206,10 +209,13 @@ class Dispatcher:
 
         now = self._clock()
         state = self._store.load(request.tenant_id)
+        # The quota counts cost-weighted tokens, by the same rule billing prices with; the
+        # precision is not known before a worker is picked, so settling corrects it.
+        weight = cost_weight(num_prompt, "", datetime.fromtimestamp(now, UTC), self._peak_hours)
         decision = reserve(
             state,
             request.request_id,
-            num_prompt + request.sampling.max_tokens,
+            math.ceil((num_prompt + request.sampling.max_tokens) * weight),
             Limits(tpm=tenant.tpm, rpm=tenant.rpm),
             now,
         )
@@ -283,7 +289,10 @@ class Dispatcher:
         except SchemaError:
             return  # the billing sink dead-letters usage it cannot read
         state = self._store.load(usage.tenant_id)
-        actual = usage.num_prompt_tokens + usage.num_completion_tokens
+        weight = cost_weight(
+            usage.num_prompt_tokens, usage.precision, usage.created_at, self._peak_hours
+        )
+        actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         if settle(state, usage.request_id, actual, self._clock()) is not None:
             self._store.save(usage.tenant_id, state)
         flight = self._in_flight.pop(usage.request_id, None)

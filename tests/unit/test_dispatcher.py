@@ -184,3 +184,16 @@ async def test_a_bad_message_is_dead_lettered(dispatcher: Dispatcher, recorder: 
     assert await dispatcher.handle_request("p", 3, 7, b"k", b"{oops") is Outcome.REFUSED
     (letter,) = recorder.on(TOPICS.dead_letters)
     assert b'"offset":7' in letter and b"not JSON" in letter
+
+
+async def test_the_quota_charges_cost_weighted_tokens(recorder: Recorder, tmp_path: Path) -> None:
+    # No tokenizer here: the counter takes UTF-8 bytes + 1, so this prompt is 3,001 tokens,
+    # past 2k, where the context-length factor is 1.2: (3001 + 10) * 1.2 = 3613.2 -> 3614.
+    long = request(1, tenant="w", max_tokens=10).model_copy(update={"prompt": "a" * 3000})
+    for tpm, expected in ((3613, Outcome.REFUSED), (3614, Outcome.FORWARDED)):
+        settings = Settings(home=tmp_path, tenant_tpm={"w": tpm})
+        dispatcher = Dispatcher(settings, recorder, MemoryWindowStore())
+        dispatcher.observe_heartbeat(heartbeat())
+        loop = asyncio.create_task(dispatcher.run())
+        assert await (await admit(dispatcher, long)) is expected
+        loop.cancel()
