@@ -48,5 +48,10 @@ chromium:
 bench: setup
 	$(STREAM)/bin/python -m bench.overhead
 
+# Millisecond acceptance checks (class 0 queueing, overload tier latency): a quiet machine.
+.PHONY: timing
+timing: setup
+	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/load
+
 clean:
 	rm -rf $(VENVS) .tokenbus

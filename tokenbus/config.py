@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     heartbeat_interval_s: float = 0.5
     worker_dead_after_s: float = 3.0
+    worker_nice: int = 10
+    """Niceness of workers the local stack starts (0: none); in production they have hosts
+    of their own."""
     worker_python: Path | None = None
     """Interpreter of the worker environment, used by ``tokenbus up`` and the tests."""
 

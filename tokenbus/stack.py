@@ -132,7 +132,7 @@ class Stack:
         workers = [
             self._spawn(
                 f"worker-{i}",
-                [str(worker_python(settings)), "-m", "workers"],
+                [*self._niced(), str(worker_python(settings)), "-m", "workers"],
                 worker_id=f"worker-{i}",
             )
             for i in range(self.num_workers)
@@ -192,6 +192,12 @@ class Stack:
         service = Service(name, self._popen(name, argv, env), self.logs / f"{name}.log", argv, env)
         self.services.append(service)
         return service
+
+    def _niced(self) -> list[str]:
+        """On a shared host the engine yields the CPU to the control plane: the broker,
+        the job and the bridge stay responsive while vLLM keeps every core busy."""
+        nice = self.settings.worker_nice
+        return ["nice", "-n", str(nice)] if nice else []
 
     def _popen(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as log_file:

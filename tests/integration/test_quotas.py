@@ -1,0 +1,152 @@
+"""Quotas, fair share, priority, overload tiers and restart, on the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from datetime import datetime, timedelta
+from typing import Any
+
+from billing.reader import open_reader
+from producers import TokenbusClient
+from schemas import FinishReason, InferenceRequest, SamplingParams, TokenChunk
+from tests.integration.conftest import eventually
+from tokenbus.config import Settings
+from tokenbus.stack import Stack
+
+TPM = 2400
+PROMPT = "x"  # <s> + "x": 2 prompt tokens
+SHORT = SamplingParams(max_tokens=22, ignore_eos=True)  # 24 tokens a request, exactly
+
+
+def job_metrics(settings: Settings) -> dict[str, float]:
+    url = f"http://127.0.0.1:{settings.faust_web_port}/metrics"
+    with urllib.request.urlopen(url, timeout=2) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def usage(settings: Settings, tenants: list[str]) -> list[dict[str, Any]]:
+    return open_reader(settings).query(
+        "SELECT tenant_id, request_id, status, error_code, prompt_tokens, completion_tokens,"
+        " overload_tier, flags, queue_ms, created_at"
+        " FROM usage_events FINAL WHERE tenant_id IN {tenants:Array(String)}"
+        " ORDER BY tenant_id, created_at",
+        {"tenants": tenants},
+    )
+
+
+async def run(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+    return [chunk async for chunk in client.stream(request)]
+
+
+def as_time(value: Any) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+async def test_tenant_rules_refuse_with_a_reason(client: TokenbusClient) -> None:
+    cases = {
+        "model_not_allowed": dict(prompt="hi"),
+        "prompt_too_long": dict(prompt="word " * 200, model="other-model"),
+        "invalid_request": dict(
+            prompt="hi", model="other-model", sampling=SamplingParams(max_tokens=101)
+        ),
+    }
+    for code, fields in cases.items():
+        request = await client.submit(tenant_id="limited", **fields)  # type: ignore[arg-type]
+        (chunk,) = await asyncio.wait_for(run(client, request), timeout=10)
+        assert chunk.error is not None and chunk.error.code == code, chunk.error
+
+
+async def test_three_tenants_at_three_times_their_tpm_get_their_limit(
+    client: TokenbusClient, settings: Settings
+) -> None:
+    tenants = ["acc-a", "acc-b", "acc-c"]
+    per_second = 3 * TPM / 24 / 60  # requests a second per tenant, at 3x TPM
+    started = time.monotonic()
+    tasks: list[asyncio.Task[list[TokenChunk]]] = []
+    i = 0
+    while time.monotonic() - started < 60.0:
+        for tenant in tenants:
+            request = await client.submit(tenant_id=tenant, prompt=PROMPT, sampling=SHORT)
+            tasks.append(asyncio.create_task(run(client, request)))
+        i += 1
+        await asyncio.sleep(max(0.0, started + i / per_second - time.monotonic()))
+    results = await asyncio.gather(*tasks)
+
+    # Every request got an answer: tokens or a rejection with retry_after.
+    for chunks in results:
+        last = chunks[-1]
+        if last.error is not None:
+            assert last.error.code == "quota_exceeded" and last.error.retry_after_s
+        else:
+            assert sum(c.num_tokens for c in chunks) == 22
+
+    rows = await eventually(
+        lambda: usage(settings, tenants), until=lambda r: len(r) == len(tasks), timeout_s=60
+    )
+    for tenant in tenants:
+        admitted = [r for r in rows if r["tenant_id"] == tenant and r["status"] == "ok"]
+        first = as_time(admitted[0]["created_at"])
+        # The window slides in 100 ms steps: count what was admitted within 59.9 s of the
+        # first admission, as the job's window saw it.
+        in_window = [
+            r for r in admitted if as_time(r["created_at"]) < first + timedelta(seconds=59.9)
+        ]
+        tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in in_window)
+        assert 0.99 * TPM <= tokens <= TPM, (tenant, tokens)
+
+
+async def test_two_backlogged_tenants_share_two_to_one_by_weight(
+    client: TokenbusClient,
+) -> None:
+    sampling = SamplingParams(max_tokens=48, ignore_eos=True)
+    requests = []
+    for _ in range(150):
+        for tenant in ("fair-light", "fair-heavy"):
+            requests.append(await client.submit(tenant_id=tenant, prompt="fair", sampling=sampling))
+    finished: list[str] = []
+
+    async def track(request: InferenceRequest) -> None:
+        chunks = await run(client, request)
+        assert chunks[-1].error is None, chunks[-1].error
+        finished.append(request.tenant_id)
+
+    await asyncio.gather(*(track(r) for r in requests))
+    # Both tenants stay backlogged through the first 120 completions.
+    first = finished[:120]
+    ratio = first.count("fair-heavy") / first.count("fair-light")
+    assert 1.8 <= ratio <= 2.2, ratio
+
+
+async def test_restarting_the_job_mid_window_loses_no_count_and_no_request(
+    client: TokenbusClient, settings: Settings, stack: Stack
+) -> None:
+    before = [
+        await client.submit(tenant_id="restart", prompt=PROMPT, sampling=SHORT) for _ in range(50)
+    ]  # 1,200 of the 2,400 tokens
+    for request in before:
+        assert (await run(client, request))[-1].error is None
+
+    restart = asyncio.create_task(stack.restart("stream_job"))
+    await asyncio.sleep(0.2)  # the job is down: these wait in Kafka
+    after = [
+        await client.submit(tenant_id="restart", prompt=PROMPT, sampling=SHORT) for _ in range(100)
+    ]
+    await restart
+    results = await asyncio.gather(*(run(client, r) for r in after))
+
+    finished = [chunks[-1] for chunks in results]
+    assert all(c.finish_reason in (FinishReason.LENGTH, FinishReason.REJECTED) for c in finished)
+    assert sum(c.error is None for c in finished) == 50  # the window kept the first 1,200
+    rows = await eventually(
+        lambda: usage(settings, ["restart"]), until=lambda r: len(r) == 150, timeout_s=60
+    )
+    admitted = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["status"] == "ok")
+    assert admitted == TPM

@@ -1,0 +1,137 @@
+"""Latency acceptance checks of the job: class 0 queueing under saturation, and overload
+tier engagement and release. They measure milliseconds, so they need a quiet machine:
+``make timing`` runs them on the real stack; CI does not (other suites share its cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from producers import TokenbusClient
+from schemas import SamplingParams, TokenChunk
+from tests.integration.conftest import eventually
+from tests.integration.test_quotas import as_time, job_metrics, run, usage
+from tokenbus.config import Settings
+
+
+async def test_vip_queueing_stays_low_while_batch_saturates(
+    client: TokenbusClient, settings: Settings
+) -> None:
+    batch_runs: list[asyncio.Task[list[TokenChunk]]] = []
+    stop = asyncio.Event()
+
+    async def keep_batch_coming() -> None:
+        # Faster than the worker can serve: class 2 keeps the fleet saturated (and the
+        # overload tier sheds what is beyond 150% of capacity).
+        while not stop.is_set():
+            request = await client.submit(
+                tenant_id="batch",
+                prompt="batch work " * 20,
+                priority=2,
+                sampling=SamplingParams(max_tokens=96, ignore_eos=True),
+            )
+            batch_runs.append(asyncio.create_task(run(client, request)))
+            await asyncio.sleep(0.01)
+
+    producer = asyncio.create_task(keep_batch_coming())
+    await eventually(
+        lambda: job_metrics(settings),
+        until=lambda m: m["tokenbus_job_num_in_flight"] >= m["tokenbus_job_capacity"],
+    )
+
+    vip_runs = []
+    saturated_samples = []
+    for _ in range(40):
+        request = await client.submit(
+            tenant_id="vip",
+            prompt="urgent",
+            priority=0,
+            sampling=SamplingParams(max_tokens=4, ignore_eos=True),
+        )
+        vip_runs.append(asyncio.create_task(run(client, request)))
+        metrics = await asyncio.to_thread(job_metrics, settings)
+        saturated_samples.append(
+            metrics["tokenbus_job_num_in_flight"] >= metrics["tokenbus_job_capacity"]
+        )
+        await asyncio.sleep(0.05)
+    stop.set()
+    await producer
+    vip_results = await asyncio.gather(*vip_runs)
+    await asyncio.gather(*batch_runs)
+
+    assert all(chunks[-1].error is None for chunks in vip_results)
+    assert sum(saturated_samples) >= 30, f"class 2 saturated {sum(saturated_samples)} of 40"
+    rows = await eventually(lambda: usage(settings, ["vip"]), until=lambda r: len(r) == 40)
+    queue_ms = sorted(r["queue_ms"] for r in rows)
+    p99 = queue_ms[int(0.99 * (len(queue_ms) - 1))]
+    assert p99 < 100, f"class 0 queueing p99 {p99:.1f} ms; all: {queue_ms}"
+
+
+async def test_overload_tiers_engage_and_release_within_200_ms(
+    client: TokenbusClient, settings: Settings
+) -> None:
+    assert job_metrics(settings)["tokenbus_job_tier"] == 0
+    capacity = int(job_metrics(settings)["tokenbus_job_capacity"])
+    long = SamplingParams(max_tokens=600, ignore_eos=True)
+
+    async def submit(tenant: str, priority: int) -> tuple[float, asyncio.Task[list[TokenChunk]]]:
+        request = await client.submit(
+            tenant_id=tenant, prompt="load", priority=priority, sampling=long
+        )
+        return time.time(), asyncio.create_task(run(client, request))
+
+    # Tier 1 engages with the request that takes demand above 120% of capacity.
+    cap_at = int(1.2 * capacity) + 1
+    sent = [await submit("tier-std", 1) for _ in range(cap_at + 5)]
+    metrics = await eventually(
+        lambda: job_metrics(settings), until=lambda m: m["tokenbus_job_tier"] == 1
+    )
+    engage_cap_ms = (metrics["tokenbus_job_tier_changed_at"] - sent[cap_at - 1][0]) * 1000
+
+    # Tier 2 engages above 150%; from then on class 2 is shed.
+    shed_at = int(1.5 * capacity) + 1
+    sent += [await submit("tier-batch", 2) for _ in range(shed_at - len(sent) + 10)]
+    metrics = await eventually(
+        lambda: job_metrics(settings), until=lambda m: m["tokenbus_job_tier"] == 2
+    )
+    engage_shed_ms = (metrics["tokenbus_job_tier_changed_at"] - sent[shed_at - 1][0]) * 1000
+
+    # Release: watch the tier while the load drains.
+    releases: list[tuple[int, float]] = []
+
+    async def watch() -> None:
+        while True:
+            m = await asyncio.to_thread(job_metrics, settings)
+            if not releases or releases[-1][0] != m["tokenbus_job_tier"]:
+                releases.append((int(m["tokenbus_job_tier"]), m["tokenbus_job_tier_changed_at"]))
+            if m["tokenbus_job_tier"] == 0:
+                return
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(*(task for _, task in sent))
+    await asyncio.wait_for(watcher, timeout=30)
+
+    assert 0 <= engage_cap_ms < 200, engage_cap_ms
+    assert 0 <= engage_shed_ms < 200, engage_shed_ms
+    assert [tier for tier, _ in releases][-1] == 0
+    shed = [c[-1].error for c in results if c[-1].error is not None]
+    assert shed and all(e.code == "overloaded" and e.retry_after_s for e in shed)
+
+    rows = await eventually(
+        lambda: usage(settings, ["tier-std", "tier-batch"]), until=lambda r: len(r) == len(sent)
+    )
+    capped = [r for r in rows if "max_tokens_capped" in r["flags"]]
+    assert capped, "no request was capped"
+    assert all(r["completion_tokens"] == 256 and r["overload_tier"] >= 1 for r in capped)
+    assert any(r["status"] == "rejected" and r["overload_tier"] == 2 for r in rows)
+    uncapped_first = rows_for(rows, "tier-std")[: cap_at - 1]
+    assert all(r["overload_tier"] == 0 and r["completion_tokens"] == 600 for r in uncapped_first)
+
+
+def rows_for(rows: list[dict[str, Any]], tenant: str) -> list[dict[str, Any]]:
+    return sorted(
+        (r for r in rows if r["tenant_id"] == tenant), key=lambda r: as_time(r["created_at"])
+    )
