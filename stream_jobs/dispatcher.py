@@ -148,6 +148,7 @@ class Dispatcher:
         self._tier = Tier.NORMAL
         self._peak_hours = PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
         self._wake = asyncio.Event()
+        self._started_at = time.monotonic()
         self.metrics = DispatchMetrics()
 
     # -- admission (runs in the request's agent: may write the tenant's window) --------
@@ -366,7 +367,10 @@ class Dispatcher:
     def _has_room(self, priority: int) -> bool:
         capacity = self._capacity()
         if capacity == 0:
-            return True  # no live worker: dispatching answers with no_worker at once
+            # Just started: wait one heartbeat period to learn the fleet, rather than
+            # refusing requests that a live worker could serve. After that, no live
+            # worker means dispatching answers with no_worker at once.
+            return time.monotonic() - self._started_at >= self._settings.worker_dead_after_s
         limit = capacity * (1 + self._settings.vip_headroom) if priority == 0 else capacity
         return len(self._in_flight) < limit
 

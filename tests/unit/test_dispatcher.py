@@ -55,7 +55,12 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def dispatcher(recorder: Recorder, tmp_path: Path) -> Dispatcher:
-    settings = Settings(home=tmp_path, tenant_tpm={"small": 40}, default_priority_class=0)
+    settings = Settings(
+        home=tmp_path,
+        tenant_tpm={"small": 40},
+        default_priority_class=0,
+        worker_dead_after_s=0.3,
+    )
     return Dispatcher(settings, recorder, MemoryWindowStore())
 
 
@@ -191,9 +196,21 @@ async def test_the_quota_charges_cost_weighted_tokens(recorder: Recorder, tmp_pa
     # past 2k, where the context-length factor is 1.2: (3001 + 10) * 1.2 = 3613.2 -> 3614.
     long = request(1, tenant="w", max_tokens=10).model_copy(update={"prompt": "a" * 3000})
     for tpm, expected in ((3613, Outcome.REFUSED), (3614, Outcome.FORWARDED)):
-        settings = Settings(home=tmp_path, tenant_tpm={"w": tpm})
+        settings = Settings(home=tmp_path, tenant_tpm={"w": tpm}, worker_dead_after_s=0.3)
         dispatcher = Dispatcher(settings, recorder, MemoryWindowStore())
         dispatcher.observe_heartbeat(heartbeat())
         loop = asyncio.create_task(dispatcher.run())
         assert await (await admit(dispatcher, long)) is expected
         loop.cancel()
+
+
+async def test_a_restarted_job_waits_for_heartbeats_before_saying_no_worker(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    loop = asyncio.create_task(dispatcher.run())
+    early = await admit(dispatcher, request(1))
+    await asyncio.sleep(0.1)
+    assert not early.done()  # within the first heartbeat period: it waits
+    dispatcher.observe_heartbeat(heartbeat())
+    assert await asyncio.wait_for(early, 1) is Outcome.FORWARDED
+    loop.cancel()
