@@ -1,0 +1,300 @@
+"""Stage: admission through the Faust job, in requests/s per core of the job's process.
+
+    .venvs/stream/bin/python -m bench.admission [--requests 20000] [--profile]
+
+A broker and the real Faust job (``python -m stream_jobs``), and pretend workers that
+only send heartbeats. The benchmark produces a burst of InferenceRequests as fast as it
+can and counts what the job forwards to the pretend workers' topics. Per core means
+requests divided by the CPU seconds the job's process spent (all its threads), so the
+figure does not depend on what else the shared machine is doing; wall-clock rate is
+reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import (
+    add_settings_args,
+    bench_settings,
+    exit_on_sigterm,
+    make_console,
+    parse_overrides,
+    progress,
+)
+from bench.pretend import ForwardCounter, heartbeat_loop, pretend_ids
+from bench.procstat import CpuMeter
+from bench.profile import Profiler, top_frames
+from bench.report import RESULTS_DIR, uptime_load, write_result
+from bench.services import Services
+from bench.stats import summarize
+from bench.workload import prompt, tenant
+from schemas import InferenceRequest, SamplingParams, encode
+from tokenbus.kafka import make_producer
+from tokenbus.topics import Topics
+
+GOAL_PER_CORE = 5_000
+REPLY_TOPIC = "bench.admission.replies"
+
+
+def build_requests(
+    num_requests: int, num_tenants: int, prompt_tokens: int, model: str
+) -> list[tuple[str, bytes]]:
+    """(tenant, encoded request) pairs, built before the clock starts."""
+    text = prompt(0, 0, prompt_tokens)
+    out: list[tuple[str, bytes]] = []
+    for i in range(num_requests):
+        tenant_id = tenant(i % num_tenants)
+        request = InferenceRequest(
+            request_id=f"req_bench{i:09d}",
+            session_id=f"sess_bench{i:09d}",
+            tenant_id=tenant_id,
+            model=model,
+            prompt=text,
+            sampling=SamplingParams(max_tokens=64, ignore_eos=True),
+            reply_to=REPLY_TOPIC,
+        )
+        out.append((tenant_id, encode(request)))
+    return out
+
+
+async def run_admission(
+    *,
+    num_requests: int = 20_000,
+    num_tenants: int = 10,
+    num_workers: int = 1,
+    prompt_tokens: int = 150,
+    overrides: dict[str, Any] | None = None,
+    profile_to: Path | None = None,
+    prototypes: list[str] | None = None,
+    num_latency_probes: int = 100,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> dict[str, Any]:
+    settings = bench_settings(**(overrides or {}))
+    topics = Topics(settings.topic_prefix)
+    workers = pretend_ids(num_workers)
+    services = Services(settings)
+    producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
+    counter = ForwardCounter(settings, workers)
+    beats: asyncio.Task[None] | None = None
+    try:
+        await services.start_broker({REPLY_TOPIC: 1, **{topics.worker(w): 1 for w in workers}})
+        await producer.start()
+        beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
+        await services.start_job(prototypes)
+        await counter.start()
+        await _probe(settings, producer, counter)
+        latency_ms = await _idle_latency(settings, producer, counter, num_latency_probes)
+        payload = build_requests(
+            num_requests, num_tenants, prompt_tokens, settings.served_model_name
+        )
+        base = counter.num_forwarded
+        meter = CpuMeter(
+            {"stream_job": [services.pid("stream_job")], "broker": [services.pid("broker")]}
+        )
+        profiler = Profiler(services.pid("stream_job"), profile_to) if profile_to else None
+        meter.start()
+        started = time.perf_counter()
+        sends = [
+            await producer.send(topics.requests(1), value, key=tenant_id.encode())
+            for tenant_id, value in payload
+        ]
+        await asyncio.gather(*sends)
+        produced_s = time.perf_counter() - started
+        while not await counter.wait_for(base + num_requests, timeout_s=0.5):
+            on_progress(counter.num_forwarded - base)
+            if time.perf_counter() - started > 60 + num_requests / 200:
+                break
+        on_progress(counter.num_forwarded - base)
+        cpu = meter.delta()
+        profile = top_frames(profiler.stop()) if profiler else None
+        num_forwarded = counter.num_forwarded - base
+        wall_s = max(1e-9, counter.last_at - started)
+        trace = _traces(services)
+    finally:
+        if beats is not None:
+            beats.cancel()
+        await counter.stop()
+        await producer.stop()
+        services.stop()
+        shutil.rmtree(settings.home, ignore_errors=True)
+    return {
+        "num_requests": num_requests,
+        "prototypes": prototypes or [],
+        "num_forwarded": num_forwarded,
+        "num_tenants": num_tenants,
+        "num_workers": num_workers,
+        "prompt_tokens": prompt_tokens,
+        "request_bytes": round(sum(len(v) for _, v in payload) / len(payload)),
+        "by_worker": dict(counter.by_worker),
+        "produce_s": round(produced_s, 3),
+        "wall_s": round(wall_s, 3),
+        "requests_per_s": round(num_forwarded / wall_s, 1),
+        "idle_latency_ms": latency_ms,
+        "job_trace": trace,
+        "cpu_s": cpu,
+        "requests_per_core_s": round(num_forwarded / max(1e-9, cpu["stream_job"]), 1),
+        "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
+        "profile": profile,
+    }
+
+
+async def _idle_latency(
+    settings: Any, producer: Any, counter: ForwardCounter, num_probes: int
+) -> dict[str, float]:
+    """One request at a time: produce --> job --> pretend worker's topic, at idle.
+
+    This is the job's added latency with nothing queued: two broker hops and the job.
+    """
+    topics = Topics(settings.topic_prefix)
+    samples: list[float] = []
+    for i in range(num_probes):
+        request = InferenceRequest(
+            request_id=f"req_latency{i:06d}",
+            session_id="sess_latency",
+            tenant_id=tenant(i % 10),
+            model=settings.served_model_name,
+            prompt=prompt(0, i),
+            reply_to=REPLY_TOPIC,
+        )
+        arrival = asyncio.ensure_future(counter.next_arrival(timeout_s=10))
+        await asyncio.sleep(0)  # the waiter is armed before the request leaves
+        started = time.perf_counter()
+        await producer.send_and_wait(topics.requests(1), encode(request), key=b"bench")
+        samples.append(await arrival - started)
+        await asyncio.sleep(0.02)
+    return summarize(samples, 1000)
+
+
+def _traces(services: Services) -> list[dict[str, Any]]:
+    """The job's ``bench trace`` lines (prototype ``trace_admission``), oldest first."""
+    job = next(s for s in services.services if s.name == "stream_job")
+    lines = [line for line in job.log_tail(5000).splitlines() if "bench trace: " in line]
+    return [json.loads(line.split("bench trace: ", 1)[1]) for line in lines]
+
+
+async def _probe(
+    settings: Any, producer: Any, counter: ForwardCounter, timeout_s: float = 60
+) -> None:
+    """Waits until the job has seen a heartbeat and forwards: a probe request arrives."""
+    topics = Topics(settings.topic_prefix)
+    deadline = time.monotonic() + timeout_s
+    probe = InferenceRequest(
+        request_id="req_probe",
+        session_id="sess_probe",
+        tenant_id="bench-probe",
+        model=settings.served_model_name,
+        prompt="probe",
+        reply_to=REPLY_TOPIC,
+    )
+    while counter.num_forwarded == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the job forwarded nothing to the pretend workers")
+        await producer.send_and_wait(topics.requests(1), encode(probe), key=b"bench-probe")
+        await counter.wait_for(1, timeout_s=1.0)
+
+
+def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
+    table = Table(title=title)
+    for column in (
+        "idle latency p50/p99 ms",
+        "tenants",
+        "workers",
+        "prompt tok",
+        "req B",
+        "req/s",
+        "req/s/core",
+        "goal",
+        "broker ms/1k",
+    ):
+        table.add_column(column, justify="right")
+    for row in rows:
+        latency = row["idle_latency_ms"]
+        table.add_row(
+            f"{latency.get('p50', 0):.1f} / {latency.get('p99', 0):.1f}",
+            str(row["num_tenants"]),
+            str(row["num_workers"]),
+            str(row["prompt_tokens"]),
+            str(row["request_bytes"]),
+            f"{row['requests_per_s']:.0f}",
+            f"{row['requests_per_core_s']:.0f}",
+            "met" if row["requests_per_core_s"] >= GOAL_PER_CORE else "NOT met",
+            f"{row['broker_cpu_ms_per_1k']:.0f}",
+        )
+    console.print(table)
+
+
+def print_profile(profile: dict[str, Any] | None, console: Console, title: str) -> None:
+    if not profile:
+        return
+    table = Table(title=f"{title}: py-spy, {profile['num_samples']} samples")
+    table.add_column("self %", justify="right")
+    table.add_column("self frame")
+    table.add_column("incl %", justify="right")
+    table.add_column("inclusive frame")
+    for own, incl in zip(profile["self"], profile["inclusive"], strict=False):
+        table.add_row(str(own["pct"]), own["frame"], str(incl["pct"]), incl["frame"])
+    console.print(table)
+
+
+async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    load_start = uptime_load()
+    with progress(console) as bar:
+        task = bar.add_task("admission", total=args.requests)
+        row = await run_admission(
+            num_requests=args.requests,
+            num_tenants=args.tenants,
+            num_workers=args.workers,
+            prompt_tokens=args.prompt_tokens,
+            overrides=parse_overrides(args.set),
+            profile_to=RESULTS_DIR / "admission.pyspy.txt" if args.profile else None,
+            prototypes=args.prototype,
+            on_progress=lambda n: bar.update(task, completed=n),
+        )
+    return {
+        "load_start": load_start,
+        "load_end": uptime_load(),
+        "goal_per_core": GOAL_PER_CORE,
+        "results": [row],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--tenants", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--prompt-tokens", type=int, default=150)
+    parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
+    parser.add_argument(
+        "--prototype", action="append", default=[], help="a bench.prototypes patch to measure"
+    )
+    parser.add_argument("--name", help="result file name (default: from the options)")
+    add_settings_args(parser)
+    args = parser.parse_args()
+    exit_on_sigterm()
+    console = make_console()
+    result = asyncio.run(_main(args, console))
+    name = args.name or "-".join(
+        ["admission", *args.prototype, *(["profile"] if args.profile else [])]
+    )
+    path = write_result(name, result)
+    render(result["results"], console, "admission through the Faust job")
+    print_profile(result["results"][0]["profile"], console, "Faust job")
+    console.print(f"[dim]wrote {path}[/]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What every benchmark script shares: settings on free ports, ``--set`` overrides, rich."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tokenbus.config import Settings
+from tokenbus.stack import REPO_ROOT, Stack
+
+UNLIMITED_TPM = 10**12
+"""Benchmarks measure throughput, not the quota: no tenant may be refused."""
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, CI) unwinds like Ctrl-C, so ``finally`` stops the services."""
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def add_settings_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a tokenbus Settings field for this run, e.g. --set linger_ms=1",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run's TOKENBUS_HOME")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        name, _, raw = pair.partition("=")
+        try:
+            overrides[name.strip()] = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            overrides[name.strip()] = raw  # a bare string such as acks=all
+    return overrides
+
+
+def model_dir() -> Path:
+    """The tiny model, built once into the repository's own cache (as the tests do)."""
+    return Stack(Settings(home=REPO_ROOT / ".tokenbus")).build_model()
+
+
+def bench_settings(home: Path | None = None, **overrides: Any) -> Settings:
+    """A private stack: its own home, broker port and query port, and no quota limits."""
+    fields: dict[str, Any] = {
+        "home": home or Path(tempfile.mkdtemp(prefix="tokenbus-bench-")),
+        "default_tpm": UNLIMITED_TPM,
+        "default_rpm": UNLIMITED_TPM,
+        "client_timeout_s": 60,
+    }
+    # Every listening port a service has (broker, billing queries, bridge, ...): free
+    # ones, so a benchmark never meets another engineer's stack on the defaults.
+    for name, info in Settings.model_fields.items():
+        if name.endswith("_port") and info.default is not None:
+            fields[name] = free_port()
+    fields.update(overrides)
+    return Settings(**fields)
+
+
+def make_console() -> Console:
+    """Wide enough for the tables even when the output is a file or a pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
+def progress(console: Console) -> Progress:
+    # A slow refresh: the client's own CPU is part of what the benchmarks measure.
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        refresh_per_second=2,
+    )

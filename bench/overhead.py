@@ -1,0 +1,432 @@
+"""Overhead against direct vLLM: the same engine, prompts and sampling, with and without
+tokenbus in front, at concurrency 1, 16 and 64.
+
+    .venvs/stream/bin/python -m bench.overhead          # or: make bench
+
+- tokenbus arm: TokenbusClient --> requests topic --> Faust job --> worker topic -->
+  worker (VllmEngine) --> reply topic --> client, on a private ``tokenbus.stack.Stack``
+  (free ports, its own TOKENBUS_HOME, the tiny model).
+- direct arm: the same ``workers.vllm_engine.VllmEngine``, built from the same Settings,
+  driven in-process by ``bench.direct_vllm`` in the worker environment.
+
+Both engines stay loaded; the arms alternate wave by wave (and swap order every round),
+so the machine's noise lands on both. Pipeline CPU is counted from /proc: broker, Faust
+job, billing sink, this client process, and the worker process minus what the direct
+arm's process spends on the same wave (that is the AsyncLLM front end both arms pay);
+the engine core processes are excluded from both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import (
+    add_settings_args,
+    bench_settings,
+    exit_on_sigterm,
+    make_console,
+    model_dir,
+    parse_overrides,
+    progress,
+)
+from bench.direct_arm import DirectProcess
+from bench.driver import RequestTrace, WaveResult, run_wave
+from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
+from bench.prototypes import ENV as PROTOTYPES_ENV
+from bench.report import uptime_load, write_result
+from bench.stats import ratio, summarize
+from bench.workload import prompts, tenant
+from producers import RequestFailed, TokenbusClient
+from schemas import SamplingParams
+from tokenbus.config import Settings
+from tokenbus.stack import REPO_ROOT, Stack
+
+TENANT = tenant(0)
+WARMUP_ROUND = -1
+HOOK_DIR = Path(__file__).resolve().parent / "_hook"
+STACK_SERVICES_ON_PATH = ("broker", "stream_job", "billing", "worker-0")
+
+
+@dataclass
+class ArmWaves:
+    """Every measured wave of one arm at one concurrency, across rounds."""
+
+    waves: list[WaveResult] = field(default_factory=list)
+    cpu: list[dict[str, float]] = field(default_factory=list)
+
+    def traces(self) -> list[RequestTrace]:
+        return [t for w in self.waves for t in w.traces]
+
+
+@dataclass
+class TokenbusArm:
+    stack: Stack
+    client: TokenbusClient
+    max_tokens: int
+    request_ids: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """request_id --> (round, concurrency, prompt index), to join billing's timings."""
+
+    async def wave(
+        self, round_index: int, texts: list[str], concurrency: int, on_done: Any
+    ) -> WaveResult:
+        sampling = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, ignore_eos=True)
+
+        async def stream(index: int, text: str) -> AsyncIterator[int]:
+            request = await self.client.submit(tenant_id=TENANT, prompt=text, sampling=sampling)
+            self.request_ids[request.request_id] = (round_index, concurrency, index)
+            async for chunk in self.client.stream(request):
+                if chunk.error is not None:
+                    raise RequestFailed(chunk.error)
+                yield chunk.num_tokens
+
+        return await run_wave(stream, texts, concurrency, on_done)
+
+
+def stack_meter(stack: Stack) -> CpuMeter:
+    pids = {service.name: service.process.pid for service in stack.services}
+    worker = pids["worker-0"]
+    return CpuMeter(
+        {
+            "broker": [pids["broker"]],
+            "stream_job": [pids["stream_job"]],
+            "billing": [pids["billing"]],
+            "worker_process": [worker],
+            "engine": descendants(worker),
+            # Started by the stack but not on the TokenbusClient path: reported, not summed.
+            "other_services": [
+                pid for name, pid in pids.items() if name not in STACK_SERVICES_ON_PATH
+            ],
+        }
+    )
+
+
+def billing_timings(
+    settings: Settings, expected: int, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """Per-request timings the worker reported, read back through the billing sink."""
+    body = json.dumps(
+        {
+            "sql": (
+                "SELECT request_id, queue_ms, ttft_ms, total_ms, completion_tokens "
+                "FROM usage_events FINAL WHERE tenant_id = {tenant:String}"
+            ),
+            "parameters": {"tenant": TENANT},
+        }
+    ).encode()
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{settings.billing_query_port}/query", data=body, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            rows = json.loads(response.read())["rows"]
+        if len(rows) >= expected:
+            break
+        time.sleep(0.5)
+    return rows
+
+
+def wave_sizes(concurrency: int, args: argparse.Namespace) -> int:
+    return max(int(args.min_requests), concurrency * int(args.requests_per_lane))
+
+
+async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    load_start = uptime_load()
+    settings = bench_settings(model_path=model_dir(), **parse_overrides(args.set))
+    if args.prototype:
+        # The stack's children inherit this environment; the hook patches only the job.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(HOOK_DIR), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        os.environ[PROTOTYPES_ENV] = ",".join(args.prototype)
+    (settings.home / "logs").mkdir(parents=True, exist_ok=True)
+    console.print(f"[dim]TOKENBUS_HOME={settings.home}  load {load_start['load_1_5_15']}[/]")
+
+    direct = DirectProcess(settings, settings.home / "logs" / "direct.log")
+    stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
+    results: dict[tuple[str, int], ArmWaves] = {}
+    idle_stack_cores: list[float] = []
+    try:
+        await stack.start()
+        await direct.ready()
+        meter = stack_meter(stack)
+        async with TokenbusClient(settings) as client:
+            tokenbus = TokenbusArm(stack, client, args.max_tokens)
+            with progress(console) as bar:
+                waves_task = bar.add_task(
+                    "waves", total=2 * (1 + args.rounds * len(args.concurrency))
+                )
+                # Warm-up: first requests pay one-off costs (allocations, group joins).
+                warm = prompts(WARMUP_ROUND, 16)
+                await direct.wave(warm, 8, args.max_tokens, TENANT)
+                bar.advance(waves_task)
+                await tokenbus.wave(WARMUP_ROUND, warm, 8, None)
+                bar.advance(waves_task)
+                for round_index in range(args.rounds):
+                    for concurrency in args.concurrency:
+                        texts = prompts(round_index, wave_sizes(concurrency, args))
+                        order = (
+                            ("direct", "tokenbus")
+                            if round_index % 2 == 0
+                            else ("tokenbus", "direct")
+                        )
+                        for arm in order:
+                            task = bar.add_task(
+                                f"r{round_index} {arm} c={concurrency}", total=len(texts)
+                            )
+                            slot = results.setdefault((arm, concurrency), ArmWaves())
+                            meter.start()
+                            wall = time.perf_counter()
+                            cpu_client = time.process_time()
+                            wait_client = runqueue_wait_seconds(os.getpid())
+                            if arm == "direct":
+                                reply = await direct.wave(
+                                    texts, concurrency, args.max_tokens, TENANT
+                                )
+                                wave = WaveResult.from_json(reply["wave"])
+                                cpu = {f"direct_{k}": v for k, v in reply["cpu"].items()}
+                                stack_cpu = meter.delta()
+                                idle_stack_cores.append(
+                                    sum(
+                                        v
+                                        for k, v in stack_cpu.items()
+                                        if k not in ("engine", "other_services")
+                                    )
+                                    / (time.perf_counter() - wall)
+                                )
+                                bar.update(task, completed=len(texts))
+                            else:
+                                wave = await tokenbus.wave(
+                                    round_index,
+                                    texts,
+                                    concurrency,
+                                    lambda _t, task=task: bar.advance(task),
+                                )
+                                waits = meter.wait_delta()
+                                waits["client"] = runqueue_wait_seconds(os.getpid()) - wait_client
+                                cpu = {
+                                    **meter.delta(),
+                                    "client": round(time.process_time() - cpu_client, 3),
+                                    **{f"{k}_runqueue_wait": round(v, 3) for k, v in waits.items()},
+                                }
+                            slot.waves.append(wave)
+                            slot.cpu.append(cpu)
+                            bar.remove_task(task)
+                            bar.advance(waves_task)
+                            stack.check()
+        expected = len(tokenbus.request_ids)
+        timings = await asyncio.to_thread(billing_timings, settings, expected)
+    finally:
+        direct.stop()
+        stack.stop()
+    load_end = uptime_load()
+    if not args.keep:
+        shutil.rmtree(settings.home, ignore_errors=True)
+    return summarize_run(
+        args, results, tokenbus.request_ids, timings, idle_stack_cores, load_start, load_end
+    )
+
+
+def summarize_run(
+    args: argparse.Namespace,
+    results: dict[tuple[str, int], ArmWaves],
+    request_ids: dict[str, tuple[int, int, int]],
+    timings: list[dict[str, Any]],
+    idle_stack_cores: list[float],
+    load_start: dict[str, Any],
+    load_end: dict[str, Any],
+) -> dict[str, Any]:
+    by_request = {row["request_id"]: row for row in timings}
+    rows: list[dict[str, Any]] = []
+    for concurrency in args.concurrency:
+        direct, bus = results[("direct", concurrency)], results[("tokenbus", concurrency)]
+        d = WaveResult(concurrency, sum(w.wall_s for w in direct.waves), direct.traces()).summary()
+        t = WaveResult(concurrency, sum(w.wall_s for w in bus.waves), bus.traces()).summary()
+        cpu_bus = {k: round(sum(c.get(k, 0.0) for c in bus.cpu), 3) for k in bus.cpu[0]}
+        cpu_direct = {k: round(sum(c.get(k, 0.0) for c in direct.cpu), 3) for k in direct.cpu[0]}
+        worker_loop = cpu_bus["worker_process"] - cpu_direct["direct_frontend"]
+        pipeline = (
+            cpu_bus["broker"] + cpu_bus["stream_job"] + cpu_bus["billing"] + cpu_bus["client"]
+            + worker_loop
+        )  # fmt: skip
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "direct": d,
+                "tokenbus": t,
+                "added_ttft_ms": {
+                    q: round(t["ttft_ms"][q] - d["ttft_ms"][q], 3) for q in ("p50", "p90", "p99")
+                },
+                "ratios": {
+                    "ttft_p50": ratio(t["ttft_ms"]["p50"], d["ttft_ms"]["p50"]),
+                    "ttft_p99": ratio(t["ttft_ms"]["p99"], d["ttft_ms"]["p99"]),
+                    "itl_p50": ratio(t["itl_ms"]["p50"], d["itl_ms"]["p50"]),
+                    "itl_p99": ratio(t["itl_ms"]["p99"], d["itl_ms"]["p99"]),
+                    "throughput": ratio(t["tokens_per_s"], d["tokens_per_s"]),
+                },
+                "cpu_s": {"tokenbus": cpu_bus, "direct": cpu_direct},
+                "pipeline_cpu_s": round(pipeline, 3),
+                "pipeline_cpu_s_per_1k_tokens": round(1000 * pipeline / max(1, t["num_tokens"]), 4),
+                "pipeline_cpu_s_per_1k_tokens_by_part": {
+                    part: round(1000 * value / max(1, t["num_tokens"]), 4)
+                    for part, value in {
+                        "broker": cpu_bus["broker"],
+                        "stream_job": cpu_bus["stream_job"],
+                        "billing": cpu_bus["billing"],
+                        "client": cpu_bus["client"],
+                        "worker_loop": worker_loop,
+                    }.items()
+                },
+                "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
+                # Summed over threads: how long each process sat runnable without a core.
+                "runqueue_wait_ms_per_request": {
+                    arm: {
+                        k.removesuffix("_runqueue_wait"): round(1000 * v / max(1, n), 2)
+                        for k, v in cpu.items()
+                        if k.endswith("_runqueue_wait")
+                    }
+                    for arm, cpu, n in (
+                        ("tokenbus", cpu_bus, t["num_requests"]),
+                        ("direct", cpu_direct, d["num_requests"]),
+                    )
+                },
+            }
+        )
+    return {
+        "command": "python -m bench.overhead " + " ".join(args.argv),
+        "parameters": {
+            "rounds": args.rounds,
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
+            "settings_overrides": parse_overrides(args.set),
+            "prototypes": args.prototype,
+            "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
+        },
+        "load_start": load_start,
+        "load_end": load_end,
+        "idle_stack_cores_during_direct": summarize(idle_stack_cores),
+        "num_billed": len(timings),
+        "num_sent": len(request_ids),
+        "results": rows,
+    }
+
+
+def ttft_breakdown(
+    bus: ArmWaves,
+    request_ids: dict[str, tuple[int, int, int]],
+    by_request: dict[str, dict[str, Any]],
+    concurrency: int,
+) -> dict[str, Any]:
+    """Splits the client's TTFT with the worker's own timestamps (from its UsageEvent).
+
+    client --> job dispatched: ``queue_ms``; dispatched --> first token at the worker:
+    ``ttft_ms - queue_ms``; worker's first token --> client: client TTFT - ``ttft_ms``.
+    """
+    index = {(r, c, i): rid for rid, (r, c, i) in request_ids.items() if c == concurrency}
+    to_dispatch: list[float] = []
+    to_worker_token: list[float] = []
+    to_client: list[float] = []
+    for round_index, wave in enumerate(bus.waves):
+        for trace in wave.traces:
+            rid = index.get((round_index, concurrency, trace.index))
+            row = by_request.get(rid or "")
+            if row is None or trace.ttft_s is None or row["ttft_ms"] is None:
+                continue
+            to_dispatch.append(row["queue_ms"])
+            to_worker_token.append(row["ttft_ms"] - row["queue_ms"])
+            to_client.append(trace.ttft_s * 1000 - row["ttft_ms"])
+    return {
+        "client_to_dispatched": summarize(to_dispatch),
+        "dispatched_to_worker_first_token": summarize(to_worker_token),
+        "worker_first_token_to_client": summarize(to_client),
+    }
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    table = Table(title="tokenbus vs direct vLLM (tiny model)")
+    for column in (
+        "conc",
+        "TTFT p50 direct/bus ms",
+        "TTFT p99 direct/bus ms",
+        "added TTFT p50/p99 ms",
+        "ITL p50 direct/bus ms",
+        "ITL p99 direct/bus ms",
+        "tok/s direct/bus",
+        "thr. ratio",
+        "pipeline CPU s/1k tok",
+    ):
+        table.add_column(column, justify="right")
+    for row in result["results"]:
+        d, t = row["direct"], row["tokenbus"]
+        table.add_row(
+            str(row["concurrency"]),
+            f"{d['ttft_ms']['p50']:.1f} / {t['ttft_ms']['p50']:.1f}",
+            f"{d['ttft_ms']['p99']:.1f} / {t['ttft_ms']['p99']:.1f}",
+            f"{row['added_ttft_ms']['p50']:.1f} / {row['added_ttft_ms']['p99']:.1f}",
+            f"{d['itl_ms']['p50']:.2f} / {t['itl_ms']['p50']:.2f}",
+            f"{d['itl_ms']['p99']:.2f} / {t['itl_ms']['p99']:.2f}",
+            f"{d['tokens_per_s']:.0f} / {t['tokens_per_s']:.0f}",
+            f"{row['ratios']['throughput']:.3f}",
+            f"{row['pipeline_cpu_s_per_1k_tokens']:.3f}",
+        )
+    console.print(table)
+    breakdown = Table(title="tokenbus TTFT split by the worker's timestamps (p50 ms)")
+    for column in ("conc", "client->dispatched", "dispatched->worker token", "worker->client"):
+        breakdown.add_column(column, justify="right")
+    for row in result["results"]:
+        b = row["ttft_breakdown_ms"]
+        breakdown.add_row(
+            str(row["concurrency"]),
+            *(str(b[k].get("p50", "-")) for k in b),
+        )
+    console.print(breakdown)
+    console.print(
+        f"load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}; "
+        f"billed {result['num_billed']}/{result['num_sent']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--min-requests", type=int, default=32, help="per wave")
+    parser.add_argument("--requests-per-lane", type=int, default=2, help="per wave")
+    parser.add_argument("--name", default="overhead", help="result file name")
+    parser.add_argument(
+        "--prototype", action="append", default=[], help="a bench.prototypes patch for the job"
+    )
+    add_settings_args(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.argv = argv
+    exit_on_sigterm()
+    console = make_console()
+    result = asyncio.run(measure(args, console))
+    path = write_result(args.name, result)
+    render(result, console)
+    console.print(f"[dim]wrote {path}[/]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""CPU seconds of processes, read from /proc: stdlib only, so both environments import it.
+
+``/proc/<pid>/stat`` counts every thread of a process (utime + stime) but not its
+children, which is what the overhead accounting needs: the worker's Python process
+without the vLLM engine core it spawned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (all its threads); 0.0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+    except OSError:
+        return 0.0
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (schedstat).
+
+    On a shared 2-core machine this is the part of a latency that is other people's
+    load, not tokenbus: every hop wakes a process that may have to queue for a core.
+    """
+    total_ns = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
+                total_ns += int(stat.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total_ns / 1e9
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``, found by scanning /proc (no psutil in the stream env)."""
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        if int(raw[raw.rindex(b")") + 2 :].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children(stack.pop()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def load_average() -> tuple[float, float, float]:
+    one, five, fifteen = os.getloadavg()
+    return (round(one, 2), round(five, 2), round(fifteen, 2))
+
+
+@dataclass
+class CpuMeter:
+    """Named groups of pids; ``delta()`` is the CPU each group spent since ``start()``."""
+
+    groups: Mapping[str, Iterable[int]]
+
+    def __post_init__(self) -> None:
+        self.groups = {name: tuple(pids) for name, pids in self.groups.items()}
+        self._start: dict[str, float] = {}
+        self._start_wait: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.groups.items()}
+
+    def _read_wait(self) -> dict[str, float]:
+        return {
+            name: sum(runqueue_wait_seconds(p) for p in pids) for name, pids in self.groups.items()
+        }
+
+    def start(self) -> None:
+        self._start = self._read()
+        self._start_wait = self._read_wait()
+
+    def delta(self) -> dict[str, float]:
+        now = self._read()
+        return {name: round(now[name] - self._start.get(name, 0.0), 3) for name in now}
+
+    def wait_delta(self) -> dict[str, float]:
+        """Run-queue wait per group since ``start()``, summed over threads."""
+        now = self._read_wait()
+        return {name: round(now[name] - self._start_wait.get(name, 0.0), 3) for name in now}

@@ -1,0 +1,104 @@
+"""py-spy around a process, and the top frames of what it recorded.
+
+``Profiler(pid, out)`` starts ``py-spy record`` in raw (collapsed stack) format, sampling
+without pausing the target; ``stop()`` ends it (SIGINT makes py-spy write its file) and
+``top_frames`` reads the file: self time (leaf frames) and inclusive time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+RATE_HZ = 200
+PLUMBING = (
+    "<frozen runpy>",
+    "asyncio/runners.py",
+    "asyncio/base_events.py",
+    "asyncio/events.py",
+    "threading.py",
+    "mode/threads.py",
+    "mode/worker.py",
+    "<module> (",
+)
+"""Frames every sample passes through (entry points, the event loop): left out of the
+inclusive list, where they would only say 100%."""
+
+
+def py_spy() -> str:
+    beside = Path(sys.executable).with_name("py-spy")
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise RuntimeError("py-spy is not installed: pip install -e '.[dev]' in .venvs/stream")
+    return found
+
+
+class Profiler:
+    def __init__(self, pid: int, out: Path, *, idle: bool = False) -> None:
+        self.out = out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        argv = [py_spy(), "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw"]
+        argv += ["--nonblocking", "--output", str(out)]
+        if idle:
+            argv.append("--idle")
+        self._process = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def stop(self) -> Path:
+        if self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGINT)
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        return self.out
+
+
+def _frame_name(frame: str) -> str:
+    """``func (path/to/file.py:123)`` --> ``func (file.py:123)``: short, still findable."""
+    name, _, where = frame.partition(" (")
+    if not where:
+        return frame
+    path, _, line = where.rstrip(")").rpartition(":")
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else path
+    return f"{name} ({short}:{line})" if line else f"{name} ({short})"
+
+
+def top_frames(path: Path, num_frames: int = 15) -> dict[str, Any]:
+    """Self and inclusive shares of the recorded samples, biggest first."""
+    self_counts: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    if not path.exists():
+        return {"num_samples": 0, "self": [], "inclusive": []}
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        # The first element is the thread ("process 123:\"python\";thread ..."); skip it.
+        frames = [_frame_name(f) for f in stack.split(";") if " (" in f]
+        if not frames:
+            continue
+        total += count
+        self_counts[frames[-1]] += count
+        for frame in set(frames):
+            if not any(marker in frame for marker in PLUMBING):
+                inclusive[frame] += count
+
+    def share(counter: Counter[str]) -> list[dict[str, Any]]:
+        return [
+            {"frame": frame, "pct": round(100 * n / total, 1)}
+            for frame, n in counter.most_common(num_frames)
+        ]
+
+    return {"num_samples": total, "self": share(self_counts), "inclusive": share(inclusive)}

@@ -1,0 +1,33 @@
+"""Summaries of latency samples. Pure, stdlib only: both environments import it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def percentile(sorted_samples: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile (0 < q <= 100) of already sorted samples."""
+    if not sorted_samples:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_samples)))
+    return sorted_samples[min(rank, len(sorted_samples)) - 1]
+
+
+def summarize(samples: Sequence[float], scale: float = 1.0) -> dict[str, float]:
+    """p50/p90/p99/max/mean of ``samples`` times ``scale`` (1000 turns seconds into ms)."""
+    ordered = sorted(x * scale for x in samples)
+    if not ordered:
+        return {"n": 0}
+    return {
+        "n": len(ordered),
+        "p50": round(percentile(ordered, 50), 3),
+        "p90": round(percentile(ordered, 90), 3),
+        "p99": round(percentile(ordered, 99), 3),
+        "max": round(ordered[-1], 3),
+        "mean": round(sum(ordered) / len(ordered), 3),
+    }
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return round(numerator / denominator, 3) if denominator else math.nan

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from bench.procstat import CpuMeter, children, cpu_seconds
+
+
+def test_cpu_seconds_grow_with_work() -> None:
+    before = cpu_seconds(os.getpid())
+    sum(i * i for i in range(2_000_000))
+    assert cpu_seconds(os.getpid()) > before
+
+
+def test_children_and_a_gone_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert child.pid in children(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_seconds(child.pid) == 0.0
+
+
+def test_meter_reports_each_group() -> None:
+    meter = CpuMeter({"me": [os.getpid()]})
+    meter.start()
+    sum(i * i for i in range(2_000_000))
+    assert meter.delta()["me"] > 0
+
+
+def test_runqueue_wait_is_read_for_a_live_process_only() -> None:
+    from bench.procstat import runqueue_wait_seconds
+
+    assert runqueue_wait_seconds(os.getpid()) >= 0.0
+    assert runqueue_wait_seconds(2**22 + 12345) == 0.0
