@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -221,15 +224,23 @@ async def test_heartbeat_comments_keep_a_quiet_stream_open(stack: Stack) -> None
     heartbeat: the silence before the first token (bus hops, queueing, prefill) is
     filled with SSE comments, and the data framing stays intact around them."""
     quick = start_bridge(stack, bridge_heartbeat_s=0.002, bridge_first_chunk_wait_s=0.0)
+    worker = stack.service("worker-0").process
     try:
         body = {"model": MODEL, "prompt": "beat", "max_tokens": 8, "stream": True}
         headers = {"Authorization": f"Bearer {bridge_key('br-alice')}"}
-        async with (
-            httpx.AsyncClient(timeout=60) as http,
-            http.stream("POST", f"{quick.url}/v1/completions", json=body, headers=headers) as r,
-        ):
-            assert r.status_code == 200
-            lines = [line async for line in r.aiter_lines()]
+        # A quiet stream for sure: the worker is paused for 300 ms before the first token.
+        os.kill(worker.pid, signal.SIGSTOP)
+        resume = asyncio.get_running_loop().call_later(0.3, os.kill, worker.pid, signal.SIGCONT)
+        try:
+            async with (
+                httpx.AsyncClient(timeout=60) as http,
+                http.stream("POST", f"{quick.url}/v1/completions", json=body, headers=headers) as r,
+            ):
+                assert r.status_code == 200
+                lines = [line async for line in r.aiter_lines()]
+        finally:
+            resume.cancel()
+            os.kill(worker.pid, signal.SIGCONT)
         first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
         assert any(line.startswith(": keep-alive") for line in lines[:first_data])
         assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
