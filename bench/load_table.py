@@ -294,12 +294,13 @@ def main() -> None:
     parser.add_argument(
         "--prototype", action="append", default=[], help="a bench.prototypes patch for the job"
     )
+    parser.add_argument("--name", help="result file name (default: from the options)")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(measure(args, console))
-    path = write_result("-".join(["load_table", *args.prototype]), result)
+    path = write_result(args.name or "-".join(["load_table", *args.prototype]), result)
     render(result, console)
     console.print(f"[dim]wrote {path}[/]")
 
