@@ -5,9 +5,6 @@ starts them, and stopped in reverse order."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +16,14 @@ from typing import Any
 from bench.prototypes import ENV as PROTOTYPES_ENV
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
-from tokenbus.stack import REPO_ROOT, Service, StackError, settings_env, stack_topics
+from tokenbus.stack import (
+    REPO_ROOT,
+    Service,
+    StackError,
+    settings_env,
+    stack_topics,
+    stop_services,
+)
 
 
 @dataclass
@@ -100,19 +104,7 @@ class Services:
         await wait_until(billing, lambda: _http_ok(url), 60)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        for service in reversed(self.services):
-            if service.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for service in reversed(self.services):
-            try:
-                service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.process.pid, signal.SIGKILL)
-                service.process.wait()
-        self.services.clear()
+        stop_services(self.services, timeout_s)
 
 
 def _http_ok(url: str) -> bool:

@@ -62,7 +62,7 @@ from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
 from schemas import SchemaError, UsageEvent, decode
 from tokenbus.config import Settings
-from tokenbus.dlq import dead_letter
+from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.topics import Topics
 
@@ -273,16 +273,8 @@ class BillingSink:
         self, publish: Publish, record: Any, reason: str, stop: asyncio.Event
     ) -> bool:
         async def send() -> None:
-            await dead_letter(
-                publish,
-                self._topics,
-                consumer=self.group_id,
-                source_topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                key=record.key,
-                value=record.value,
-                reason=reason,
+            await dead_letter_record(
+                publish, self._topics, record, consumer=self.group_id, reason=reason
             )
 
         sent = await self._until_done(send, stop, f"dead letter of offset {record.offset}")

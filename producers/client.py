@@ -31,7 +31,7 @@ from schemas import (
     encode,
 )
 from tokenbus.config import Settings
-from tokenbus.dlq import dead_letter
+from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.topics import Topics
@@ -182,15 +182,11 @@ class TokenbusClient:
             try:
                 chunk = decode(TokenChunk, record.value)
             except SchemaError as exc:
-                await dead_letter(
+                await dead_letter_record(
                     publisher(self._producer),
                     self._topics,
+                    record,
                     consumer=self.client_id,
-                    source_topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key,
-                    value=record.value,
                     reason=str(exc),
                 )
                 continue

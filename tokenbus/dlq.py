@@ -7,6 +7,7 @@ original bytes here, then carries on (and commits past it) as if it had been han
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from schemas import DeadLetter, encode
 from tokenbus.kafka import Publish
@@ -38,3 +39,20 @@ async def dead_letter(
     )
     log.warning("dead letter from %s[%d]@%d: %s", source_topic, partition, offset, reason)
     await publish(topics.dead_letters, (key or b""), encode(letter))
+
+
+async def dead_letter_record(
+    publish: Publish, topics: Topics, record: Any, *, consumer: str, reason: str
+) -> None:
+    """``dead_letter`` for an aiokafka ConsumerRecord (anything with its five fields)."""
+    await dead_letter(
+        publish,
+        topics,
+        consumer=consumer,
+        source_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        value=record.value,
+        reason=reason,
+    )

@@ -91,6 +91,24 @@ class Service:
             )
 
 
+def stop_services(services: list[Service], timeout_s: float) -> None:
+    """SIGTERM to each process group in reverse order of start, SIGKILL after the timeout;
+    the list is emptied."""
+    for service in reversed(services):
+        if service.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for service in reversed(services):
+        try:
+            service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.process.pid, signal.SIGKILL)
+            service.process.wait()
+    services.clear()
+
+
 @dataclass
 class Stack:
     settings: Settings
@@ -287,19 +305,7 @@ class Stack:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stops the services in reverse order of start: workers drain first."""
-        for service in reversed(self.services):
-            if service.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for service in reversed(self.services):
-            try:
-                service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.process.pid, signal.SIGKILL)
-                service.process.wait()
-        self.services.clear()
+        stop_services(self.services, timeout_s)
         self._release_lock()
 
     def _take_lock(self) -> None:

@@ -44,7 +44,7 @@ from schemas import (
     encode,
 )
 from tokenbus.config import Settings
-from tokenbus.dlq import dead_letter
+from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.offsets import OffsetTracker
 from tokenbus.topics import Topics, reply_key
@@ -152,15 +152,11 @@ class Worker:
                 request = decode(InferenceRequest, record.value)
             except SchemaError as exc:
                 assert self._producer is not None
-                await dead_letter(
+                await dead_letter_record(
                     publisher(self._producer),
                     self._topics,
+                    record,
                     consumer=self.worker_id,
-                    source_topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key,
-                    value=record.value,
                     reason=str(exc),
                 )
                 return
