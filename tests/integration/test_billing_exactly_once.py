@@ -4,12 +4,13 @@ Each sink here is a real ``python -m billing`` child process on its own chdb dir
 and topic prefix, against this module's own tansu broker, so the session stack and the
 other tests are left alone. The first sink runs with a store that freezes right after
 ClickHouse acknowledged an insert and before the offsets are committed: the narrowest
-spot for exactly-once, and the test kills it there. The second is killed at whatever
-batch it is in. After a clean run to the end, the group's offsets go back to the start
-and a last sink reads the whole topic again.
+spot for exactly-once, and the test kills it there. The second, resuming from the
+first's commits, is frozen and killed the same way two inserts later. After a clean
+run to the end, the group's offsets go back to the start and a last sink reads the
+whole topic again.
 
 Run as a script (``python -m tests.integration.test_billing_exactly_once N MARKER``),
-this module is that first, freezing sink.
+this module is that freezing sink.
 """
 
 from __future__ import annotations
@@ -295,12 +296,15 @@ async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
     assert sum(offset or 0 for offset in committed.values()) == frozen["num_inserted"]
     assert num_stored > frozen["num_inserted"]
 
-    # 2. A plain sink, killed wherever it is once it has written some more.
-    second = Sink(settings, ["-m", "billing"], log_path)
+    # 2. A restarted sink, killed mid-batch again: after its 2nd insert, before that
+    # commit. (Killed at a time instead, a fast machine let it reach the copies first.)
+    marker = tmp_path / "frozen-again"
+    second = Sink(
+        settings, ["-m", "tests.integration.test_billing_exactly_once", "2", str(marker)], log_path
+    )
     try:
-        await _until(
-            lambda: _progress(second, at_least=1_500), "the second sink to write 1,500", second
-        )
+        await _until(lambda: asyncio.to_thread(marker.exists), "the second frozen insert", second)
+        assert (await second.health())["num_inserted"] >= 1_000
     finally:
         second.kill()
 
@@ -337,11 +341,6 @@ async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
     assert num_keys == len(distinct) == totals["usage_events"]["num_attempts"]
     for reading, got in totals.items():
         assert got == expected, reading
-
-
-async def _progress(sink: Sink, at_least: int) -> bool:
-    health = await _health(sink.settings)
-    return health is not None and health["num_inserted"] >= at_least
 
 
 def _freeze_after_insert(num_inserts: int, marker: Path) -> None:
