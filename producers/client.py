@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import ConsumerStoppedError
 
 from schemas import (
     CancelRequest,
@@ -177,6 +178,18 @@ class TokenbusClient:
             self._streams.pop(request.request_id, None)
 
     async def _read_replies(self) -> None:
+        """Routes chunks to their streams; a failed fetch is logged and retried, never
+        left to end the reader (every stream of this client would hang on it)."""
+        while True:
+            try:
+                await self._route_replies()
+            except (asyncio.CancelledError, ConsumerStoppedError):
+                raise
+            except Exception:
+                log.exception("reading %s failed; retrying", self.reply_topic)
+                await asyncio.sleep(0.2)
+
+    async def _route_replies(self) -> None:
         assert self._consumer is not None and self._producer is not None
         async for record in self._consumer:
             try:
