@@ -51,7 +51,12 @@ bench: setup
 # Millisecond acceptance checks (class 0 queueing, overload tier latency): a quiet machine.
 .PHONY: timing
 timing: setup
-	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/load
+	$(STREAM)/bin/python -m pytest -q -s -p no:cacheprovider tests/load/test_quota_timing.py
+
+# The KV-threshold and chaos checks of the fleet (three vLLM workers, minutes of load).
+.PHONY: fleet
+fleet: setup
+	$(STREAM)/bin/python -m pytest -q -s -p no:cacheprovider tests/load/test_fleet_chaos.py
 
 clean:
 	rm -rf $(VENVS) .tokenbus

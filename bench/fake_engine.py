@@ -71,6 +71,9 @@ class FakeEngine:
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
+    def tokenize(self, prompt: str) -> list[int]:
+        return [ord(c) % 32_000 for c in prompt]
+
     async def generate(
         self,
         request_id: str,

@@ -2,6 +2,7 @@
 
 from schemas.codec import SchemaError, decode, encode
 from schemas.messages import (
+    REASSIGNED,
     SCHEMA_VERSION,
     CancelRequest,
     ChatMessage,
@@ -17,6 +18,7 @@ from schemas.messages import (
 )
 
 __all__ = [
+    "REASSIGNED",
     "SCHEMA_VERSION",
     "CancelRequest",
     "ChatMessage",

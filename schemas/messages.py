@@ -64,7 +64,13 @@ class InferenceRequest(Message):
     """Incremented when the request is dispatched again after a worker loss."""
     worker_id: str | None = None
     """Set by the dispatcher on the copy it forwards to a worker."""
+    worker_incarnation: str | None = None
+    """The run of that worker the dispatcher addressed; a restarted worker skips others'."""
     dispatched_at: datetime | None = None
+    resume_token_ids: list[int] = Field(default_factory=list)
+    """Tokens an earlier attempt already streamed; the worker continues after them."""
+    resume_seq: int = 0
+    """The ``seq`` of this attempt's first chunk, so the client sees one stream."""
     overload_tier: Annotated[int, Field(ge=0, le=2)] = 0
     """0 normal, 1 above 120% of capacity, 2 above 150%; set by the dispatcher."""
     cache_salt: str | None = None
@@ -162,7 +168,15 @@ class WorkerStatus(Message):
     kv_cache_usage: float = 0.0
     tokens_per_s: float = 0.0
     draining: bool = False
+    incarnation: str = ""
+    """Unique to one run of the worker: a new value means the previous run is gone."""
     sent_at: datetime = Field(default_factory=_now)
+
+
+REASSIGNED = "reassigned"
+"""Cancel reason the dispatcher gives when it sends a lost worker's request elsewhere:
+a worker that was only presumed dead drops that attempt without a word, so the client
+hears one stream and billing one UsageEvent."""
 
 
 class CancelRequest(Message):
@@ -174,6 +188,9 @@ class CancelRequest(Message):
     request_id: str
     tenant_id: str
     reason: str = "client_cancelled"
+    """``client_cancelled``, ``timeout``, ... or ``reassigned`` (see ``REASSIGNED``)."""
+    attempt: int | None = None
+    """Only this attempt of the request; None: whichever attempt runs."""
     sent_at: datetime = Field(default_factory=_now)
 
 

@@ -24,6 +24,7 @@ from faust.types import TableT
 
 from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.metrics import render_metrics
+from stream_jobs.replies import KafkaReplyLog
 from stream_jobs.window import WindowState
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
@@ -108,7 +109,9 @@ def create_app(settings: Settings) -> faust.App:
 
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
-            state["dispatcher"] = Dispatcher(settings, publish, TableWindowStore(windows))
+            state["dispatcher"] = Dispatcher(
+                settings, publish, TableWindowStore(windows), KafkaReplyLog(settings)
+            )
         return state["dispatcher"]
 
     def admit_agent(priority: int) -> None:

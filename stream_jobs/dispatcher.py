@@ -1,7 +1,8 @@
 """Admission and dispatch: the thin shell around the job's policies.
 
 # raw request --> InferenceRequest --> tenant rules --> overload tier --> TPM/RPM window
-# admitted request --> FairQueue (class, then VTC share) --> pick_worker --> worker topic
+# admitted request --> FairQueue (class, then VTC share) --> routing.choose --> worker topic
+# a worker run lost (registry.reap) --> its requests: usage written, or sent again resumed
 # UsageEvent --> settle the window, free the slot, correct the tenant's VTC counter
 # CancelRequest --> drop the request if it is still waiting
 
@@ -13,7 +14,9 @@ twice: its reservation is already in the window.
 
 State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
 written only from the agent handling the tenant's partition. The queue, the in-flight
-set and the tier are this instance's own, rebuilt from redeliveries and heartbeats.
+set, session affinity and the tier are this instance's own, rebuilt from redeliveries
+and heartbeats. (The in-flight set is what failover resends from: a job restarted while
+a worker dies loses that worker's running requests; clients see a timeout.)
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Protocol
 
 from schemas import (
+    REASSIGNED,
     CancelRequest,
     ErrorInfo,
     FinishReason,
@@ -43,7 +48,9 @@ from schemas import (
 )
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.prompt_tokens import PromptCounter
+from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
+from stream_jobs.routing import RoutingWeights, choose
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.config import Settings
@@ -75,6 +82,12 @@ class MemoryWindowStore:
         self._states[tenant_id] = state
 
 
+class ReplyLog(Protocol):
+    """Reads back the chunks a request's reply topic holds (see ``stream_jobs.replies``)."""
+
+    def read(self, request: InferenceRequest) -> Awaitable[list[TokenChunk]]: ...
+
+
 class Outcome(Enum):
     FORWARDED = "forwarded"
     REFUSED = "refused"
@@ -92,9 +105,14 @@ class _Waiting:
 
 @dataclass
 class _InFlight:
-    tenant_id: str
-    priority: int
+    request: InferenceRequest
+    """The copy forwarded to the worker."""
     num_output_estimate: int
+    cancelled: bool = False
+
+    @property
+    def worker(self) -> tuple[str | None, str | None]:
+        return (self.request.worker_id, self.request.worker_incarnation)
 
 
 @dataclass
@@ -110,12 +128,19 @@ class DispatchMetrics:
     num_dispatched: int = 0
     num_duplicates: int = 0
     num_tier_changes: int = 0
+    num_workers_lost: int = 0
+    num_redispatched: int = 0
+    num_resumed: int = 0
+    num_recovered_finished: int = 0
+    num_affine: int = 0
     tier: int = 0
     tier_changed_at: float = 0.0
     num_waiting: int = 0
     num_in_flight: int = 0
     capacity: int = 0
     queue_ms_by_class: dict[int, list[float]] = field(default_factory=lambda: {0: [], 1: [], 2: []})
+    workers: dict[str, WorkerStatus] = field(default_factory=dict)
+    """Each live worker's last heartbeat."""
 
 
 class Dispatcher:
@@ -126,12 +151,14 @@ class Dispatcher:
         settings: Settings,
         publish: Publish,
         store: WindowStore,
+        replies: ReplyLog,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._publish = publish
         self._store = store
+        self._replies = replies
         self._clock = clock
         self._topics = Topics(settings.topic_prefix)
         self._tenants: TenantDirectory = settings.tenant_directory()
@@ -140,6 +167,17 @@ class Dispatcher:
         self._queue: FairQueue[_Waiting] = FairQueue()
         self._waiting: dict[str, _Waiting] = {}
         self._in_flight: dict[str, _InFlight] = {}
+        self._routing = RoutingWeights(
+            kv=settings.route_weight_kv,
+            queue=settings.route_weight_queue,
+            load=settings.route_weight_load,
+            kv_threshold=settings.route_kv_threshold,
+            priority_bonus=settings.route_priority_bonus,
+            affinity_margin=settings.affinity_margin,
+        )
+        # (tenant, session) -> the worker that served the session's last turn.
+        self._affinity: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._recoveries: set[asyncio.Task[None]] = set()
         self._tiers = TierPolicy(
             cap_above=settings.tier_cap_above,
             shed_above=settings.tier_shed_above,
@@ -296,11 +334,12 @@ class Dispatcher:
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         if settle(state, usage.request_id, actual, self._clock()) is not None:
             self._store.save(usage.tenant_id, state)
-        flight = self._in_flight.pop(usage.request_id, None)
-        if flight is not None:
+        flight = self._in_flight.get(usage.request_id)
+        if flight is not None and flight.request.attempt == usage.attempt:
+            del self._in_flight[usage.request_id]
             self._queue.correct(
-                flight.tenant_id,
-                flight.priority,
+                flight.request.tenant_id,
+                flight.request.priority,
                 estimated_output=flight.num_output_estimate,
                 actual_output=usage.num_completion_tokens,
             )
@@ -316,6 +355,9 @@ class Dispatcher:
         if age > self._settings.worker_dead_after_s:
             return  # an old heartbeat read on start-up says nothing about now
         self._registry.observe(status, time.monotonic())
+        self.metrics.workers = {
+            view.status.worker_id: view.status for view in self._registry.all_live(time.monotonic())
+        }
         self._wake.set()
 
     async def handle_cancel(self, value: bytes | None) -> None:
@@ -324,9 +366,15 @@ class Dispatcher:
         except SchemaError as exc:
             log.warning("ignoring a malformed cancel: %s", exc)
             return
+        if cancel.reason == REASSIGNED:
+            return  # our own, to the worker we took the request from
+        flight = self._in_flight.get(cancel.request_id)
+        if flight is not None and flight.request.tenant_id == cancel.tenant_id:
+            flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
+            return
         waiting = self._waiting.pop(cancel.request_id, None)
         if waiting is None or waiting.request.tenant_id != cancel.tenant_id:
-            return  # running on a worker (it aborts), finished, or not this tenant's
+            return  # finished, or not this tenant's
         self._queue.remove(cancel.request_id)
         self.metrics.num_cancelled_waiting += 1
         await self._answer(
@@ -347,6 +395,8 @@ class Dispatcher:
             except TimeoutError:
                 pass  # a periodic look: workers may have died or come back
             self._wake.clear()
+            for run in self._registry.reap(time.monotonic()):
+                self._recover_from(run)
             while (priority := self._queue.peek_priority()) is not None:
                 if not self._has_room(priority):
                     break
@@ -371,15 +421,20 @@ class Dispatcher:
             # refusing requests that a live worker could serve. After that, no live
             # worker means dispatching answers with no_worker at once.
             return time.monotonic() - self._started_at >= self._settings.worker_dead_after_s
-        limit = capacity * (1 + self._settings.vip_headroom) if priority == 0 else capacity
-        return len(self._in_flight) < limit
+        reserved = 0 if priority == 0 else math.ceil(capacity * self._settings.vip_reserve)
+        return len(self._in_flight) < max(1, capacity - reserved)
 
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
         request = waiting.request
-        worker = self._registry.pick_worker(request.model, time.monotonic())
+        now = time.monotonic()
+        session = (request.tenant_id, request.session_id)
+        previous = self._affinity.get(session)
+        candidates = [view.candidate() for view in self._registry.live(request.model, now)]
+        chosen = choose(candidates, request.priority, self._routing, previous=previous)
+        worker = self._registry.get(chosen.worker_id) if chosen is not None else None
         if worker is None:
             self.metrics.num_no_worker += 1
-            live = sorted(self._registry.models(time.monotonic()))
+            live = sorted(self._registry.models(now))
             await self._refuse(
                 request,
                 ErrorInfo(
@@ -390,13 +445,18 @@ class Dispatcher:
                 ),
             )
             return Outcome.REFUSED
-        queue_ms = (time.monotonic() - waiting.received_at) * 1000
+        if previous == worker.status.worker_id:
+            self.metrics.num_affine += 1
+        queue_ms = (now - waiting.received_at) * 1000
         forwarded = request.model_copy(
-            update={"worker_id": worker.status.worker_id, "dispatched_at": datetime.now(UTC)}
+            update={
+                "worker_id": worker.status.worker_id,
+                "worker_incarnation": worker.status.incarnation,
+                "dispatched_at": datetime.now(UTC),
+            }
         )
-        self._in_flight[request.request_id] = _InFlight(
-            request.tenant_id, request.priority, request.sampling.max_tokens
-        )
+        self._in_flight[request.request_id] = _InFlight(forwarded, request.sampling.max_tokens)
+        self._registry.note_dispatch(worker.status.worker_id)
         try:
             await self._publish(
                 worker.status.request_topic, request.tenant_id.encode(), encode(forwarded)
@@ -404,11 +464,119 @@ class Dispatcher:
         except Exception:
             self._in_flight.pop(request.request_id, None)
             raise
+        self._affinity[session] = worker.status.worker_id
+        self._affinity.move_to_end(session)
+        if len(self._affinity) > self._settings.affinity_sessions:
+            self._affinity.popitem(last=False)
         self.metrics.num_dispatched += 1
         samples = self.metrics.queue_ms_by_class[request.priority]
         samples.append(queue_ms)
         del samples[:-1000]
         return Outcome.FORWARDED
+
+    # -- failover -------------------------------------------------------------------------
+    def _recover_from(self, run: tuple[str, str]) -> None:
+        """A worker run is gone: each request it held is finished or sent elsewhere."""
+        lost = [flight for flight in self._in_flight.values() if flight.worker == run]
+        self.metrics.num_workers_lost += 1
+        log.warning("worker %s (run %s) is gone with %d requests", run[0], run[1], len(lost))
+        for session, worker_id in list(self._affinity.items()):
+            if worker_id == run[0]:
+                del self._affinity[session]
+        for flight in lost:
+            task = asyncio.create_task(self._recover(flight))
+            self._recoveries.add(task)
+            task.add_done_callback(self._recoveries.discard)
+
+    async def _recover(self, flight: _InFlight) -> None:
+        request = flight.request
+        # Should the run be only presumed dead (paused, cut off), it drops this attempt
+        # on reading this, rather than go on streaming beside the next one.
+        reassigned = CancelRequest(
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            reason=REASSIGNED,
+            attempt=request.attempt,
+        )
+        try:
+            key = request.tenant_id.encode()
+            await self._publish(self._topics.cancels, key, encode(reassigned))
+        except Exception:
+            log.exception("could not tell %s's old worker to drop it", request.request_id)
+        try:
+            progress = delivered(
+                await self._replies.read(request), request.request_id, request.tenant_id
+            )
+        except Exception:
+            log.exception("could not read the replies of %s; it starts again", request.request_id)
+            progress = Delivered()
+        if self._in_flight.get(request.request_id) is not flight:
+            return  # its UsageEvent arrived meanwhile: the worker had finished it
+        del self._in_flight[request.request_id]
+        if progress.last is not None:
+            # It had finished, but its UsageEvent was lost with the worker: write it.
+            self.metrics.num_recovered_finished += 1
+            await self._publish_usage(request, progress)
+            self._wake.set()
+            return
+        again = resume(request, progress)
+        if flight.cancelled:
+            await self._answer(
+                again,
+                FinishReason.ABORT,
+                UsageStatus.CANCELLED,
+                ErrorInfo(code="cancelled", message="cancelled by the client"),
+            )
+            return
+        self.metrics.num_redispatched += 1
+        if progress.next_seq:
+            self.metrics.num_resumed += 1
+        log.info(
+            "sending %s again (attempt %d) after %d chunks, %d tokens",
+            request.request_id,
+            again.attempt,
+            progress.next_seq,
+            len(progress.token_ids),
+        )
+        waiting = _Waiting(again, asyncio.get_running_loop().create_future(), time.monotonic())
+        try:
+            await self._dispatch(waiting)
+        except Exception:
+            log.exception("could not send %s again", request.request_id)
+            self._in_flight.pop(request.request_id, None)
+            await self._answer(
+                again,
+                FinishReason.ERROR,
+                UsageStatus.FAILED,
+                ErrorInfo(code="worker_lost", message="its worker was lost; resending failed"),
+            )
+        self._wake.set()
+
+    async def _publish_usage(self, request: InferenceRequest, progress: Delivered) -> None:
+        last = progress.last
+        assert last is not None and last.finish_reason is not None
+        status = {
+            FinishReason.ERROR: UsageStatus.FAILED,
+            FinishReason.ABORT: UsageStatus.CANCELLED,
+        }.get(last.finish_reason, UsageStatus.OK)
+        usage = UsageEvent(
+            request_id=request.request_id,
+            session_id=request.session_id,
+            tenant_id=request.tenant_id,
+            model=request.model,
+            worker_id=request.worker_id,
+            priority=request.priority,
+            attempt=request.attempt,
+            status=status,
+            finish_reason=last.finish_reason,
+            num_prompt_tokens=last.num_prompt_tokens or 0,
+            num_completion_tokens=len(progress.token_ids),
+            error_code=last.error.code if last.error else None,
+            overload_tier=request.overload_tier,
+            flags=[*request.flags, "usage_from_replies"],
+            created_at=request.created_at,
+        )
+        await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
 
     def _update_tier(self, extra_waiting: int = 0) -> None:
         capacity = self._capacity()
@@ -438,11 +606,16 @@ class Dispatcher:
     async def _answer(
         self, request: InferenceRequest, finish: FinishReason, status: UsageStatus, error: ErrorInfo
     ) -> None:
-        """Tells the client at once, and records the request for billing."""
+        """Tells the client at once, and records the request for billing.
+
+        A request resumed after a worker loss has already streamed some tokens: the
+        answer continues its stream, and those tokens are billed as failed work."""
+        if request.resume_seq and status is UsageStatus.REJECTED:
+            status = UsageStatus.FAILED
         chunk = TokenChunk(
             request_id=request.request_id,
             tenant_id=request.tenant_id,
-            seq=0,
+            seq=request.resume_seq,
             finish_reason=finish,
             error=error,
         )
@@ -455,6 +628,7 @@ class Dispatcher:
             attempt=request.attempt,
             status=status,
             finish_reason=finish,
+            num_completion_tokens=len(request.resume_token_ids),
             error_code=error.code,
             overload_tier=request.overload_tier,
             flags=request.flags,

@@ -16,6 +16,11 @@ _COUNTERS = (
     "num_dispatched",
     "num_duplicates",
     "num_tier_changes",
+    "num_workers_lost",
+    "num_redispatched",
+    "num_resumed",
+    "num_recovered_finished",
+    "num_affine",
 )
 _GAUGES = ("tier", "tier_changed_at", "num_waiting", "num_in_flight", "capacity")
 
@@ -46,4 +51,18 @@ def render_metrics(metrics: DispatchMetrics) -> bytes:
                 f'tokenbus_job_queue_ms{{priority="{priority}",quantile="{q}"}} '
                 f"{_quantile(samples, q):.3f}"
             )
+    lines += [
+        "# TYPE tokenbus_job_worker_kv_cache_usage gauge",
+        "# TYPE tokenbus_job_worker_num_running gauge",
+        "# TYPE tokenbus_job_worker_num_waiting gauge",
+        "# TYPE tokenbus_job_worker_tokens_per_s gauge",
+    ]
+    for worker_id, status in sorted(metrics.workers.items()):
+        label = f'{{worker_id="{worker_id}",model="{status.model}"}}'
+        lines += [
+            f"tokenbus_job_worker_kv_cache_usage{label} {status.kv_cache_usage:.4f}",
+            f"tokenbus_job_worker_num_running{label} {status.num_running}",
+            f"tokenbus_job_worker_num_waiting{label} {status.num_waiting}",
+            f"tokenbus_job_worker_tokens_per_s{label} {status.tokens_per_s:.1f}",
+        ]
     return ("\n".join(lines) + "\n").encode()

@@ -1,8 +1,15 @@
-"""Live workers, from their heartbeats, and the choice of one for a request.
+"""Live workers, from their heartbeats: who serves what, and who has died.
 
-Pure: the caller passes the clock. A worker is live while its last heartbeat is
-younger than ``dead_after_s``. Requests sent since a worker's last heartbeat count
-against it, so a burst between heartbeats does not all land on one worker.
+Pure: the caller passes the clock. A worker run (an *incarnation*) is live while its
+last heartbeat is younger than ``dead_after_s``. It is gone when it stays silent that
+long, or at once when the same worker id reports a new incarnation (it restarted).
+``reap`` hands each gone run out once, so the dispatcher can send its requests
+elsewhere (telling the run to drop them, in case it was only presumed dead). A run
+that heartbeats again after that is live again, for new work.
+
+Silence is measured on the caller's own time: when the caller itself was stalled (its
+event loop blocked, so heartbeats waited unread), ``reap`` is called late, and the
+stall is not held against the workers.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas import WorkerStatus
+from stream_jobs.routing import Candidate
 
 
 @dataclass
@@ -19,18 +27,63 @@ class WorkerView:
     num_unseen_dispatches: int = 0
 
     @property
+    def key(self) -> tuple[str, str]:
+        return (self.status.worker_id, self.status.incarnation)
+
+    @property
     def load(self) -> float:
         queued = self.status.num_running + self.status.num_waiting + self.num_unseen_dispatches
         return queued / max(1, self.status.max_num_seqs)
+
+    def candidate(self) -> Candidate:
+        return Candidate(
+            worker_id=self.status.worker_id,
+            capacity=self.status.max_num_seqs,
+            num_running=self.status.num_running,
+            num_waiting=self.status.num_waiting,
+            num_unseen=self.num_unseen_dispatches,
+            kv_usage=self.status.kv_cache_usage,
+        )
 
 
 @dataclass
 class WorkerRegistry:
     dead_after_s: float = 3.0
     _workers: dict[str, WorkerView] = field(default_factory=dict)
+    stall_s: float = 0.5
+    """A gap this long between two ``reap`` calls is the caller's stall, not silence."""
+    _gone: list[tuple[str, str]] = field(default_factory=list)
+    _superseded: set[tuple[str, str]] = field(default_factory=set)
+    _reaped_at: float | None = None
 
     def observe(self, status: WorkerStatus, now: float) -> None:
+        key = (status.worker_id, status.incarnation)
+        if key in self._superseded:
+            return  # a late heartbeat of a run its worker has since replaced
+        previous = self._workers.get(status.worker_id)
+        if previous is not None and previous.key != key:
+            self._superseded.add(previous.key)
+            self._retire(previous)
+        # Requests dispatched since the previous heartbeat may not be in its counts yet;
+        # the new heartbeat is the best count there is, so the tally starts again.
         self._workers[status.worker_id] = WorkerView(status=status, seen_at=now)
+
+    def reap(self, now: float) -> list[tuple[str, str]]:
+        """Runs gone since the last call, as (worker_id, incarnation), each once."""
+        if self._reaped_at is not None and now - self._reaped_at >= self.stall_s:
+            for view in self._workers.values():
+                view.seen_at += now - self._reaped_at
+        self._reaped_at = now
+        for view in list(self._workers.values()):
+            if now - view.seen_at >= self.dead_after_s:
+                self._retire(view)
+        gone, self._gone = self._gone, []
+        return gone
+
+    def _retire(self, view: WorkerView) -> None:
+        self._gone.append(view.key)
+        if self._workers.get(view.status.worker_id) is view:
+            del self._workers[view.status.worker_id]
 
     def all_live(self, now: float) -> list[WorkerView]:
         return [
@@ -40,26 +93,15 @@ class WorkerRegistry:
         ]
 
     def live(self, model: str, now: float) -> list[WorkerView]:
-        return [
-            view
-            for view in self._workers.values()
-            if view.status.model == model
-            and not view.status.draining
-            and now - view.seen_at < self.dead_after_s
-        ]
+        return [view for view in self.all_live(now) if view.status.model == model]
 
-    def pick_worker(self, model: str, now: float) -> WorkerView | None:
-        """The least-loaded live worker serving ``model``; None when there is none."""
-        candidates = self.live(model, now)
-        if not candidates:
-            return None
-        best = min(candidates, key=lambda view: (view.load, view.status.worker_id))
-        best.num_unseen_dispatches += 1
-        return best
+    def get(self, worker_id: str) -> WorkerView | None:
+        return self._workers.get(worker_id)
+
+    def note_dispatch(self, worker_id: str) -> None:
+        view = self._workers.get(worker_id)
+        if view is not None:
+            view.num_unseen_dispatches += 1
 
     def models(self, now: float) -> set[str]:
-        return {
-            view.status.model
-            for view in self._workers.values()
-            if now - view.seen_at < self.dead_after_s
-        }
+        return {view.status.model for view in self.all_live(now)}

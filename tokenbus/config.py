@@ -64,11 +64,30 @@ class Settings(BaseSettings):
     """The best class a tenant not in the tenants file may use (0 VIP, 1, 2 batch)."""
     tenant_tpm: dict[str, int] = Field(default_factory=dict)
     """Per-tenant tokens-per-minute overrides, e.g. ``{"acme": 20000}``."""
-    vip_headroom: float = 0.25
-    """Class 0 may run this fraction above the fleet's capacity; vLLM schedules it first."""
+    vip_reserve: float = 0.2
+    """Fraction of the fleet's seats that classes 1 and 2 may not fill, kept for class 0.
+
+    vLLM does not preempt a running request to seat a waiting one of higher priority,
+    so a class 0 request that found every seat taken would wait for a batch request to
+    finish. With seats held back it starts at once."""
     tier_cap_above: float = 1.2
     tier_shed_above: float = 1.5
     tier_capped_max_tokens: int = 256
+
+    # -- routing (stream_jobs.routing) ---------------------------------------------------
+    route_weight_kv: float = 5.0
+    """Weight of the KV-cache use above ``route_kv_threshold``."""
+    route_weight_queue: float = 0.3
+    """Weight of (waiting + dispatched-but-unseen) / capacity."""
+    route_weight_load: float = 0.2
+    """Weight of running / capacity."""
+    route_kv_threshold: float = 0.9
+    """A worker above this KV-cache use gets no new work while another is below it."""
+    route_priority_bonus: tuple[float, float, float] = (0.1, 0.05, 0.0)
+    affinity_margin: float = 0.25
+    """A session stays on its worker while that worker scores within this of the best."""
+    affinity_sessions: int = 100_000
+    """Sessions whose worker the job remembers (least recently used are forgotten)."""
 
     # -- workers ----------------------------------------------------------------------
     worker_id: str = "worker-0"
@@ -77,7 +96,8 @@ class Settings(BaseSettings):
     served_model_name: str = "tiny-llama"
     max_num_seqs: int = 64
     max_model_len: int = 16_384
-    kv_cache_gib: int = 1
+    kv_cache_gib: float = 1.0
+    """KV-cache memory per worker; fractions are fine (0.004 GiB: 4k tokens of the tiny model)."""
     dtype: str = "float32"
     precision: str | None = None
     """What billing calls the served weights (``int8`` for a quantized model); default: dtype."""

@@ -231,16 +231,42 @@ class Stack:
     async def restart(self, name: str, *, kill: bool = True, timeout_s: float = 120) -> None:
         """Stops one service (SIGKILL by default: a crash) and starts it again, then waits
         until it says it is ready. Used by failure tests."""
+        await self.kill(name, signal.SIGKILL if kill else signal.SIGTERM)
+        await self.revive(name, timeout_s=timeout_s)
+
+    async def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Signals one service's process group and waits for it to exit."""
         service = self.service(name)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(service.process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            os.killpg(service.process.pid, sig)
         await asyncio.to_thread(service.process.wait)
+
+    async def revive(self, name: str, *, timeout_s: float = 300) -> None:
+        """Starts a stopped service again, as it was, and waits until it is ready."""
+        service = self.service(name)
         offset = service.log_path.stat().st_size
         service.process = self._popen(name, service.argv, service.env)
         if service.ready_marker is not None:
             marker = service.ready_marker
             ready = lambda: marker in service.log_path.read_text(errors="replace")[offset:]  # noqa: E731
             await self._wait(service, ready, timeout_s)
+
+    async def add_worker(self, worker_id: str, *, timeout_s: float = 300, **overrides: Any) -> None:
+        """Starts one more vLLM worker (settings ``overrides`` on top) and waits for it."""
+        worker = self._spawn(
+            worker_id,
+            [*self._niced(), str(worker_python(self.settings)), "-m", "workers"],
+            worker_id=worker_id,
+            **overrides,
+        )
+        worker.ready_marker = f"{worker_id} ready"
+        await self._wait(worker, self._log_says(worker, worker.ready_marker), timeout_s)
+
+    def remove(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stops one service (a worker drains first) and forgets it."""
+        service = self.service(name)
+        stop_services([service], timeout_s)
+        self.services.remove(service)
 
     async def _probe(self, timeout_s: float) -> None:
         """Ready means served: the job has seen a worker's heartbeat and a request completes."""

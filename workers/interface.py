@@ -58,6 +58,9 @@ class Engine(Protocol):
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Chat messages -> prompt text, with the model's chat template."""
 
+    def tokenize(self, prompt: str) -> list[int]:
+        """Prompt text -> the token ids the engine itself would make of it."""
+
     def generate(
         self,
         request_id: str,

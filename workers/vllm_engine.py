@@ -70,7 +70,7 @@ class VllmEngine:
         dtype: str,
         enforce_eager: bool,
         enable_prefix_caching: bool,
-        kv_cache_gib: int,
+        kv_cache_gib: float,
     ) -> None:
         self.model_name = served_model_name
         self.max_num_seqs = max_num_seqs
@@ -84,7 +84,7 @@ class VllmEngine:
             enable_prefix_caching=enable_prefix_caching,
             # An engine argument rather than VLLM_CPU_KVCACHE_SPACE: the CPU build reads
             # that variable into this same field, and the GPU build honours only this.
-            kv_cache_memory_bytes=kv_cache_gib * GiB,
+            kv_cache_memory_bytes=int(kv_cache_gib * GiB),
             scheduling_policy="priority",
             # Only our recorder: the default loggers print to the log every few seconds.
             disable_log_stats=True,
@@ -115,6 +115,11 @@ class VllmEngine:
         )
         assert isinstance(rendered, str)
         return rendered
+
+    def tokenize(self, prompt: str) -> list[int]:
+        # As vLLM's input processor does for a text prompt: the tokenizer's defaults,
+        # special tokens included.
+        return list(self._engine().get_tokenizer().encode(prompt))
 
     async def generate(
         self,

@@ -6,11 +6,18 @@
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
 # cancels topic (every partition, no group) --> CancelBook --> Engine.abort
 
-Commits: many requests run at once and finish out of order. A request's offset is
-marked done only after its last chunk and its UsageEvent have been acknowledged by
-the broker, and the consumer commits only up to the first offset not yet done
-(``OffsetTracker``). A crash therefore redelivers every request whose UsageEvent was
-not yet written, and never skips one.
+Delivery: the dispatcher, not this consumer's offsets, owns every request until its
+UsageEvent arrives. Each run of a worker has its own incarnation id, sent in every
+heartbeat and stamped by the dispatcher on what it forwards. A run starts reading its
+topic at the end and skips requests addressed to another run: when a run is lost, the
+dispatcher sends its unfinished requests again (resuming their streams), so replaying
+them here would run them twice. Nothing is committed, and a crash loses nothing the
+dispatcher does not resend.
+
+Presumed dead: a run that was only slow (paused, starved, cut off) may have been
+declared lost, its requests sent elsewhere. The dispatcher then sends a ``reassigned``
+cancel for each such attempt, and this run drops it without a word more: no chunk, no
+UsageEvent. Its later heartbeats make it live again, for new work.
 
 Cancels: every worker reads every cancel, from the end and with no group, and commits
 nothing: a cancel is advice. A cancelled request still ends the normal way (its last
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +39,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from schemas import (
+    REASSIGNED,
     CancelRequest,
     ErrorInfo,
     FinishReason,
@@ -46,7 +55,6 @@ from schemas import (
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
-from tokenbus.offsets import OffsetTracker
 from tokenbus.topics import Topics, reply_key
 from workers.cancels import CancelBook
 from workers.interface import Engine, EngineDelta, GenerateParams
@@ -58,7 +66,6 @@ _FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.ABORT,
 }
-COMMIT_INTERVAL_S = 0.2
 
 
 def _elapsed_ms(since: datetime, until: datetime) -> float:
@@ -74,7 +81,7 @@ class Worker:
         self._topics = Topics(settings.topic_prefix)
         self.worker_id = settings.worker_id
         self.request_topic = self._topics.worker(self.worker_id)
-        self._tracker = OffsetTracker()
+        self.incarnation = uuid.uuid4().hex
         self._slots = asyncio.Semaphore(2 * engine.max_num_seqs)
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
@@ -82,21 +89,18 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._cancel_consumer: AIOKafkaConsumer | None = None
         self._cancels = CancelBook()
-        self._running: dict[str, str] = {}  # request_id -> tenant_id, while in the engine
+        self._running: dict[str, tuple[str, int]] = {}  # request_id -> (tenant, attempt)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_topics(self._settings, {self.request_topic: 1})
         self._producer = make_producer(self._settings)
-        self._consumer = make_consumer(
-            self._settings, self.request_topic, group_id=f"tokenbus-worker-{self.worker_id}"
-        )
         await self._producer.start()
-        await self._consumer.start()
+        self._consumer = await self._follow_requests()
         # Positioned before the first request is taken, so no cancel for one is missed.
         self._cancel_consumer = await self._follow_cancels()
         cancels = asyncio.create_task(self._cancel_loop(self._cancel_consumer))
-        heartbeats = asyncio.create_task(self._heartbeat_loop(stop))
+        heartbeats = asyncio.create_task(self._heartbeat_loop())
         log.info(
             "%s ready: serving %s from %s",
             self.worker_id,
@@ -112,7 +116,6 @@ class Worker:
             if self._tasks:
                 log.info("draining %d requests", len(self._tasks))
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._commit()
             heartbeats.cancel()
             cancels.cancel()
             await asyncio.gather(cancels, return_exceptions=True)
@@ -120,30 +123,26 @@ class Worker:
             await self._consumer.stop()
             await self._producer.stop()
 
+    async def _follow_requests(self) -> AIOKafkaConsumer:
+        """From the end of this worker's topic: what is there was for an earlier run."""
+        consumer = make_consumer(self._settings, group_id=None, auto_offset_reset="latest")
+        await consumer.start()
+        tp = TopicPartition(self.request_topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)  # resolves the end now, before the first heartbeat
+        return consumer
+
     async def _consume_loop(self, stop: asyncio.Event) -> None:
         assert self._consumer is not None
-        last_commit = time.monotonic()
         while not stop.is_set():
             batches = await self._consumer.getmany(timeout_ms=100, max_records=64)
-            for tp, records in batches.items():
+            for records in batches.values():
                 for record in records:
                     await self._slots.acquire()
-                    self._tracker.start(tp.partition, record.offset)
                     task = asyncio.create_task(self._handle(record))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
-            if time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
-                await self._commit()
-                last_commit = time.monotonic()
-
-    async def _commit(self) -> None:
-        assert self._consumer is not None
-        offsets = {
-            TopicPartition(self.request_topic, partition): offset
-            for partition, offset in self._tracker.committable().items()
-        }
-        if offsets:
-            await self._consumer.commit(offsets)
 
     # -- one request -----------------------------------------------------------------
     async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
@@ -160,15 +159,18 @@ class Worker:
                     reason=str(exc),
                 )
                 return
+            if request.worker_incarnation not in (None, self.incarnation):
+                # Addressed to an earlier run of this worker: the dispatcher has already
+                # sent it again, to whichever worker it picked.
+                log.info("skipping %s: it was sent to an earlier run", request.request_id)
+                return
             await self._serve(request)
         except Exception:
-            # Only a broker failure gets here; the offset stays uncommitted and the
-            # request is redelivered after a restart.
+            # Only a broker failure gets here. The request's UsageEvent is missing, so
+            # the dispatcher still holds it; it is resent if this run is lost.
             log.exception("request at offset %d was not reported", record.offset)
-            return
         finally:
             self._slots.release()
-        self._tracker.done(record.partition, record.offset)
 
     async def _serve(self, request: InferenceRequest) -> None:
         assert self._producer is not None
@@ -176,8 +178,12 @@ class Worker:
         key = reply_key(request.tenant_id, request.request_id)
         started = datetime.now(UTC)
         first_token_at: datetime | None = None
-        num_prompt = num_cached = num_completion = 0
-        seq = 0
+        # A resumed attempt continues the stream of an earlier one: its tokens were
+        # delivered (and are billed here, once), its seq numbers carry on.
+        resumed = request.resume_token_ids
+        num_prompt = num_cached = 0
+        num_completion = len(resumed)
+        seq = request.resume_seq
         finish = FinishReason.ERROR
         error: ErrorInfo | None = None
         sends: list[Awaitable[Any]] = []
@@ -200,22 +206,36 @@ class Worker:
                 num_prompt_tokens=num_prompt if reason is not None else None,
             )
 
-        tenant_id, request_id = request.tenant_id, request.request_id
-        if self._cancels.is_cancelled(tenant_id, request_id, time.monotonic()):
+        tenant_id, request_id, attempt = request.tenant_id, request.request_id, request.attempt
+        cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
+        if cancelled == REASSIGNED:
+            log.info("dropping %s attempt %d: reassigned", request_id, attempt)
+            return
+        if cancelled is not None:
             # Cancelled while queued or waiting for a slot: it never reaches the engine.
             await producer.send_and_wait(
                 request.reply_to, encode(chunk("", [], FinishReason.ABORT)), key=key
             )
             await self._report(request, FinishReason.ABORT, started, None, 0, 0, 0, None)
             return
-        self._running[request_id] = tenant_id
+        self._running[request_id] = (tenant_id, attempt)
         abort_sent = False
         try:
-            prompt = request.prompt
-            if prompt is None:
-                prompt = self._engine.render_chat([m.model_dump() for m in request.messages or []])
+            text = request.prompt
+            if text is None:
+                text = self._engine.render_chat([m.model_dump() for m in request.messages or []])
+            prompt: str | list[int] = text
+            if resumed:
+                prompt = self._engine.tokenize(text) + resumed
+                log.info(
+                    "resuming %s (attempt %d): prompt ids %s + delivered ids %s",
+                    request_id,
+                    request.attempt,
+                    prompt[: len(prompt) - len(resumed)],
+                    resumed,
+                )
             params = GenerateParams(
-                max_tokens=request.sampling.max_tokens,
+                max_tokens=max(1, request.sampling.max_tokens - len(resumed)),
                 temperature=request.sampling.temperature,
                 top_p=request.sampling.top_p,
                 seed=request.sampling.seed,
@@ -230,14 +250,18 @@ class Worker:
                 priority=request.priority,
                 cache_salt=request.cache_salt or request.tenant_id,
             ):
+                cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
+                if cancelled == REASSIGNED:
+                    # Presumed dead, this run's request went to another worker: say
+                    # nothing more (closing the stream aborts it in vLLM).
+                    log.info("dropping %s attempt %d: reassigned", request_id, attempt)
+                    return
                 if delta.num_prompt_tokens is not None:
-                    num_prompt = delta.num_prompt_tokens
+                    num_prompt = delta.num_prompt_tokens - len(resumed)
                     num_cached = delta.num_cached_tokens or 0
                 if delta.token_ids and first_token_at is None:
                     first_token_at = datetime.now(UTC)
-                if not abort_sent and self._cancels.is_cancelled(
-                    tenant_id, request_id, time.monotonic()
-                ):
+                if not abort_sent and cancelled is not None:
                     # The cancel came before the engine knew the request: abort it now.
                     abort_sent = True
                     await self._engine.abort(request_id)
@@ -350,9 +374,18 @@ class Worker:
                 # bad ones, so that one copy (not one per worker) reaches the DLQ.
                 log.warning("ignoring a malformed cancel at offset %d: %s", record.offset, exc)
                 continue
-            self._cancels.note(cancel.tenant_id, cancel.request_id, time.monotonic())
+            self._cancels.note(
+                cancel.tenant_id,
+                cancel.request_id,
+                time.monotonic(),
+                attempt=cancel.attempt,
+                reason=cancel.reason,
+            )
+            if cancel.reason == REASSIGNED:
+                continue  # its stream ends silently at its next step; no abort chunk
             # Tenant and request must both match: a request ID alone is no capability.
-            if self._running.get(cancel.request_id) == cancel.tenant_id:
+            running = self._running.get(cancel.request_id)
+            if running is not None and running[0] == cancel.tenant_id:
                 log.info("aborting %s: %s", cancel.request_id, cancel.reason)
                 try:
                     await self._engine.abort(cancel.request_id)
@@ -360,8 +393,9 @@ class Worker:
                     log.exception("abort of %s failed", cancel.request_id)
 
     # -- heartbeats ----------------------------------------------------------------------
-    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+    async def _heartbeat_loop(self) -> None:
+        """Until cancelled: a draining worker goes on saying it is alive and draining."""
+        while True:
             try:
                 await self._send_heartbeat()
             except Exception:
@@ -381,6 +415,7 @@ class Worker:
             kv_cache_usage=stats.kv_cache_usage,
             tokens_per_s=stats.tokens_per_s,
             draining=self._draining,
+            incarnation=self.incarnation,
         )
         await self._producer.send_and_wait(
             self._topics.heartbeats, encode(status), key=self.worker_id.encode()

@@ -41,6 +41,9 @@ TENANTS: dict[str, dict[str, object]] = {
     "tier-std": {"priority_class": 1},
     "tier-batch": {"priority_class": 2},
     "limited": {"models": ["other-model"], "max_prompt_tokens": 50, "max_output_tokens": 100},
+    # The fleet: tenants who opt in to one prefix-cache salt.
+    "share-a": {"sharing_group": "docs"},
+    "share-b": {"sharing_group": "docs"},
 }
 T = TypeVar("T")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import orjson
 import pytest
 
 from schemas import (
@@ -48,6 +49,16 @@ def request(n: int, tenant: str = "t", priority: int = 1, max_tokens: int = 10) 
     )
 
 
+class Replies:
+    """The reply topics, as the dispatcher reads them back on failover: what was recorded."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    async def read(self, request: InferenceRequest) -> list[TokenChunk]:
+        return [decode(TokenChunk, v) for v in self._recorder.on(request.reply_to)]
+
+
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
@@ -60,13 +71,23 @@ def dispatcher(recorder: Recorder, tmp_path: Path) -> Dispatcher:
         tenant_tpm={"small": 40},
         default_priority_class=0,
         worker_dead_after_s=0.3,
+        vip_reserve=0.1,
     )
-    return Dispatcher(settings, recorder, MemoryWindowStore())
+    return Dispatcher(settings, recorder, MemoryWindowStore(), Replies(recorder))
 
 
-def heartbeat(capacity: int = 2) -> bytes:
+def heartbeat(
+    capacity: int = 2, worker_id: str = "w", incarnation: str = "run-1", running: int = 0
+) -> bytes:
     return encode(
-        WorkerStatus(worker_id="w", model="m", request_topic="w-topic", max_num_seqs=capacity)
+        WorkerStatus(
+            worker_id=worker_id,
+            model="m",
+            request_topic=f"{worker_id}-topic",
+            max_num_seqs=capacity,
+            num_running=running,
+            incarnation=incarnation,
+        )
     )
 
 
@@ -93,52 +114,52 @@ async def test_forwards_to_a_live_worker_and_refuses_without_one(
     loop.cancel()
 
 
-async def test_waits_when_saturated_but_class_zero_uses_the_headroom(
+def usage_of(n: int) -> bytes:
+    return encode(
+        UsageEvent(
+            request_id=f"r{n}",
+            session_id="s",
+            tenant_id="t",
+            model="m",
+            status="ok",
+            num_prompt_tokens=2,
+            num_completion_tokens=10,
+            created_at=request(n).created_at,
+        )
+    )
+
+
+async def test_waits_when_saturated_but_class_zero_has_reserved_seats(
     dispatcher: Dispatcher, recorder: Recorder
 ) -> None:
-    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
     loop = asyncio.create_task(dispatcher.run())
-    for n in range(4):
+    for n in range(9):  # 10 seats, 10% held back for class 0: classes 1 and 2 get 9
         assert await (await admit(dispatcher, request(n))) is Outcome.FORWARDED
     standard = await admit(dispatcher, request(10, priority=1))
     await asyncio.sleep(0.1)
-    assert not standard.done()  # four slots, four in flight: it waits in the job
+    assert not standard.done()  # nine in flight fill the seats of class 1: it waits
     vip = await admit(dispatcher, request(11, priority=0))
-    assert await asyncio.wait_for(vip, 1) is Outcome.FORWARDED  # 25% headroom for class 0
-
-    dispatcher.observe_usage(
-        encode(
-            UsageEvent(
-                request_id="r0",
-                session_id="s",
-                tenant_id="t",
-                model="m",
-                status="ok",
-                num_prompt_tokens=2,
-                num_completion_tokens=10,
-                created_at=request(0).created_at,
-            )
-        )
-    )
+    assert await asyncio.wait_for(vip, 1) is Outcome.FORWARDED  # the reserved seat
+    second_vip = await admit(dispatcher, request(12, priority=0))
     await asyncio.sleep(0.1)
-    assert not standard.done()  # five in flight still fill four slots
-    dispatcher.observe_usage(
-        encode(
-            UsageEvent(
-                request_id="r1",
-                session_id="s",
-                tenant_id="t",
-                model="m",
-                status="ok",
-                num_prompt_tokens=2,
-                num_completion_tokens=10,
-                created_at=request(1).created_at,
-            )
-        )
-    )
+    assert not second_vip.done()  # every seat is taken, even for class 0
+
+    def finish(n: int) -> None:
+        dispatcher.observe_heartbeat(heartbeat(capacity=10))  # the worker stays live
+        dispatcher.observe_usage(usage_of(n))
+
+    finish(0)
+    assert await asyncio.wait_for(second_vip, 1) is Outcome.FORWARDED  # class 0 goes first
+    await asyncio.sleep(0.1)
+    assert not standard.done()  # ten in flight: still above the nine seats of class 1
+    finish(1)
+    await asyncio.sleep(0.1)
+    assert not standard.done()
+    finish(2)
     assert await asyncio.wait_for(standard, 1) is Outcome.FORWARDED
     order = [decode(InferenceRequest, v).request_id for v in recorder.on("w-topic")]
-    assert order == ["r0", "r1", "r2", "r3", "r11", "r10"]
+    assert order == [f"r{n}" for n in range(9)] + ["r11", "r12", "r10"]
     loop.cancel()
 
 
@@ -197,7 +218,7 @@ async def test_the_quota_charges_cost_weighted_tokens(recorder: Recorder, tmp_pa
     long = request(1, tenant="w", max_tokens=10).model_copy(update={"prompt": "a" * 3000})
     for tpm, expected in ((3613, Outcome.REFUSED), (3614, Outcome.FORWARDED)):
         settings = Settings(home=tmp_path, tenant_tpm={"w": tpm}, worker_dead_after_s=0.3)
-        dispatcher = Dispatcher(settings, recorder, MemoryWindowStore())
+        dispatcher = Dispatcher(settings, recorder, MemoryWindowStore(), Replies(recorder))
         dispatcher.observe_heartbeat(heartbeat())
         loop = asyncio.create_task(dispatcher.run())
         assert await (await admit(dispatcher, long)) is expected
@@ -213,4 +234,108 @@ async def test_a_restarted_job_waits_for_heartbeats_before_saying_no_worker(
     assert not early.done()  # within the first heartbeat period: it waits
     dispatcher.observe_heartbeat(heartbeat())
     assert await asyncio.wait_for(early, 1) is Outcome.FORWARDED
+    loop.cancel()
+
+
+async def test_a_session_returns_to_its_worker_while_it_scores_within_the_margin(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=8, worker_id="a"))
+    dispatcher.observe_heartbeat(heartbeat(capacity=8, worker_id="b"))
+    loop = asyncio.create_task(dispatcher.run())
+    first = request(1).model_copy(update={"session_id": "chat"})
+    assert await (await admit(dispatcher, first)) is Outcome.FORWARDED
+    (home,) = [t for t, _, _ in recorder.sent if t.endswith("-topic")]
+    for n in range(2, 5):  # other sessions spread; they load the session's worker too
+        other = request(n).model_copy(update={"session_id": f"s{n}"})
+        assert await (await admit(dispatcher, other)) is Outcome.FORWARDED
+    turn = request(5).model_copy(update={"session_id": "chat"})
+    assert await (await admit(dispatcher, turn)) is Outcome.FORWARDED
+    assert recorder.sent[-1][0] == home
+    assert dispatcher.metrics.num_affine == 1
+    loop.cancel()
+
+
+def chunk(n: int, seq: int, tokens: list[int], finish: str | None = None) -> bytes:
+    return encode(
+        TokenChunk(
+            request_id=f"r{n}",
+            tenant_id="t",
+            seq=seq,
+            token_ids=tokens,
+            num_tokens=len(tokens),
+            finish_reason=finish,
+            num_prompt_tokens=3 if finish else None,
+        )
+    )
+
+
+async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
+    # The worker streamed two chunks, then restarted: a heartbeat of a new run.
+    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
+    await recorder("replies", b"t/r1", chunk(1, 1, [13]))
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    for _ in range(50):
+        if len(recorder.on("w-topic")) == 2:
+            break
+        await asyncio.sleep(0.01)
+    first, again = [decode(InferenceRequest, v) for v in recorder.on("w-topic")]
+    assert first.worker_incarnation == "run-1" and first.attempt == 0
+    assert again.worker_incarnation == "run-2" and again.attempt == 1
+    assert again.resume_token_ids == [11, 12, 13] and again.resume_seq == 2
+    assert "resumed" in again.flags
+    assert dispatcher.metrics.num_resumed == 1
+
+    # The lost attempt's usage (had it come) frees nothing; the new attempt's does.
+    stale = UsageEvent.model_validate({**orjson.loads(usage_of(1)), "attempt": 0})
+    dispatcher.observe_usage(encode(stale))
+    assert len(dispatcher._in_flight) == 1
+    dispatcher.observe_usage(encode(stale.model_copy(update={"attempt": 1})))
+    assert not dispatcher._in_flight
+    loop.cancel()
+
+
+async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
+    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
+    await recorder("replies", b"t/r1", chunk(1, 1, [13], finish="stop"))
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    for _ in range(50):
+        if recorder.on(TOPICS.usage):
+            break
+        await asyncio.sleep(0.01)
+    (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
+    assert usage.status == "ok" and usage.num_completion_tokens == 3
+    assert usage.num_prompt_tokens == 3 and "usage_from_replies" in usage.flags
+    assert len(recorder.on("w-topic")) == 1  # not run again
+    loop.cancel()
+
+
+async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
+    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
+    await dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="t")))
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    for _ in range(50):
+        if recorder.on(TOPICS.usage):
+            break
+        await asyncio.sleep(0.01)
+    last = decode(TokenChunk, recorder.on("replies")[-1])
+    assert last.seq == 1 and last.finish_reason == "abort"
+    (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
+    assert usage.status == "cancelled" and usage.num_completion_tokens == 2
+    assert len(recorder.on("w-topic")) == 1
     loop.cancel()

@@ -1,53 +1,186 @@
 from __future__ import annotations
 
 from schemas import WorkerStatus
-from stream_jobs.registry import WorkerRegistry
+from stream_jobs.registry import WorkerRegistry, WorkerView
+from stream_jobs.routing import Candidate
 
 
 def status(
-    worker_id: str, *, model: str = "m", running: int = 0, draining: bool = False, capacity: int = 4
+    worker_id: str,
+    *,
+    incarnation: str = "run-1",
+    model: str = "m",
+    running: int = 0,
+    waiting: int = 0,
+    capacity: int = 4,
+    kv: float = 0.0,
+    draining: bool = False,
 ) -> WorkerStatus:
     return WorkerStatus(
         worker_id=worker_id,
         model=model,
         request_topic=f"t.{worker_id}",
         num_running=running,
+        num_waiting=waiting,
         max_num_seqs=capacity,
+        kv_cache_usage=kv,
         draining=draining,
+        incarnation=incarnation,
     )
 
 
-def test_picks_the_least_loaded_worker_of_the_model() -> None:
-    registry = WorkerRegistry()
-    registry.observe(status("w1", running=3), now=0.0)
-    registry.observe(status("w2", running=1), now=0.0)
-    registry.observe(status("w3", model="other"), now=0.0)
-    picked = registry.pick_worker("m", now=1.0)
-    assert picked is not None and picked.status.worker_id == "w2"
+def ids(views: list[WorkerView]) -> set[str]:
+    return {view.status.worker_id for view in views}
 
 
-def test_a_burst_between_heartbeats_spreads_over_workers() -> None:
+def test_live_lists_the_workers_of_a_model() -> None:
     registry = WorkerRegistry()
     registry.observe(status("w1"), now=0.0)
     registry.observe(status("w2"), now=0.0)
-    picks = [registry.pick_worker("m", now=0.1) for _ in range(6)]
-    ids = [p.status.worker_id for p in picks if p is not None]
-    assert ids.count("w1") == ids.count("w2") == 3
+    registry.observe(status("w3", model="other"), now=0.0)
+    assert ids(registry.live("m", now=1.0)) == {"w1", "w2"}
+    assert ids(registry.live("other", now=1.0)) == {"w3"}
+    assert registry.live("nope", now=1.0) == []
+    assert ids(registry.all_live(now=1.0)) == {"w1", "w2", "w3"}
 
 
-def test_silent_and_draining_workers_are_not_picked() -> None:
+def test_silent_and_draining_workers_are_not_live() -> None:
     registry = WorkerRegistry(dead_after_s=3.0)
     registry.observe(status("old"), now=0.0)
     registry.observe(status("leaving", draining=True), now=5.0)
-    assert registry.pick_worker("m", now=5.0) is None
-    assert registry.models(now=5.0) == {"m"}
+    registry.observe(status("fresh", model="other"), now=4.0)
+    assert registry.live("m", now=5.0) == []
+    assert ids(registry.all_live(now=5.0)) == {"fresh"}
 
 
-def test_a_heartbeat_resets_the_unseen_dispatch_count() -> None:
+def test_a_worker_is_live_until_dead_after_s_of_silence() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1"), now=10.0)
+    assert ids(registry.live("m", now=12.9)) == {"w1"}
+    assert registry.live("m", now=13.0) == []
+    registry.observe(status("w1"), now=12.0)  # a heartbeat in time keeps it live
+    assert ids(registry.live("m", now=14.5)) == {"w1"}
+
+
+def test_models_are_those_of_live_workers() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1", model="a"), now=0.0)
+    registry.observe(status("w2", model="b"), now=2.0)
+    registry.observe(status("w3", model="b"), now=2.0)
+    registry.observe(status("w4", model="c", draining=True), now=2.0)
+    assert registry.models(now=2.0) == {"a", "b"}
+    assert registry.models(now=4.0) == {"b"}
+    assert registry.models(now=9.0) == set()
+
+
+def reap_until(registry: WorkerRegistry, start: float, end: float) -> list[tuple[str, str]]:
+    """Calls reap every 50 ms, as the dispatch loop does, and collects what it hands out."""
+    gone: list[tuple[str, str]] = []
+    for step in range(round((end - start) / 0.05) + 1):
+        gone += registry.reap(now=start + step * 0.05)
+    return gone
+
+
+def test_reap_returns_a_silent_run_once() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1", incarnation="a"), now=0.0)
+    registry.observe(status("w2", incarnation="b"), now=2.0)
+    assert reap_until(registry, 0.0, 2.9) == []
+    assert reap_until(registry, 2.95, 3.0) == [("w1", "a")]
+    assert reap_until(registry, 3.05, 10.0) == [("w2", "b")]
+    assert reap_until(registry, 10.05, 20.0) == []
+    assert registry.get("w1") is None and registry.get("w2") is None
+
+
+def test_a_stall_of_the_caller_is_not_held_against_the_workers() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1"), now=0.0)
+    assert reap_until(registry, 0.0, 2.0) == []
+    # The caller's loop was blocked for 2.5 s: heartbeats waited, unread.
+    assert registry.reap(now=4.5) == []
+    registry.observe(status("w1"), now=4.6)  # the backlog is read at last
+    assert reap_until(registry, 4.6, 7.0) == []
+    assert [v.status.worker_id for v in registry.live("m", now=7.0)] == ["w1"]
+
+
+def test_a_draining_worker_that_still_reports_is_not_reaped() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    for now in (0.0, 2.0, 4.0, 6.0):
+        registry.observe(status("w1", draining=True), now=now)
+        assert registry.reap(now=now + 0.5) == []
+    assert registry.get("w1") is not None
+
+
+def test_a_new_incarnation_reaps_the_old_run_at_once() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1", incarnation="a"), now=0.0)
+    registry.observe(status("w1", incarnation="b"), now=0.5)
+    assert registry.reap(now=0.5) == [("w1", "a")]
+    assert registry.reap(now=0.6) == []
+    view = registry.get("w1")
+    assert view is not None and view.key == ("w1", "b")
+    assert [v.key for v in registry.live("m", now=0.6)] == [("w1", "b")]
+
+
+def test_a_run_presumed_dead_that_reports_again_is_live_again() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1", incarnation="a"), now=0.0)
+    assert reap_until(registry, 0.0, 3.5) == [("w1", "a")]
+    assert registry.live("m", now=3.5) == []
+    registry.observe(status("w1", incarnation="a"), now=3.6)  # it was only slow
+    assert [v.key for v in registry.live("m", now=3.6)] == [("w1", "a")]
+    assert reap_until(registry, 3.6, 5.0) == []  # not handed out a second time
+
+
+def test_the_old_run_cannot_displace_its_successor() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1", incarnation="a"), now=0.0)
+    registry.observe(status("w1", incarnation="b", running=2), now=1.0)
+    assert registry.reap(now=1.0) == [("w1", "a")]
+    registry.observe(status("w1", incarnation="a"), now=1.5)  # a late heartbeat of the old run
+    view = registry.get("w1")
+    assert view is not None and view.key == ("w1", "b") and view.status.num_running == 2
+    assert registry.reap(now=1.5) == []
+
+
+def test_note_dispatch_counts_until_the_next_heartbeat() -> None:
+    registry = WorkerRegistry()
+    registry.observe(status("w1", running=1, capacity=4), now=0.0)
+    for _ in range(3):
+        registry.note_dispatch("w1")
+    view = registry.get("w1")
+    assert view is not None
+    assert view.num_unseen_dispatches == 3
+    assert view.load == 1.0
+    assert view.candidate().num_unseen == 3
+
+    registry.observe(status("w1", running=2, waiting=1, capacity=4), now=0.5)
+    view = registry.get("w1")
+    assert view is not None
+    assert view.num_unseen_dispatches == 0
+    assert view.load == 0.75
+
+
+def test_note_dispatch_to_an_unknown_worker_is_a_no_op() -> None:
     registry = WorkerRegistry()
     registry.observe(status("w1"), now=0.0)
-    for _ in range(3):
-        registry.pick_worker("m", now=0.1)
-    registry.observe(status("w1", running=3), now=0.5)
-    picked = registry.pick_worker("m", now=0.6)
-    assert picked is not None and picked.load == 1.0
+    registry.note_dispatch("ghost")
+    assert registry.get("ghost") is None
+    view = registry.get("w1")
+    assert view is not None and view.num_unseen_dispatches == 0
+
+
+def test_candidate_maps_the_heartbeat_fields() -> None:
+    view = WorkerView(
+        status=status("w7", running=3, waiting=2, capacity=16, kv=0.42),
+        seen_at=0.0,
+        num_unseen_dispatches=5,
+    )
+    assert view.candidate() == Candidate(
+        worker_id="w7",
+        capacity=16,
+        num_running=3,
+        num_waiting=2,
+        num_unseen=5,
+        kv_usage=0.42,
+    )

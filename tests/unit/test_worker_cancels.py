@@ -27,3 +27,12 @@ def test_book_is_bounded_and_drops_the_oldest() -> None:
     assert len(book) == 2
     assert not book.is_cancelled("t", "req_0", now=3.0)
     assert book.is_cancelled("t", "req_2", now=3.0)
+
+
+def test_a_cancel_of_one_attempt_leaves_the_next_alone() -> None:
+    book = CancelBook()
+    book.note("t", "req_1", now=0.0, attempt=0, reason="reassigned")
+    assert book.reason("t", "req_1", 0, now=1.0) == "reassigned"
+    assert book.reason("t", "req_1", 1, now=1.0) is None
+    book.note("t", "req_1", now=2.0)  # the client's: every attempt
+    assert book.reason("t", "req_1", 1, now=3.0) == "client_cancelled"

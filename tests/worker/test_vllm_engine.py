@@ -147,3 +147,25 @@ def test_render_chat_uses_the_model_template(engine: VllmEngine) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 
     assert engine.render_chat(messages) == "system: be brief\nuser: hi\nassistant: "
+
+
+async def test_tokenize_matches_what_the_engine_makes_of_text(engine: VllmEngine) -> None:
+    text = "The quick brown fox jumps over the lazy dog, twice over."
+    ids = engine.tokenize(text)
+    deltas = await collect(engine, text, GenerateParams(max_tokens=1, ignore_eos=True))
+    assert deltas[0].num_prompt_tokens == len(ids) > 10
+
+
+async def test_prompt_plus_delivered_ids_continues_the_same_greedy_stream(
+    engine: VllmEngine,
+) -> None:
+    """What failover relies on: resuming from the prompt ids plus the ids already
+    delivered yields exactly the rest of the stream an uninterrupted run yields."""
+    text = "resume me " * 12
+    greedy = GenerateParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    whole = [t for d in await collect(engine, text, greedy) for t in d.token_ids]
+    assert len(whole) == 24
+    delivered = whole[:9]
+    rest = GenerateParams(max_tokens=15, temperature=0.0, ignore_eos=True)
+    resumed = await collect(engine, engine.tokenize(text) + delivered, rest)
+    assert delivered + [t for d in resumed for t in d.token_ids] == whole

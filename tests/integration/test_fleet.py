@@ -1,0 +1,195 @@
+"""The worker fleet on the real stack: three vLLM-CPU workers behind the Faust job.
+
+Routing spreads load, sessions stay on their worker and reuse its prefix cache
+(tenants kept apart by cache salts), and a SIGKILLed worker's stream resumes on
+another worker from the tokens already delivered, billed once. The KV-threshold and
+chaos tests need minutes of a saturated machine: ``make fleet`` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+from tokenizers import Tokenizer
+
+from producers import TokenbusClient
+from schemas import ChatMessage, SamplingParams, TokenChunk
+from tests.integration.conftest import eventually
+from tests.integration.fleet import (
+    EXTRA_WORKERS,
+    SYSTEM_PROMPT,
+    _by_request,
+    _drain,
+    _usage,
+    fleet,
+    fleet_client,
+)
+from tokenbus.config import Settings
+from tokenbus.stack import Stack
+
+__all__ = ["fleet", "fleet_client"]
+
+
+# -- routing ------------------------------------------------------------------------------
+async def test_load_spreads_over_the_workers(fleet_client: TokenbusClient, fleet: Stack) -> None:
+    requests = [
+        await fleet_client.submit(
+            tenant_id=f"spread-{n % 5}",
+            prompt=f"spread {n}",
+            sampling=SamplingParams(max_tokens=48, ignore_eos=True),
+        )
+        for n in range(36)
+    ]
+    await asyncio.gather(*(_drain(fleet_client, r) for r in requests))
+    rows = await eventually(
+        lambda: _usage(fleet.settings, request_ids=[r.request_id for r in requests]),
+        until=lambda rows: len(rows) == len(requests),
+    )
+    served = Counter(row["worker_id"] for row in rows)
+    assert set(served) == {"worker-0", *EXTRA_WORKERS}, served
+    assert min(served.values()) >= 6, served  # no worker idles while others queue
+
+
+# -- affinity and cache isolation -----------------------------------------------------------
+async def test_a_session_stays_on_its_worker_and_reuses_the_prefix_cache(
+    fleet_client: TokenbusClient, fleet: Stack
+) -> None:
+    session = None
+    history = [ChatMessage(role="system", content=SYSTEM_PROMPT)]
+    request_ids = []
+    for turn in range(10):
+        history.append(ChatMessage(role="user", content=f"Question number {turn}?"))
+        request = await fleet_client.submit(
+            tenant_id="affine",
+            messages=history,
+            session_id=session,
+            sampling=SamplingParams(max_tokens=12, ignore_eos=True),
+        )
+        session = request.session_id
+        chunks = await _drain(fleet_client, request)
+        history.append(ChatMessage(role="assistant", content="".join(c.text for c in chunks)))
+        request_ids.append(request.request_id)
+    rows = await eventually(
+        lambda: _usage(fleet.settings, request_ids=request_ids),
+        until=lambda rows: len(rows) == 10,
+    )
+    by_id = _by_request(rows)
+    turns = [by_id[request_id] for request_id in request_ids]
+    assert len({row["worker_id"] for row in turns}) == 1, [r["worker_id"] for r in turns]
+    assert all(row["cached_tokens"] > 0 for row in turns[1:]), [r["cached_tokens"] for r in turns]
+
+
+async def _cached_on_same_worker(
+    client: TokenbusClient, settings: Settings, first: str, second: str, prompt: str
+) -> int:
+    """``first`` warms a worker's cache with ``prompt``; ``second`` sends it until one copy
+    lands on that same worker. Returns the cached tokens of that copy."""
+    warm = await client.submit(tenant_id=first, prompt=prompt)
+    await _drain(client, warm)
+    (warm_row,) = await eventually(
+        lambda: _usage(settings, request_ids=[warm.request_id]), until=lambda r: len(r) == 1
+    )
+    for _ in range(12):
+        probe = await client.submit(tenant_id=second, prompt=prompt)
+        await _drain(client, probe)
+        (row,) = await eventually(
+            lambda: _usage(settings, request_ids=[probe.request_id]),  # noqa: B023
+            until=lambda r: len(r) == 1,
+        )
+        if row["worker_id"] == warm_row["worker_id"]:
+            return int(row["cached_tokens"])
+    raise AssertionError(f"{second} never reached {warm_row['worker_id']}")
+
+
+async def test_tenants_share_cache_only_within_a_sharing_group(
+    fleet_client: TokenbusClient, fleet: Stack
+) -> None:
+    prompt = "A long shared system prompt about billing rules. " * 40
+    isolated = await _cached_on_same_worker(
+        fleet_client, fleet.settings, "iso-a", "iso-b", prompt + "isolated"
+    )
+    grouped = await _cached_on_same_worker(
+        fleet_client, fleet.settings, "share-a", "share-b", prompt + "grouped"
+    )
+    assert isolated == 0
+    assert grouped > 0
+
+
+# -- failover ---------------------------------------------------------------------------------
+def _worker_of_session(settings: Settings, request_id: str) -> str:
+    (row,) = _usage(settings, request_ids=[request_id])
+    return str(row["worker_id"])
+
+
+async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat(
+    fleet_client: TokenbusClient, fleet: Stack
+) -> None:
+    settings = fleet.settings
+    prompt = "Resume this stream where it stopped. " * 8
+    greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+
+    # Which worker will serve the long request: its session's earlier turn tells.
+    opener = await fleet_client.submit(tenant_id="resume", prompt="hello")
+    await _drain(fleet_client, opener)
+    rows = await eventually(
+        lambda: _usage(settings, request_ids=[opener.request_id]), until=lambda r: len(r) == 1
+    )
+    victim = rows[0]["worker_id"]
+    request = await fleet_client.submit(
+        tenant_id="resume", prompt=prompt, sampling=greedy, session_id=opener.session_id
+    )
+    chunks: list[TokenChunk] = []
+    killed_after = 0
+    async for chunk in fleet_client.stream(request):
+        chunks.append(chunk)
+        if not killed_after and sum(c.num_tokens for c in chunks) >= 40:
+            killed_after = sum(c.num_tokens for c in chunks)
+            await fleet.kill(victim)
+    try:
+        assert killed_after, "the stream ended before the kill"
+        assert [c.seq for c in chunks] == list(range(len(chunks)))  # gapless, no repeats
+        assert chunks[-1].error is None and chunks[-1].finish_reason == "length"
+        received = [t for c in chunks for t in c.token_ids]
+        assert len(received) == greedy.max_tokens
+
+        # The new worker's prompt: the original prompt's ids, then exactly the ids
+        # delivered before the kill, as it logged them.
+        resumed_log = await eventually(
+            lambda: _resume_line(fleet, request.request_id), timeout_s=10
+        )
+        worker, prompt_ids, delivered = resumed_log
+        assert worker != victim
+        tokenizer = Tokenizer.from_file(str(settings.model_dir / "tokenizer.json"))
+        assert prompt_ids == tokenizer.encode(prompt).ids
+        assert delivered == received[: len(delivered)] and len(delivered) >= killed_after
+
+        # Greedy decoding: one continuous stream equals an uninterrupted run.
+        reference = await fleet_client.submit(tenant_id="resume", prompt=prompt, sampling=greedy)
+        expected = [t for c in await _drain(fleet_client, reference) for t in c.token_ids]
+        assert received == expected
+
+        rows = await eventually(
+            lambda: _usage(settings, request_ids=[request.request_id]),
+            until=lambda r: len(r) == 1,
+        )
+        (row,) = rows
+        assert row["attempt"] == 1 and "resumed" in row["flags"]
+        assert row["completion_tokens"] == len(received)  # billed once, all of it
+        assert row["prompt_tokens"] == len(prompt_ids)
+    finally:
+        await fleet.revive(victim)
+
+
+def _resume_line(fleet: Stack, request_id: str) -> tuple[str, list[int], list[int]] | None:
+    pattern = re.compile(
+        rf"resuming {request_id} \(attempt \d+\): prompt ids \[([\d, ]*)\] "
+        r"\+ delivered ids \[([\d, ]*)\]"
+    )
+    for name in ("worker-0", *EXTRA_WORKERS):
+        log = fleet.service(name).log_path.read_text(errors="replace")
+        if match := pattern.search(log):
+            ids = [[int(x) for x in group.split(", ") if x] for group in match.groups()]
+            return name, ids[0], ids[1]
+    return None
