@@ -80,24 +80,23 @@ async def test_a_client_that_drops_after_5_tokens_stops_the_worker(
     client = openai.AsyncOpenAI(
         base_url=f"{bridge.url}/v1", api_key=bridge_key(tenant), max_retries=0
     )
-    try:
-        raw = await client.completions.with_raw_response.create(
-            model=MODEL,
-            prompt="Tell me a long story.",
-            max_tokens=DROP_MAX_TOKENS,
-            stream=True,
-            extra_body={"ignore_eos": True},  # only the cancel can end it early
-        )
-        request_id = raw.headers["x-request-id"]
-        stream = raw.parse()
-        received = 0
-        async for _chunk in stream:
-            received += 1
-            if received == 5:
-                break
-        await stream.close()  # the client drops the connection after 5 token chunks
-    finally:
-        await client.close()
+    # On an idle engine the tiny model makes 4,000 tokens faster than a closed socket
+    # is noticed (the kernel buffers what the bridge writes): the stream would end
+    # first. Other tenants' streams share the engine, as on a real fleet, so it cannot.
+    async with TokenbusClient(settings) as background:
+        busy = [
+            await background.submit(
+                tenant_id="br-background",
+                prompt="keep the engine busy",
+                sampling=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
+            )
+            for _ in range(24)
+        ]
+        try:
+            request_id = await _drop_after_5_chunks(client)
+        finally:
+            await asyncio.gather(*(background.cancel(r) for r in busy))
+            await asyncio.gather(*(_drain(background, r) for r in busy))
 
     rows = await eventually(lambda: usage_row(settings, tenant, request_id))
     health = (await asyncio.to_thread(httpx.get, f"{bridge.url}/healthz")).json()
@@ -165,3 +164,31 @@ async def test_a_cancel_from_another_tenant_is_ignored(
     assert sum(c.num_tokens for c in chunks) == 64
     rows = await eventually(lambda: usage_row(settings, "br-victim", request.request_id))
     assert rows[0]["status"] == "ok" and rows[0]["completion_tokens"] == 64
+
+
+async def _drop_after_5_chunks(client: openai.AsyncOpenAI) -> str:
+    """Streams a long completion and drops the connection after 5 token chunks."""
+    try:
+        raw = await client.completions.with_raw_response.create(
+            model=MODEL,
+            prompt="Tell me a long story.",
+            max_tokens=DROP_MAX_TOKENS,
+            stream=True,
+            extra_body={"ignore_eos": True},  # only the cancel can end it early
+        )
+        request_id = raw.headers["x-request-id"]
+        stream = raw.parse()
+        received = 0
+        async for _chunk in stream:
+            received += 1
+            if received == 5:
+                break
+        await stream.close()
+    finally:
+        await client.close()
+    return str(request_id)
+
+
+async def _drain(client: TokenbusClient, request: InferenceRequest) -> None:
+    async for _ in client.stream(request):
+        pass
