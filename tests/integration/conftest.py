@@ -8,6 +8,7 @@ Every test uses its own tenants and request IDs, so tests never read each other'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import pytest
 
 from producers import TokenbusClient
+from schemas import SamplingParams
 from tokenbus.config import Settings
 from tokenbus.stack import REPO_ROOT, Stack
 
@@ -92,6 +94,31 @@ def settings(stack: Stack) -> Settings:
 async def client(settings: Settings) -> AsyncIterator[TokenbusClient]:
     async with TokenbusClient(settings) as client:
         yield client
+
+
+@contextlib.asynccontextmanager
+async def engine_busy(settings: Settings, num_streams: int = 24) -> AsyncIterator[None]:
+    """Other tenants' long streams share the engine meanwhile, as on a real fleet.
+
+    On an idle engine the tiny model makes thousands of tokens a second: a stream a test
+    means to interrupt (a dropped client, a paused worker) would be over before the
+    interruption lands. Shared, it comes at a loaded fleet's pace."""
+    async with TokenbusClient(settings) as client:
+        busy = [
+            await client.submit(
+                tenant_id="busy-background",
+                prompt="keep the engine busy",
+                sampling=SamplingParams(max_tokens=2000, ignore_eos=True),
+            )
+            for _ in range(num_streams)
+        ]
+        try:
+            yield
+        finally:
+            await asyncio.gather(*(client.cancel(r) for r in busy))
+            for request in busy:
+                async for _ in client.stream(request):
+                    pass
 
 
 async def eventually(

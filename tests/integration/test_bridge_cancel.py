@@ -22,7 +22,7 @@ from schemas import (
     decode,
     encode,
 )
-from tests.integration.conftest import BridgeProcess, bridge_key, eventually
+from tests.integration.conftest import BridgeProcess, bridge_key, engine_busy, eventually
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
 from tokenbus.topics import Topics
@@ -80,23 +80,9 @@ async def test_a_client_that_drops_after_5_tokens_stops_the_worker(
     client = openai.AsyncOpenAI(
         base_url=f"{bridge.url}/v1", api_key=bridge_key(tenant), max_retries=0
     )
-    # On an idle engine the tiny model makes 4,000 tokens faster than a closed socket
-    # is noticed (the kernel buffers what the bridge writes): the stream would end
-    # first. Other tenants' streams share the engine, as on a real fleet, so it cannot.
-    async with TokenbusClient(settings) as background:
-        busy = [
-            await background.submit(
-                tenant_id="br-background",
-                prompt="keep the engine busy",
-                sampling=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
-            )
-            for _ in range(24)
-        ]
-        try:
-            request_id = await _drop_after_5_chunks(client)
-        finally:
-            await asyncio.gather(*(background.cancel(r) for r in busy))
-            await asyncio.gather(*(_drain(background, r) for r in busy))
+    # Idle, the tiny model makes the 4,000 tokens before the closed socket is noticed.
+    async with engine_busy(settings):
+        request_id = await _drop_after_5_chunks(client)
 
     rows = await eventually(lambda: usage_row(settings, tenant, request_id))
     health = (await asyncio.to_thread(httpx.get, f"{bridge.url}/healthz")).json()
@@ -187,8 +173,3 @@ async def _drop_after_5_chunks(client: openai.AsyncOpenAI) -> str:
     finally:
         await client.close()
     return str(request_id)
-
-
-async def _drain(client: TokenbusClient, request: InferenceRequest) -> None:
-    async for _ in client.stream(request):
-        pass

@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     QUOTA_TENANT,
     BridgeProcess,
     bridge_key,
+    engine_busy,
     start_bridge,
 )
 from tokenbus.ids import is_session_id
@@ -212,24 +213,26 @@ async def test_error_after_streaming_began_is_a_final_sse_event_then_done(
     body = {"model": MODEL, "prompt": "long", "max_tokens": 4000, "stream": True}
     events: list[bytes] = []
     stopped = False
-    try:
-        async with (
-            httpx.AsyncClient(timeout=60) as client,
-            client.stream(
-                "POST", f"{impatient.url}/v1/completions", json=body, headers=auth("br-alice")
-            ) as response,
-        ):
-            assert response.status_code == 200
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(line.removeprefix("data: ").encode())
-                    if not stopped:
-                        os.kill(worker.pid, signal.SIGSTOP)
-                        stopped = True
-    finally:
-        if stopped:
-            os.kill(worker.pid, signal.SIGCONT)
-        impatient.stop()
+    # Idle, the engine could finish the stream before the pause lands.
+    async with engine_busy(stack.settings):
+        try:
+            async with (
+                httpx.AsyncClient(timeout=60) as client,
+                client.stream(
+                    "POST", f"{impatient.url}/v1/completions", json=body, headers=auth("br-alice")
+                ) as response,
+            ):
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line.removeprefix("data: ").encode())
+                        if not stopped:
+                            os.kill(worker.pid, signal.SIGSTOP)
+                            stopped = True
+        finally:
+            if stopped:
+                os.kill(worker.pid, signal.SIGCONT)
+            impatient.stop()
     assert events[-1] == b"[DONE]"
     error = orjson.loads(events[-2])["error"]
     assert error["code"] == "timeout" and error["type"] == "server_error"
