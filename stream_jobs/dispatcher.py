@@ -59,6 +59,7 @@ from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics, reply_key
+from tokenbus.usage import usage_of
 
 log = logging.getLogger(__name__)
 
@@ -555,26 +556,14 @@ class Dispatcher:
     async def _publish_usage(self, request: InferenceRequest, progress: Delivered) -> None:
         last = progress.last
         assert last is not None and last.finish_reason is not None
-        status = {
-            FinishReason.ERROR: UsageStatus.FAILED,
-            FinishReason.ABORT: UsageStatus.CANCELLED,
-        }.get(last.finish_reason, UsageStatus.OK)
-        usage = UsageEvent(
-            request_id=request.request_id,
-            session_id=request.session_id,
-            tenant_id=request.tenant_id,
-            model=request.model,
+        usage = usage_of(
+            request,
+            last.finish_reason,
             worker_id=request.worker_id,
-            priority=request.priority,
-            attempt=request.attempt,
-            status=status,
-            finish_reason=last.finish_reason,
             num_prompt_tokens=last.num_prompt_tokens or 0,
             num_completion_tokens=len(progress.token_ids),
             error_code=last.error.code if last.error else None,
-            overload_tier=request.overload_tier,
             flags=[*request.flags, "usage_from_replies"],
-            created_at=request.created_at,
         )
         await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
 
@@ -619,20 +608,12 @@ class Dispatcher:
             finish_reason=finish,
             error=error,
         )
-        usage = UsageEvent(
-            request_id=request.request_id,
-            session_id=request.session_id,
-            tenant_id=request.tenant_id,
-            model=request.model,
-            priority=request.priority,
-            attempt=request.attempt,
+        usage = usage_of(
+            request,
+            finish,
             status=status,
-            finish_reason=finish,
             num_completion_tokens=len(request.resume_token_ids),
             error_code=error.code,
-            overload_tier=request.overload_tier,
-            flags=request.flags,
-            created_at=request.created_at,
         )
         await asyncio.gather(
             self._publish(

@@ -46,8 +46,6 @@ from schemas import (
     InferenceRequest,
     SchemaError,
     TokenChunk,
-    UsageEvent,
-    UsageStatus,
     WorkerStatus,
     decode,
     encode,
@@ -56,6 +54,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.topics import Topics, reply_key
+from tokenbus.usage import usage_of
 from workers.cancels import CancelBook
 from workers.interface import Engine, EngineDelta, GenerateParams
 
@@ -321,20 +320,10 @@ class Worker:
         """The request's one UsageEvent, sent after its last chunk was acknowledged."""
         assert self._producer is not None
         finished = datetime.now(UTC)
-        status = {
-            FinishReason.ERROR: UsageStatus.FAILED,
-            FinishReason.ABORT: UsageStatus.CANCELLED,
-        }.get(finish, UsageStatus.OK)
-        usage = UsageEvent(
-            request_id=request.request_id,
-            session_id=request.session_id,
-            tenant_id=request.tenant_id,
-            model=request.model,
+        usage = usage_of(
+            request,
+            finish,
             worker_id=self.worker_id,
-            priority=request.priority,
-            attempt=request.attempt,
-            status=status,
-            finish_reason=finish,
             num_prompt_tokens=num_prompt,
             num_completion_tokens=num_completion,
             num_cached_tokens=num_cached,
@@ -342,10 +331,7 @@ class Worker:
             ttft_ms=_elapsed_ms(request.created_at, first_token_at) if first_token_at else None,
             total_ms=_elapsed_ms(request.created_at, finished),
             error_code=error.code if error else None,
-            overload_tier=request.overload_tier,
             precision=self._settings.served_precision,
-            flags=request.flags,
-            created_at=request.created_at,
             finished_at=finished,
         )
         await self._producer.send_and_wait(

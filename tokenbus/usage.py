@@ -1,0 +1,40 @@
+"""The UsageEvent of one request attempt, built the same way by the worker and the job.
+
+What identifies and classifies the attempt comes from the request; the caller adds the
+counts and timings it knows. The status follows the finish reason unless given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import FinishReason, InferenceRequest, UsageEvent, UsageStatus
+
+_STATUS_OF_FINISH = {
+    FinishReason.ERROR: UsageStatus.FAILED,
+    FinishReason.ABORT: UsageStatus.CANCELLED,
+    FinishReason.REJECTED: UsageStatus.REJECTED,
+}
+
+
+def usage_of(
+    request: InferenceRequest,
+    finish: FinishReason,
+    *,
+    status: UsageStatus | None = None,
+    **fields: Any,
+) -> UsageEvent:
+    return UsageEvent(
+        request_id=request.request_id,
+        session_id=request.session_id,
+        tenant_id=request.tenant_id,
+        model=request.model,
+        priority=request.priority,
+        attempt=request.attempt,
+        status=status or _STATUS_OF_FINISH.get(finish, UsageStatus.OK),
+        finish_reason=finish,
+        overload_tier=request.overload_tier,
+        flags=fields.pop("flags", request.flags),
+        created_at=request.created_at,
+        **fields,
+    )
