@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -256,6 +257,13 @@ async def test_a_session_returns_to_its_worker_while_it_scores_within_the_margin
     loop.cancel()
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 1.0) -> None:
+    """Lets the dispatcher's recovery tasks run until ``condition`` holds."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 (a pure condition: nothing to await)
+            await asyncio.sleep(0.01)
+
+
 def chunk(n: int, seq: int, tokens: list[int], finish: str | None = None) -> bytes:
     return encode(
         TokenChunk(
@@ -280,10 +288,7 @@ async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
     await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
     await recorder("replies", b"t/r1", chunk(1, 1, [13]))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    for _ in range(50):
-        if len(recorder.on("w-topic")) == 2:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(recorder.on("w-topic")) == 2)
     first, again = [decode(InferenceRequest, v) for v in recorder.on("w-topic")]
     assert first.worker_incarnation == "run-1" and first.attempt == 0
     assert again.worker_incarnation == "run-2" and again.attempt == 1
@@ -309,10 +314,7 @@ async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
     await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
     await recorder("replies", b"t/r1", chunk(1, 1, [13], finish="stop"))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    for _ in range(50):
-        if recorder.on(TOPICS.usage):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(recorder.on(TOPICS.usage)))
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert usage.status == "ok" and usage.num_completion_tokens == 3
     assert usage.num_prompt_tokens == 3 and "usage_from_replies" in usage.flags
@@ -329,10 +331,7 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
     await dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="t")))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    for _ in range(50):
-        if recorder.on(TOPICS.usage):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(recorder.on(TOPICS.usage)))
     last = decode(TokenChunk, recorder.on("replies")[-1])
     assert last.seq == 1 and last.finish_reason == "abort"
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
