@@ -34,15 +34,19 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
 ) -> None:
     settings = fleet.settings
     kv = lambda: _worker_gauge(settings, "kv_cache_usage", SMALL_KV_WORKER)  # noqa: E731
+    # A burst of 900-token prompts spreads over the three workers; on the small-KV
+    # worker its share (prefill at once, then decode) takes the cache above 90%.
+    long = SamplingParams(max_tokens=900, ignore_eos=True)
     fillers: list[tuple[InferenceRequest, asyncio.Task[list[TokenChunk]]]] = []
-    long = SamplingParams(max_tokens=1900, ignore_eos=True)
-    deadline = time.monotonic() + 90
+    for n in range(24):  # the small worker has a quarter of worker-0's seats: its share is small
+        request = await fleet_client.submit(
+            tenant_id="kv-fill", prompt=f"fill {n} " + "word " * 300, sampling=long
+        )
+        fillers.append((request, asyncio.create_task(_drain(fleet_client, request))))
+    deadline = time.monotonic() + 60
     while not kv() > settings.route_kv_threshold:
         assert time.monotonic() < deadline, f"{SMALL_KV_WORKER} KV use stayed at {kv():.2f}"
-        if len(fillers) < 9:
-            request = await fleet_client.submit(tenant_id="kv-fill", prompt="fill", sampling=long)
-            fillers.append((request, asyncio.create_task(_drain(fleet_client, request))))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.2)
     try:
         before = kv()
         burst = [
