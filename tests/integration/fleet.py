@@ -22,6 +22,8 @@ from tokenbus.config import Settings
 from tokenbus.stack import Stack
 
 EXTRA_WORKERS = ("worker-1", "worker-2")
+EXTRA_SEATS = 16
+"""max_num_seqs of the added workers (worker-0 has the default 64)."""
 SMALL_KV_WORKER = "worker-2"
 """Has KV cache for 4k tokens of the tiny model, so a few long requests fill it."""
 SYSTEM_PROMPT = "You are the tokenbus test assistant. " + "Answer briefly and exactly. " * 60
@@ -31,9 +33,9 @@ SYSTEM_PROMPT = "You are the tokenbus test assistant. " + "Answer briefly and ex
 def fleet(stack: Stack) -> Iterator[Stack]:
     async def start() -> None:
         await asyncio.gather(
-            stack.add_worker("worker-1", max_num_seqs=16),
+            stack.add_worker("worker-1", max_num_seqs=EXTRA_SEATS),
             stack.add_worker(
-                SMALL_KV_WORKER, max_num_seqs=16, kv_cache_gib=0.004, max_model_len=2048
+                SMALL_KV_WORKER, max_num_seqs=EXTRA_SEATS, kv_cache_gib=0.004, max_model_len=2048
             ),
         )
 
