@@ -119,9 +119,10 @@ async def test_two_backlogged_tenants_share_two_to_one_by_weight(
         finished.append(request.tenant_id)
 
     await asyncio.gather(*(track(r) for r in requests))
-    # Both tenants stay backlogged through the first 120 completions.
-    first = finished[:120]
-    ratio = first.count("fair-heavy") / first.count("fair-light")
+    # The first wave (up to the fleet's 64 seats) may leave before a backlog forms, in
+    # arrival order, 1:1. After it both tenants stay backlogged for the next 120.
+    backlogged = finished[64:184]
+    ratio = backlogged.count("fair-heavy") / backlogged.count("fair-light")
     assert 1.8 <= ratio <= 2.2, ratio
 
 
