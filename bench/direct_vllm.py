@@ -31,16 +31,7 @@ def build_engine(settings: Settings) -> Any:
     """Exactly the engine ``python -m workers`` builds from the same settings."""
     from workers.vllm_engine import VllmEngine
 
-    return VllmEngine(
-        model_dir=settings.model_dir,
-        served_model_name=settings.served_model_name,
-        max_num_seqs=settings.max_num_seqs,
-        max_model_len=settings.max_model_len,
-        dtype=settings.dtype,
-        enforce_eager=settings.enforce_eager,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        kv_cache_gib=settings.kv_cache_gib,
-    )
+    return VllmEngine.from_settings(settings)
 
 
 class DirectArm:

@@ -108,7 +108,6 @@ class _Waiting:
 class _InFlight:
     request: InferenceRequest
     """The copy forwarded to the worker."""
-    num_output_estimate: int
     cancelled: bool = False
 
     @property
@@ -341,7 +340,7 @@ class Dispatcher:
             self._queue.correct(
                 flight.request.tenant_id,
                 flight.request.priority,
-                estimated_output=flight.num_output_estimate,
+                estimated_output=flight.request.sampling.max_tokens,
                 actual_output=usage.num_completion_tokens,
             )
             self._wake.set()
@@ -456,7 +455,7 @@ class Dispatcher:
                 "dispatched_at": datetime.now(UTC),
             }
         )
-        self._in_flight[request.request_id] = _InFlight(forwarded, request.sampling.max_tokens)
+        self._in_flight[request.request_id] = _InFlight(forwarded)
         self._registry.note_dispatch(worker.status.worker_id)
         try:
             await self._publish(

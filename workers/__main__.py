@@ -20,16 +20,7 @@ log = logging.getLogger("workers")
 async def _serve(settings: Settings) -> None:
     from workers.vllm_engine import VllmEngine  # imports vLLM: worker environment only
 
-    engine = VllmEngine(
-        model_dir=settings.model_dir,
-        served_model_name=settings.served_model_name,
-        max_num_seqs=settings.max_num_seqs,
-        max_model_len=settings.max_model_len,
-        dtype=settings.dtype,
-        enforce_eager=settings.enforce_eager,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        kv_cache_gib=settings.kv_cache_gib,
-    )
+    engine = VllmEngine.from_settings(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

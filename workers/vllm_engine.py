@@ -21,6 +21,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from tokenbus.config import Settings
 from workers.interface import EngineDelta, EngineStats, GenerateParams
 
 GiB = 1 << 30
@@ -91,6 +92,19 @@ class VllmEngine:
         )
         self._llm: AsyncLLM | None = None
         self._recorder: SchedulerStatsRecorder | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VllmEngine:
+        return cls(
+            model_dir=settings.model_dir,
+            served_model_name=settings.served_model_name,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+            dtype=settings.dtype,
+            enforce_eager=settings.enforce_eager,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            kv_cache_gib=settings.kv_cache_gib,
+        )
 
     async def start(self) -> None:
         recorders: list[SchedulerStatsRecorder] = []
