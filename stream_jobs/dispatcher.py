@@ -178,6 +178,7 @@ class Dispatcher:
         # (tenant, session) -> the worker that served the session's last turn.
         self._affinity: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._recoveries: set[asyncio.Task[None]] = set()
+        self._forwarding: set[asyncio.Task[None]] = set()
         self._tiers = TierPolicy(
             cap_above=settings.tier_cap_above,
             shed_above=settings.tier_shed_above,
@@ -403,13 +404,21 @@ class Dispatcher:
                 waiting = self._queue.pop(priority)
                 assert waiting is not None
                 self._waiting.pop(waiting.request.request_id, None)
-                try:
-                    outcome = await self._dispatch(waiting)
-                except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
-                    waiting.done.set_exception(exc)
-                else:
-                    waiting.done.set_result(outcome)
+                # Picked and counted in flight now; the broker's ack is awaited in a
+                # task of its own, so the next pick (a class 0 request, say) does not
+                # wait one produce round trip per request picked before it.
+                task = asyncio.create_task(self._forward(waiting))
+                self._forwarding.add(task)
+                task.add_done_callback(self._forwarding.discard)
             self._update_tier()
+
+    async def _forward(self, waiting: _Waiting) -> None:
+        try:
+            outcome = await self._dispatch(waiting)
+        except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
+            waiting.done.set_exception(exc)
+        else:
+            waiting.done.set_result(outcome)
 
     def _capacity(self) -> int:
         return sum(view.status.max_num_seqs for view in self._registry.all_live(time.monotonic()))
@@ -425,6 +434,35 @@ class Dispatcher:
         return len(self._in_flight) < max(1, capacity - reserved)
 
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
+        forwarded = self._pick(waiting)
+        if forwarded is None:
+            self.metrics.num_no_worker += 1
+            live = sorted(self._registry.models(time.monotonic()))
+            await self._refuse(
+                waiting.request,
+                ErrorInfo(
+                    code="no_worker",
+                    message=f"no live worker serves model {waiting.request.model!r}"
+                    f" (served now: {', '.join(live) or 'none'})",
+                    retry_after_s=1.0,
+                ),
+            )
+            return Outcome.REFUSED
+        worker = self._registry.get(forwarded.worker_id or "")
+        assert worker is not None
+        try:
+            await self._publish(
+                worker.status.request_topic, forwarded.tenant_id.encode(), encode(forwarded)
+            )
+        except Exception:
+            self._in_flight.pop(forwarded.request_id, None)
+            raise
+        self.metrics.num_dispatched += 1
+        return Outcome.FORWARDED
+
+    def _pick(self, waiting: _Waiting) -> InferenceRequest | None:
+        """Chooses the worker and counts the request in flight there, without awaiting,
+        so that ``_has_room`` and the routing of the next pick already see it."""
         request = waiting.request
         now = time.monotonic()
         session = (request.tenant_id, request.session_id)
@@ -433,21 +471,9 @@ class Dispatcher:
         chosen = choose(candidates, request.priority, self._routing, previous=previous)
         worker = self._registry.get(chosen.worker_id) if chosen is not None else None
         if worker is None:
-            self.metrics.num_no_worker += 1
-            live = sorted(self._registry.models(now))
-            await self._refuse(
-                request,
-                ErrorInfo(
-                    code="no_worker",
-                    message=f"no live worker serves model {request.model!r}"
-                    f" (served now: {', '.join(live) or 'none'})",
-                    retry_after_s=1.0,
-                ),
-            )
-            return Outcome.REFUSED
+            return None
         if previous == worker.status.worker_id:
             self.metrics.num_affine += 1
-        queue_ms = (now - waiting.received_at) * 1000
         forwarded = request.model_copy(
             update={
                 "worker_id": worker.status.worker_id,
@@ -457,22 +483,14 @@ class Dispatcher:
         )
         self._in_flight[request.request_id] = _InFlight(forwarded)
         self._registry.note_dispatch(worker.status.worker_id)
-        try:
-            await self._publish(
-                worker.status.request_topic, request.tenant_id.encode(), encode(forwarded)
-            )
-        except Exception:
-            self._in_flight.pop(request.request_id, None)
-            raise
         self._affinity[session] = worker.status.worker_id
         self._affinity.move_to_end(session)
         if len(self._affinity) > self._settings.affinity_sessions:
             self._affinity.popitem(last=False)
-        self.metrics.num_dispatched += 1
         samples = self.metrics.queue_ms_by_class[request.priority]
-        samples.append(queue_ms)
+        samples.append((now - waiting.received_at) * 1000)
         del samples[:-1000]
-        return Outcome.FORWARDED
+        return forwarded
 
     # -- failover -------------------------------------------------------------------------
     def _recover_from(self, run: tuple[str, str]) -> None:
