@@ -50,7 +50,3 @@ def reply_batch_key(tenant_id: str) -> bytes:
     """The key of a reply record: a batch holds the chunks of one tenant, of any of its
     requests. Each request's order is its chunks' ``seq``, kept by the topic's order."""
     return tenant_id.encode()
-
-
-def reply_key(tenant_id: str, request_id: str) -> bytes:
-    return f"{tenant_id}/{request_id}".encode()
