@@ -1,7 +1,7 @@
 """``TokenbusClient``: produce an InferenceRequest, iterate over its TokenChunks.
 
 # InferenceRequest --> requests.p{priority} (keyed by tenant)
-# replies.{client_id} --> per-request queues --> ``stream()`` async iterators
+# replies.{client_id} --> TokenChunkBatch --> per-request queues --> ``stream()`` iterators
 # ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
 Each client owns one reply topic and reads it without a consumer group from the end,
@@ -28,6 +28,7 @@ from schemas import (
     SamplingParams,
     SchemaError,
     TokenChunk,
+    TokenChunkBatch,
     decode,
     encode,
 )
@@ -190,10 +191,11 @@ class TokenbusClient:
                 await asyncio.sleep(0.2)
 
     async def _route_replies(self) -> None:
+        """Fans each batch out to its requests' queues; ``stream`` applies the seq rules."""
         assert self._consumer is not None and self._producer is not None
         async for record in self._consumer:
             try:
-                chunk = decode(TokenChunk, record.value)
+                batch = decode(TokenChunkBatch, record.value)
             except SchemaError as exc:
                 await dead_letter_record(
                     publisher(self._producer),
@@ -203,6 +205,7 @@ class TokenbusClient:
                     reason=str(exc),
                 )
                 continue
-            queue = self._streams.get(chunk.request_id)
-            if queue is not None:
-                queue.put_nowait(chunk)
+            for chunk in batch.chunks:
+                queue = self._streams.get(chunk.request_id)
+                if queue is not None:
+                    queue.put_nowait(chunk)

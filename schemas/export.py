@@ -1,5 +1,8 @@
 """Writes one JSON Schema file per bus message, for producers in other languages.
 
+A ``TokenChunk`` is never a record of its own: it travels inside a ``TokenChunkBatch``,
+whose schema defines it.
+
 python -m schemas.export          # rewrite schemas/json/*.schema.json
 """
 
@@ -15,14 +18,14 @@ from schemas.messages import (
     CancelRequest,
     DeadLetter,
     InferenceRequest,
-    TokenChunk,
+    TokenChunkBatch,
     UsageEvent,
     WorkerStatus,
 )
 
 BUS_MESSAGES: tuple[type[BaseModel], ...] = (
     InferenceRequest,
-    TokenChunk,
+    TokenChunkBatch,
     UsageEvent,
     WorkerStatus,
     CancelRequest,

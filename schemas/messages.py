@@ -103,7 +103,8 @@ class ErrorInfo(BaseModel):
 
 
 class TokenChunk(Message):
-    """A slice of one request's output, produced to the request's ``reply_to`` topic."""
+    """A slice of one request's output, sent to the request's ``reply_to`` topic inside
+    a ``TokenChunkBatch`` (never as a record of its own)."""
 
     request_id: str
     tenant_id: str
@@ -120,6 +121,24 @@ class TokenChunk(Message):
     @property
     def is_last(self) -> bool:
         return self.finish_reason is not None
+
+
+class TokenChunkBatch(Message):
+    """The one kind of record on a reply topic, keyed by tenant: chunks of one tenant.
+
+    A worker sends one per engine step per (reply topic, tenant); a single chunk is a
+    batch of one. Chunks of one request appear in ``seq`` order, within a batch and
+    across the topic's batches.
+    """
+
+    tenant_id: str
+    chunks: Annotated[list[TokenChunk], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _one_tenant(self) -> TokenChunkBatch:
+        if any(chunk.tenant_id != self.tenant_id for chunk in self.chunks):
+            raise ValueError("every chunk must belong to the batch's tenant_id")
+        return self
 
 
 class UsageStatus(StrEnum):

@@ -7,10 +7,10 @@
 # CancelRequest --> drop the request if it is still waiting
 
 Delivery: ``handle_request`` returns only once its request has been forwarded to a
-worker (acknowledged by the broker), answered with a chunk on its reply topic, or
-dead-lettered. The Faust agent acks the event after that, and Faust commits only acked
-offsets, so a crash redelivers rather than loses. A redelivered request is not charged
-twice: its reservation is already in the window.
+worker (acknowledged by the broker), answered with a chunk on its reply topic (a
+TokenChunkBatch of one), or dead-lettered. The Faust agent acks the event after that,
+and Faust commits only acked offsets, so a crash redelivers rather than loses. A
+redelivered request is not charged twice: its reservation is already in the window.
 
 State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
 written only from the agent handling the tenant's partition. The queue, the in-flight
@@ -40,6 +40,7 @@ from schemas import (
     InferenceRequest,
     SchemaError,
     TokenChunk,
+    TokenChunkBatch,
     UsageEvent,
     UsageStatus,
     WorkerStatus,
@@ -58,7 +59,7 @@ from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
 from tokenbus.tenants import TenantDirectory
-from tokenbus.topics import Topics, reply_key
+from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.usage import usage_of
 
 log = logging.getLogger(__name__)
@@ -632,9 +633,8 @@ class Dispatcher:
             num_completion_tokens=len(request.resume_token_ids),
             error_code=error.code,
         )
+        batch = TokenChunkBatch(tenant_id=request.tenant_id, chunks=[chunk])
         await asyncio.gather(
-            self._publish(
-                request.reply_to, reply_key(request.tenant_id, request.request_id), encode(chunk)
-            ),
+            self._publish(request.reply_to, reply_batch_key(request.tenant_id), encode(batch)),
             self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage)),
         )

@@ -1,5 +1,8 @@
 """Reads back what a request's reply topic holds, for failover (``stream_jobs.recovery``).
 
+# reply topic --> records keyed by the request's tenant --> TokenChunkBatch
+# --> the chunks of the request, in the topic's order
+
 A thin I/O shell: one consumer with no group, assigned and positioned per read, so it
 commits nothing and disturbs no client. A read starts at the first record written at
 or after the request was created (minus a margin for clock skew) and goes on until it
@@ -17,10 +20,10 @@ from datetime import timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import InferenceRequest, SchemaError, TokenChunk, decode
+from schemas import InferenceRequest, SchemaError, TokenChunk, TokenChunkBatch, decode
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
-from tokenbus.topics import reply_key
+from tokenbus.topics import reply_batch_key
 
 CLOCK_SKEW = timedelta(seconds=5)
 MAX_READ_S = 30.0
@@ -42,19 +45,23 @@ class KafkaReplyLog:
             since_ms = int((request.created_at - CLOCK_SKEW).timestamp() * 1000)
             until_ms = int((time.time() + CLOCK_SKEW.total_seconds()) * 1000)
             starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
-            key = reply_key(request.tenant_id, request.request_id)
             chunks: list[TokenChunk] = []
             for tp in tps:
                 start = starts.get(tp)
                 if start is None:
                     continue  # nothing written since the request was created
                 consumer.seek(tp, start.offset)
-                chunks += await self._read_until(consumer, tp, until_ms, key)
+                chunks += await self._read_until(consumer, tp, until_ms, request)
             return chunks
 
     async def _read_until(
-        self, consumer: AIOKafkaConsumer, tp: TopicPartition, until_ms: int, key: bytes
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        until_ms: int,
+        request: InferenceRequest,
     ) -> list[TokenChunk]:
+        key = reply_batch_key(request.tenant_id)
         chunks: list[TokenChunk] = []
         deadline = time.monotonic() + MAX_READ_S
         while time.monotonic() < deadline:
@@ -65,11 +72,12 @@ class KafkaReplyLog:
                 if record.timestamp >= until_ms:
                     return chunks  # newer than the read: the lost worker wrote none of it
                 if record.key != key:
-                    continue
+                    continue  # another tenant's batch
                 try:
-                    chunks.append(decode(TokenChunk, record.value))
+                    batch = decode(TokenChunkBatch, record.value)
                 except SchemaError:
-                    continue  # not a chunk of ours; the client dead-letters it
+                    continue  # not a batch of ours; the client dead-letters it
+                chunks += (c for c in batch.chunks if c.request_id == request.request_id)
         raise TimeoutError(f"reading {tp.topic} took over {MAX_READ_S:.0f} s")
 
     async def _started(self) -> AIOKafkaConsumer:

@@ -22,7 +22,7 @@ class Topics:
         return f"{self.prefix}.worker.{worker_id}"
 
     def replies(self, client_id: str) -> str:
-        """One client's token chunks, keyed by tenant/request."""
+        """One client's TokenChunkBatches, keyed by tenant (``reply_batch_key``)."""
         return f"{self.prefix}.replies.{client_id}"
 
     @property
@@ -46,5 +46,7 @@ class Topics:
         return f"{self.prefix}.dlq"
 
 
-def reply_key(tenant_id: str, request_id: str) -> bytes:
-    return f"{tenant_id}/{request_id}".encode()
+def reply_batch_key(tenant_id: str) -> bytes:
+    """The key of a reply record: a batch holds the chunks of one tenant, of any of its
+    requests. Each request's order is its chunks' ``seq``, kept by the topic's order."""
+    return tenant_id.encode()

@@ -1,7 +1,8 @@
 """The worker loop: a thin shell between the worker's Kafka topic and the engine.
 
 # worker topic --> InferenceRequest --> Engine.generate (continuous batching)
-# EngineDelta --> TokenChunk on the request's reply_to topic
+# EngineDelta --> TokenChunk --> ReplyBatcher (one engine step's chunks)
+# one engine step --> one TokenChunkBatch per (reply_to topic, tenant), keyed by tenant
 # end of request --> exactly one UsageEvent on the usage topic
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
 # cancels topic (every partition, no group) --> CancelBook --> Engine.abort
@@ -13,6 +14,10 @@ topic at the end and skips requests addressed to another run: when a run is lost
 dispatcher sends its unfinished requests again (resuming their streams), so replaying
 them here would run them twice. Nothing is committed, and a crash loses nothing the
 dispatcher does not resend.
+
+Replies: the chunks all requests make in one engine step leave as one TokenChunkBatch
+record per (reply topic, tenant) (``workers.replies``), not one record per token. A
+request's UsageEvent is sent only once every one of its chunks was acknowledged.
 
 Presumed dead: a run that was only slow (paused, starved, cut off) may have been
 declared lost, its requests sent elsewhere. The dispatcher then sends a ``reassigned``
@@ -34,7 +39,6 @@ import time
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
@@ -53,10 +57,11 @@ from schemas import (
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
-from tokenbus.topics import Topics, reply_key
+from tokenbus.topics import Topics
 from tokenbus.usage import usage_of
 from workers.cancels import CancelBook
 from workers.interface import Engine, EngineDelta, GenerateParams
+from workers.replies import ReplyBatcher
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self._producer: AIOKafkaProducer | None = None
+        self._replies: ReplyBatcher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._cancel_consumer: AIOKafkaConsumer | None = None
         self._cancels = CancelBook()
@@ -95,6 +101,7 @@ class Worker:
         await ensure_topics(self._settings, {self.request_topic: 1})
         self._producer = make_producer(self._settings)
         await self._producer.start()
+        self._replies = ReplyBatcher(self._producer)
         self._consumer = await self._follow_requests()
         # Positioned before the first request is taken, so no cancel for one is missed.
         self._cancel_consumer = await self._follow_cancels()
@@ -120,6 +127,7 @@ class Worker:
             await asyncio.gather(cancels, return_exceptions=True)
             await self._cancel_consumer.stop()
             await self._consumer.stop()
+            await self._replies.drain()
             await self._producer.stop()
 
     async def _follow_requests(self) -> AIOKafkaConsumer:
@@ -172,9 +180,8 @@ class Worker:
             self._slots.release()
 
     async def _serve(self, request: InferenceRequest) -> None:
-        assert self._producer is not None
-        producer = self._producer
-        key = reply_key(request.tenant_id, request.request_id)
+        assert self._replies is not None
+        replies = self._replies
         started = datetime.now(UTC)
         first_token_at: datetime | None = None
         # A resumed attempt continues the stream of an earlier one: its tokens were
@@ -185,7 +192,7 @@ class Worker:
         seq = request.resume_seq
         finish = FinishReason.ERROR
         error: ErrorInfo | None = None
-        sends: list[Awaitable[Any]] = []
+        sends: list[Awaitable[None]] = []  # each resolves when its chunk was delivered
 
         def chunk(
             delta_text: str,
@@ -212,9 +219,7 @@ class Worker:
             return
         if cancelled is not None:
             # Cancelled while queued or waiting for a slot: it never reaches the engine.
-            await producer.send_and_wait(
-                request.reply_to, encode(chunk("", [], FinishReason.ABORT)), key=key
-            )
+            await replies.add(request.reply_to, chunk("", [], FinishReason.ABORT))
             await self._report(request, FinishReason.ABORT, started, None, 0, 0, 0, None)
             return
         self._running[request_id] = (tenant_id, attempt)
@@ -270,12 +275,10 @@ class Worker:
                     reason = FinishReason.STOP
                 if not delta.token_ids and not delta.text and reason is None:
                     continue
+                # Not awaited: the batcher sends this step's chunks of every request
+                # together, in the next loop iteration.
                 sends.append(
-                    await producer.send(
-                        request.reply_to,
-                        encode(chunk(delta.text, delta.token_ids, reason)),
-                        key=key,
-                    )
+                    replies.add(request.reply_to, chunk(delta.text, delta.token_ids, reason))
                 )
                 seq += 1
                 if reason is not None:
@@ -285,20 +288,14 @@ class Worker:
             log.exception("engine failed on %s", request.request_id)
             error = ErrorInfo(code="engine_error", message=f"{type(exc).__name__}: {exc}")
             finish = FinishReason.ERROR
-            sends.append(
-                await producer.send(request.reply_to, encode(chunk("", [], finish, error)), key=key)
-            )
+            sends.append(replies.add(request.reply_to, chunk("", [], finish, error)))
             seq += 1
         else:
             if finish is FinishReason.ERROR:
                 # The engine ended without a finish reason: tell the client, never hang it.
                 error = ErrorInfo(code="engine_error", message="engine ended the stream early")
                 finish = FinishReason.ERROR
-                sends.append(
-                    await producer.send(
-                        request.reply_to, encode(chunk("", [], finish, error)), key=key
-                    )
-                )
+                sends.append(replies.add(request.reply_to, chunk("", [], finish, error)))
         finally:
             self._running.pop(request_id, None)
         await asyncio.gather(*sends)

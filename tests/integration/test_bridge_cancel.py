@@ -19,6 +19,7 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
     TokenChunk,
+    TokenChunkBatch,
     decode,
     encode,
 )
@@ -64,9 +65,8 @@ async def worker_chunks(settings: Settings, reply_topic: str, request_id: str) -
         while not (chunks and chunks[-1].is_last) and time.monotonic() < deadline:
             batches = await consumer.getmany(tp, timeout_ms=500)
             for record in batches.get(tp, []):
-                chunk = decode(TokenChunk, record.value)
-                if chunk.request_id == request_id:
-                    chunks.append(chunk)
+                batch = decode(TokenChunkBatch, record.value)
+                chunks += (c for c in batch.chunks if c.request_id == request_id)
     finally:
         await consumer.stop()
     return chunks

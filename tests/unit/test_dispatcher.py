@@ -14,6 +14,7 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
     TokenChunk,
+    TokenChunkBatch,
     UsageEvent,
     WorkerStatus,
     decode,
@@ -36,6 +37,16 @@ class Recorder:
     def on(self, topic: str) -> list[bytes]:
         return [value for t, _, value in self.sent if t == topic]
 
+    def chunks_on(self, topic: str) -> list[TokenChunk]:
+        """Every chunk of every reply record on ``topic``, in order; keys are the tenant."""
+        chunks: list[TokenChunk] = []
+        for t, key, value in self.sent:
+            if t == topic:
+                batch = decode(TokenChunkBatch, value)
+                assert key == batch.tenant_id.encode()
+                chunks += batch.chunks
+        return chunks
+
 
 def request(n: int, tenant: str = "t", priority: int = 1, max_tokens: int = 10) -> InferenceRequest:
     return InferenceRequest(
@@ -57,7 +68,7 @@ class Replies:
         self._recorder = recorder
 
     async def read(self, request: InferenceRequest) -> list[TokenChunk]:
-        return [decode(TokenChunk, v) for v in self._recorder.on(request.reply_to)]
+        return self._recorder.chunks_on(request.reply_to)
 
 
 @pytest.fixture
@@ -105,7 +116,7 @@ async def test_forwards_to_a_live_worker_and_refuses_without_one(
 ) -> None:
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.REFUSED
-    (chunk,) = [decode(TokenChunk, v) for v in recorder.on("replies")]
+    (chunk,) = recorder.chunks_on("replies")
     assert chunk.error is not None and chunk.error.code == "no_worker"
 
     dispatcher.observe_heartbeat(heartbeat())
@@ -177,7 +188,7 @@ async def test_over_quota_is_refused_with_retry_after(
         await (await admit(dispatcher, request(2, tenant="small", max_tokens=30)))
         is Outcome.REFUSED
     )
-    chunk = decode(TokenChunk, recorder.on("replies")[-1])
+    chunk = recorder.chunks_on("replies")[-1]
     assert chunk.error is not None and chunk.error.code == "quota_exceeded"
     assert chunk.error.retry_after_s is not None and 59 < chunk.error.retry_after_s <= 60
     usage = decode(UsageEvent, recorder.on(TOPICS.usage)[-1])
@@ -265,17 +276,17 @@ async def until(condition: Callable[[], bool], timeout_s: float = 1.0) -> None:
 
 
 def chunk(n: int, seq: int, tokens: list[int], finish: str | None = None) -> bytes:
-    return encode(
-        TokenChunk(
-            request_id=f"r{n}",
-            tenant_id="t",
-            seq=seq,
-            token_ids=tokens,
-            num_tokens=len(tokens),
-            finish_reason=finish,
-            num_prompt_tokens=3 if finish else None,
-        )
+    """A worker's reply record holding one chunk of request ``n``."""
+    one = TokenChunk(
+        request_id=f"r{n}",
+        tenant_id="t",
+        seq=seq,
+        token_ids=tokens,
+        num_tokens=len(tokens),
+        finish_reason=finish,
+        num_prompt_tokens=3 if finish else None,
     )
+    return encode(TokenChunkBatch(tenant_id="t", chunks=[one]))
 
 
 async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
@@ -285,8 +296,8 @@ async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
     # The worker streamed two chunks, then restarted: a heartbeat of a new run.
-    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
-    await recorder("replies", b"t/r1", chunk(1, 1, [13]))
+    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
+    await recorder("replies", b"t", chunk(1, 1, [13]))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: len(recorder.on("w-topic")) == 2)
     first, again = [decode(InferenceRequest, v) for v in recorder.on("w-topic")]
@@ -311,8 +322,8 @@ async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
-    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
-    await recorder("replies", b"t/r1", chunk(1, 1, [13], finish="stop"))
+    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
+    await recorder("replies", b"t", chunk(1, 1, [13], finish="stop"))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
@@ -328,11 +339,11 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
-    await recorder("replies", b"t/r1", chunk(1, 0, [11, 12]))
+    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
     await dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="t")))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
-    last = decode(TokenChunk, recorder.on("replies")[-1])
+    last = recorder.chunks_on("replies")[-1]
     assert last.seq == 1 and last.finish_reason == "abort"
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert usage.status == "cancelled" and usage.num_completion_tokens == 2

@@ -3,7 +3,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import InferenceRequest, SchemaError, TokenChunk, UsageEvent, decode, encode
+from schemas import (
+    InferenceRequest,
+    SchemaError,
+    TokenChunk,
+    TokenChunkBatch,
+    UsageEvent,
+    decode,
+    encode,
+)
 from schemas.export import BUS_MESSAGES, render, schema_path
 
 
@@ -69,6 +77,35 @@ def test_priority_and_tenant_are_validated() -> None:
 def test_last_chunk_is_the_one_with_a_finish_reason() -> None:
     assert not TokenChunk(request_id="r", tenant_id="t", seq=0).is_last
     assert TokenChunk(request_id="r", tenant_id="t", seq=1, finish_reason="stop").is_last
+
+
+def test_a_batch_round_trips_its_chunks_in_order() -> None:
+    chunks = [
+        TokenChunk(request_id="r1", tenant_id="t", seq=0, text="a", token_ids=[1], num_tokens=1),
+        TokenChunk(request_id="r2", tenant_id="t", seq=4, finish_reason="stop"),
+        TokenChunk(request_id="r1", tenant_id="t", seq=1, text="b", token_ids=[2], num_tokens=1),
+    ]
+    batch = decode(TokenChunkBatch, encode(TokenChunkBatch(tenant_id="t", chunks=chunks)))
+    assert batch.chunks == chunks
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"tenant_id": "t", "chunks": []}, "chunks: List should have at least 1 item"),
+        (
+            {"tenant_id": "t", "chunks": [{"request_id": "r", "tenant_id": "u", "seq": 0}]},
+            "every chunk must belong to the batch's tenant_id",
+        ),
+        # A bare chunk, as reply topics carried before batches: named, not half-read.
+        ({"request_id": "r", "tenant_id": "t", "seq": 0}, "chunks: Field required"),
+    ],
+)
+def test_a_bad_batch_raises_schema_error_with_a_reason(
+    fields: dict[str, object], reason: str
+) -> None:
+    with pytest.raises(SchemaError, match=reason):
+        decode(TokenChunkBatch, orjson.dumps(fields))
 
 
 def test_usage_event_requires_a_status() -> None:

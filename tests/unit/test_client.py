@@ -1,0 +1,107 @@
+"""The client's reply routing, with a consumer that yields prepared records."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from producers import TokenbusClient
+from schemas import DeadLetter, InferenceRequest, TokenChunk, TokenChunkBatch, decode, encode
+from tokenbus.config import Settings
+from tokenbus.topics import Topics, reply_batch_key
+
+
+@dataclass
+class Record:
+    value: bytes
+    key: bytes
+    topic: str = "replies"
+    partition: int = 0
+    offset: int = 0
+
+
+class Consumer:
+    def __init__(self, records: list[Record]) -> None:
+        self._records = records
+
+    async def __aiter__(self) -> AsyncIterator[Record]:
+        for record in self._records:
+            yield record
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> None:
+        self.sent.append((topic, value))
+
+
+def chunk(request_id: str, seq: int, finish: str | None = None) -> TokenChunk:
+    return TokenChunk(
+        request_id=request_id,
+        tenant_id="t",
+        seq=seq,
+        text=f"{request_id}.{seq}",
+        token_ids=[seq],
+        num_tokens=1,
+        finish_reason=finish,
+    )
+
+
+def batch(*chunks: TokenChunk) -> Record:
+    return Record(encode(TokenChunkBatch(tenant_id="t", chunks=list(chunks))), reply_batch_key("t"))
+
+
+def request(request_id: str) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=request_id,
+        session_id="s",
+        tenant_id="t",
+        model="m",
+        prompt="hi",
+        reply_to="replies",
+    )
+
+
+async def test_a_batch_is_fanned_out_to_its_requests_streams(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    client._producer = Producer()
+    client._consumer = Consumer(
+        [
+            batch(chunk("r1", 0), chunk("r2", 0), chunk("nobody", 0)),
+            batch(chunk("r2", 1, finish="stop"), chunk("r1", 1)),
+            batch(chunk("r1", 1), chunk("r1", 2, finish="length")),  # seq 1 again: dropped
+        ]
+    )
+    r1, r2 = request("r1"), request("r2")
+    client.watch("r1")
+    client.watch("r2")
+    await client._route_replies()
+
+    async def texts(req: InferenceRequest) -> list[str]:
+        return [c.text async for c in client.stream(req)]
+
+    assert await asyncio.wait_for(texts(r1), 1) == ["r1.0", "r1.1", "r1.2"]
+    assert await asyncio.wait_for(texts(r2), 1) == ["r2.0", "r2.1"]
+
+
+async def test_a_record_that_is_not_a_batch_is_dead_lettered(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    producer = Producer()
+    client._producer = producer
+    bare = Record(encode(chunk("r1", 0)), b"t/r1", offset=4)  # a chunk outside a batch
+    client._consumer = Consumer([bare, batch(chunk("r1", 0, finish="stop"))])
+    client.watch("r1")
+    await client._route_replies()
+
+    ((topic, value),) = producer.sent
+    letter = decode(DeadLetter, value)
+    assert topic == Topics().dead_letters and letter.offset == 4
+    assert "invalid TokenChunkBatch" in letter.reason and "chunks: Field required" in letter.reason
+    assert orjson.loads(letter.payload)["request_id"] == "r1"
+    assert [c.seq async for c in client.stream(request("r1"))] == [0]
