@@ -408,14 +408,14 @@ class Dispatcher:
                 # Picked and counted in flight now; the broker's ack is awaited in a
                 # task of its own, so the next pick (a class 0 request, say) does not
                 # wait one produce round trip per request picked before it.
-                task = asyncio.create_task(self._forward(waiting))
+                task = asyncio.create_task(self._forward(waiting, self._pick(waiting)))
                 self._forwarding.add(task)
                 task.add_done_callback(self._forwarding.discard)
             self._update_tier()
 
-    async def _forward(self, waiting: _Waiting) -> None:
+    async def _forward(self, waiting: _Waiting, forwarded: InferenceRequest | None) -> None:
         try:
-            outcome = await self._dispatch(waiting)
+            outcome = await self._send(waiting, forwarded)
         except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
             waiting.done.set_exception(exc)
         else:
@@ -435,7 +435,10 @@ class Dispatcher:
         return len(self._in_flight) < max(1, capacity - reserved)
 
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
-        forwarded = self._pick(waiting)
+        return await self._send(waiting, self._pick(waiting))
+
+    async def _send(self, waiting: _Waiting, forwarded: InferenceRequest | None) -> Outcome:
+        """Forwards a picked request, or answers no_worker when nothing could be picked."""
         if forwarded is None:
             self.metrics.num_no_worker += 1
             live = sorted(self._registry.models(time.monotonic()))

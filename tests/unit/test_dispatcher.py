@@ -349,3 +349,29 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     assert usage.status == "cancelled" and usage.num_completion_tokens == 2
     assert len(recorder.on("w-topic")) == 1
     loop.cancel()
+
+
+async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    # The broker has not acknowledged any forward yet: the next picks must still count
+    # every request already picked, or the whole queue would go out at once.
+    acked = asyncio.Event()
+
+    async def slow_publish(topic: str, key: bytes, value: bytes) -> None:
+        recorder.sent.append((topic, key, value))
+        if topic == "w-topic":
+            await acked.wait()
+
+    dispatcher._publish = slow_publish
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    tasks = [await admit(dispatcher, request(n, priority=0)) for n in range(10)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(recorder.on("w-topic")) == 4
+    assert dispatcher.metrics.num_in_flight == 4 and dispatcher.metrics.num_waiting == 6
+    acked.set()
+    await asyncio.sleep(0.01)
+    assert [t.done() for t in tasks].count(True) == 4
+    loop.cancel()
