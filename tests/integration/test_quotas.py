@@ -35,7 +35,7 @@ def job_metrics(settings: Settings) -> dict[str, float]:
 def usage(settings: Settings, tenants: list[str]) -> list[dict[str, Any]]:
     return open_reader(settings).query(
         "SELECT tenant_id, request_id, status, error_code, prompt_tokens, completion_tokens,"
-        " overload_tier, flags, queue_ms, created_at"
+        " overload_tier, flags, queue_ms, created_at, finished_at"
         " FROM usage_events FINAL WHERE tenant_id IN {tenants:Array(String)}"
         " ORDER BY tenant_id, created_at",
         {"tenants": tenants},
