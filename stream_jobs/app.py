@@ -14,6 +14,7 @@ is lost; a crash redelivers at most the last interval's requests.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from typing import Any
 
 import faust
@@ -25,7 +26,7 @@ from faust.types import TableT
 from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.metrics import render_metrics
 from stream_jobs.replies import KafkaReplyLog
-from stream_jobs.window import WindowState
+from stream_jobs.window import Reservations, WindowState
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
@@ -52,19 +53,70 @@ def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
 
 
-class TableWindowStore:
-    """Quota windows in a Faust table: each write goes to its changelog partition, and a
-    restarted job recovers the table from the changelog before it consumes again."""
+class TableReservations(Reservations):
+    """One tenant's reservations, each also a record of the reservations table, keyed
+    ``tenant/request_id``: a change writes just that record (to the changelog partition
+    of the event being processed, which requests and usage share by tenant)."""
 
-    def __init__(self, table: TableT[bytes, bytes]) -> None:
+    def __init__(
+        self, table: TableT[bytes, bytes], tenant_id: str, entries: dict[str, list[int]]
+    ) -> None:
+        super().__init__(entries)
         self._table = table
+        self._prefix = f"{tenant_id}/"
+
+    def __setitem__(self, request_id: str, entry: list[int]) -> None:
+        super().__setitem__(request_id, entry)
+        self._table[(self._prefix + request_id).encode()] = orjson.dumps(entry)
+
+    def __delitem__(self, request_id: str) -> None:
+        super().__delitem__(request_id)
+        self._table.pop((self._prefix + request_id).encode(), None)
+
+
+class TableWindowStore:
+    """Quota windows in two Faust tables, backed by changelogs, so a restarted job
+    recovers them before it consumes again: the bucket sums per tenant (small), and
+    one record per reservation. A request thus writes O(1) records, not its tenant's
+    whole window.
+
+    Decoded states are kept between requests. They are dropped whenever partitions
+    move, because the tables then change under them."""
+
+    def __init__(self, windows: TableT[bytes, bytes], reservations: TableT[bytes, bytes]) -> None:
+        self._windows = windows
+        self._reservations = reservations
+        self._states: dict[str, WindowState] = {}
+        self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
 
     def load(self, tenant_id: str) -> WindowState:
-        raw = self._table.get(tenant_id.encode())
-        return WindowState.from_json(orjson.loads(raw) if raw else None)
+        state = self._states.get(tenant_id)
+        if state is None:
+            raw = self._windows.get(tenant_id.encode())
+            entries = dict(sorted(self._recovered_of(tenant_id), key=lambda e: e[1][0]))
+            state = WindowState.from_json(
+                orjson.loads(raw) if raw else None,
+                TableReservations(self._reservations, tenant_id, entries),
+            )
+            self._states[tenant_id] = state
+        return state
 
     def save(self, tenant_id: str, state: WindowState) -> None:
-        self._table[tenant_id.encode()] = orjson.dumps(state.to_json())
+        self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
+
+    def forget(self) -> None:
+        self._states.clear()
+        self._recovered = None
+
+    def _recovered_of(self, tenant_id: str) -> list[tuple[str, list[int]]]:
+        if self._recovered is None:
+            # One pass over what this instance holds, on the first load after a start
+            # or a rebalance, rather than one per tenant.
+            self._recovered = defaultdict(list)
+            for key, value in self._reservations.items():
+                tenant, _, request_id = key.decode().partition("/")  # tenant ids have no "/"
+                self._recovered[tenant].append((request_id, orjson.loads(value)))
+        return self._recovered.pop(tenant_id, [])
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -100,6 +152,22 @@ def create_app(settings: Settings) -> faust.App:
         value_type=bytes,
         partitions=settings.num_partitions,
     )
+    reservations = app.Table(
+        "quota-reservations",
+        default=None,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=settings.num_partitions,
+    )
+    store = TableWindowStore(windows, reservations)
+
+    def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        store.forget()
+
+    # mode's handler type (mypy_extensions' NamedArg) matches no plain def.
+    app.on_partitions_revoked.connect(on_partitions_moved)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_partitions_moved)  # type: ignore[arg-type]
+
     state: dict[str, Dispatcher] = {}
 
     async def publish(topic: str, key: bytes, value: bytes) -> Any:
@@ -109,9 +177,7 @@ def create_app(settings: Settings) -> faust.App:
 
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
-            state["dispatcher"] = Dispatcher(
-                settings, publish, TableWindowStore(windows), KafkaReplyLog(settings)
-            )
+            state["dispatcher"] = Dispatcher(settings, publish, store, KafkaReplyLog(settings))
         return state["dispatcher"]
 
     def admit_agent(priority: int) -> None:

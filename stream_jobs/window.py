@@ -8,11 +8,16 @@ keeps it in a changelog-backed table and a restarted job resumes with the same c
   refunding what went unused or charging an overrun, in the bucket it was reserved in;
 - a request already reserved (a redelivery after a restart) is admitted without being
   charged twice.
+
+The bucket sums are small (at most 600 buckets) and travel as JSON. Reservations, one
+per request of the last 60 s, live in a ``Reservations`` mapping of their own, so that a
+store can keep each as a record and write only the ones a request changes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +28,11 @@ BUCKETS_PER_S = 10
 
 def _bucket(now: float) -> int:
     return math.floor(now * BUCKETS_PER_S)
+
+
+def _oldest(now: float) -> int:
+    """The oldest bucket still in the window at ``now``."""
+    return _bucket(now) - WINDOW_S * BUCKETS_PER_S + 1
 
 
 @dataclass(frozen=True)
@@ -43,32 +53,69 @@ class Decision:
     """The request was reserved and settled before: it already ran (a redelivery)."""
 
 
+class Reservations(MutableMapping[str, list[int]]):
+    """request_id -> [bucket, tokens, settled], in memory; stores may persist each entry.
+
+    Entries are replaced whole, never changed in place, so that a store writing through
+    sees every change. ``expire`` drops the entries older than a bucket, oldest first."""
+
+    def __init__(self, entries: dict[str, list[int]] | None = None) -> None:
+        self._entries: dict[str, list[int]] = entries if entries is not None else {}
+
+    def __getitem__(self, request_id: str) -> list[int]:
+        return self._entries[request_id]
+
+    def __setitem__(self, request_id: str, entry: list[int]) -> None:
+        self._entries[request_id] = entry
+
+    def __delitem__(self, request_id: str) -> None:
+        del self._entries[request_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def expire(self, oldest: int) -> None:
+        # Buckets grow with arrival, and replacing an entry keeps its place: the entries
+        # to drop lead the insertion order. (Should the clock step back, a few may stay
+        # a little longer, as if still in the window.)
+        stale = []
+        for request_id, (bucket, *_) in self._entries.items():
+            if bucket >= oldest:
+                break
+            stale.append(request_id)
+        for request_id in stale:
+            del self[request_id]
+
+
 @dataclass
 class WindowState:
     buckets: dict[int, list[int]] = field(default_factory=dict)
     """Bucket (100 ms since the epoch) -> [tokens, requests] charged in it."""
-    reservations: dict[str, list[int]] = field(default_factory=dict)
+    reservations: Reservations = field(default_factory=Reservations)
     """request_id -> [bucket, tokens, settled]: kept until it leaves the window, so that a
     redelivered request is recognised and never charged twice."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"b": {str(k): v for k, v in self.buckets.items()}, "r": self.reservations}
+        """The bucket sums; reservations are kept by the ``Reservations`` given."""
+        return {"b": {str(k): v for k, v in self.buckets.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> WindowState:
-        if not data:
-            return cls()
+    def from_json(
+        cls, data: dict[str, Any] | None, reservations: Reservations | None = None
+    ) -> WindowState:
         return cls(
-            buckets={int(k): list(v) for k, v in data.get("b", {}).items()},
-            reservations={k: list(v) for k, v in data.get("r", {}).items()},
+            buckets={int(k): list(v) for k, v in (data or {}).get("b", {}).items()},
+            reservations=reservations if reservations is not None else Reservations(),
         )
 
     def expire(self, now: float) -> None:
-        oldest = _bucket(now) - WINDOW_S * BUCKETS_PER_S + 1
+        oldest = _oldest(now)
         for key in [k for k in self.buckets if k < oldest]:
             del self.buckets[key]
-        for request_id in [r for r, (k, *_) in self.reservations.items() if k < oldest]:
-            del self.reservations[request_id]
+        self.reservations.expire(oldest)
 
     def used(self) -> tuple[int, int]:
         return (
@@ -122,7 +169,7 @@ def settle(state: WindowState, request_id: str, num_tokens_actual: int, now: flo
     if reservation is None or reservation[2]:
         return None
     key, reserved, _ = reservation
-    reservation[1:] = [num_tokens_actual, 1]
+    state.reservations[request_id] = [key, num_tokens_actual, 1]
     delta = num_tokens_actual - reserved
     bucket = state.buckets.get(key)
     if bucket is not None:

@@ -1,0 +1,79 @@
+"""The job's quota store over Faust tables, with dicts standing in for the tables: a
+request writes O(1) records, and a new store over the same tables (a restarted job
+after changelog recovery) has the same counts and still knows every reservation."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from faust.types import TableT
+
+from stream_jobs.app import TableWindowStore
+from stream_jobs.window import Limits, release, reserve, settle
+
+LIMITS = Limits(tpm=10_000, rpm=100)
+
+
+class Table(dict[bytes, bytes]):
+    """What the store uses of a Faust table; counts the records written."""
+
+    writes = 0
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+def store_over(windows: Table, reservations: Table) -> TableWindowStore:
+    return TableWindowStore(cast(TableT[bytes, bytes], windows), cast(Any, reservations))
+
+
+def test_a_request_writes_its_own_reservation_and_the_sums_only() -> None:
+    windows, reservations = Table(), Table()
+    store = store_over(windows, reservations)
+    for n in range(50):
+        state = store.load("acme")
+        assert reserve(state, f"r{n}", 10, LIMITS, now=100.0 + n * 0.1).admitted
+        store.save("acme", state)
+    assert reservations.writes == 50 and len(reservations) == 50
+    assert b"acme/r49" in reservations and b"r49" not in windows[b"acme"]
+
+    state = store.load("acme")
+    settle(state, "r0", 4, now=105.0)
+    store.save("acme", state)
+    assert reservations.writes == 51  # the settled reservation, nothing else
+
+
+def test_a_new_store_over_the_same_tables_resumes_the_counts() -> None:
+    windows, reservations = Table(), Table()
+    first = store_over(windows, reservations)
+    for tenant in ("acme", "globex"):
+        state = first.load(tenant)
+        for n in range(3):
+            reserve(state, f"{tenant}-{n}", 100, LIMITS, now=10.0 + n)
+        settle(state, f"{tenant}-0", 40, now=13.0)
+        release(state, f"{tenant}-2", now=13.0)
+        first.save(tenant, state)
+
+    restarted = store_over(windows, reservations)
+    state = restarted.load("acme")
+    assert state.used() == (140, 2)
+    # A redelivered request is known: settled ones are duplicates, none is charged again.
+    again = reserve(state, "acme-0", 100, LIMITS, now=14.0)
+    assert again.admitted and again.duplicate and state.used() == (140, 2)
+    assert set(state.reservations) == {"acme-0", "acme-1"}
+    assert set(restarted.load("globex").reservations) == {"globex-0", "globex-1"}
+
+
+def test_reservations_leaving_the_window_are_deleted_from_the_table() -> None:
+    windows, reservations = Table(), Table()
+    store = store_over(windows, reservations)
+    state = store.load("acme")
+    reserve(state, "old", 100, LIMITS, now=0.0)
+    reserve(state, "new", 100, LIMITS, now=30.0)
+    store.save("acme", state)
+    state = store.load("acme")
+    reserve(state, "later", 100, LIMITS, now=65.0)
+    store.save("acme", state)
+    assert set(reservations) == {b"acme/new", b"acme/later"}
+    assert state.used() == (200, 2)
