@@ -104,25 +104,32 @@ async def test_three_tenants_at_three_times_their_tpm_get_their_limit(
 
 
 async def test_two_backlogged_tenants_share_two_to_one_by_weight(
-    client: TokenbusClient,
+    client: TokenbusClient, settings: Settings
 ) -> None:
     sampling = SamplingParams(max_tokens=48, ignore_eos=True)
+    tenants = ("fair-light", "fair-heavy")
     requests = []
     for _ in range(150):
-        for tenant in ("fair-light", "fair-heavy"):
+        for tenant in tenants:
             requests.append(await client.submit(tenant_id=tenant, prompt="fair", sampling=sampling))
-    finished: list[str] = []
 
     async def track(request: InferenceRequest) -> None:
         chunks = await run(client, request)
         assert chunks[-1].error is None, chunks[-1].error
-        finished.append(request.tenant_id)
 
     await asyncio.gather(*(track(r) for r in requests))
-    # The first wave (up to the fleet's 64 seats) may leave before a backlog forms, in
-    # arrival order, 1:1. After it both tenants stay backlogged for the next 120.
-    backlogged = finished[64:184]
-    ratio = backlogged.count("fair-heavy") / backlogged.count("fair-light")
+    rows = await eventually(
+        lambda: usage(settings, list(tenants)), until=lambda rows: len(rows) == len(requests)
+    )
+    # In the order the job dispatched them. The counters are cumulative: while the
+    # first wave takes free seats 1:1, the heavy tenant earns credit it spends once
+    # the backlog forms, so the share is 2:1 over everything up to a point where both
+    # are still backlogged (the heavy one has 150: 180 dispatches leave it 30).
+    dispatched = sorted(
+        rows, key=lambda r: as_time(r["created_at"]).timestamp() + r["queue_ms"] / 1000
+    )
+    first = [r["tenant_id"] for r in dispatched[:180]]
+    ratio = first.count("fair-heavy") / first.count("fair-light")
     assert 1.8 <= ratio <= 2.2, ratio
 
 
