@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import urllib.request
 from datetime import datetime, timedelta
@@ -106,30 +107,50 @@ async def test_three_tenants_at_three_times_their_tpm_get_their_limit(
 async def test_two_backlogged_tenants_share_two_to_one_by_weight(
     client: TokenbusClient, settings: Settings
 ) -> None:
+    # A third tenant takes every seat class 1 may use, so both tenants' requests are
+    # all waiting before the first of them is dispatched: backlogged from the start,
+    # with equal counters (each returns from idle), rather than first sharing free
+    # seats 1:1 and then spending the credit that earned.
+    capacity = int(job_metrics(settings)["tokenbus_job_capacity"])
+    seats = capacity - math.ceil(capacity * settings.vip_reserve)
+    blockers = [
+        await client.submit(
+            tenant_id="fair-blocker",
+            prompt="hold",
+            sampling=SamplingParams(max_tokens=400, ignore_eos=True),
+        )
+        for _ in range(seats)
+    ]
+    await eventually(
+        lambda: job_metrics(settings),
+        until=lambda m: m["tokenbus_job_num_in_flight"] >= seats,
+    )
     sampling = SamplingParams(max_tokens=48, ignore_eos=True)
     tenants = ("fair-light", "fair-heavy")
-    requests = []
-    for _ in range(150):
-        for tenant in tenants:
-            requests.append(await client.submit(tenant_id=tenant, prompt="fair", sampling=sampling))
+    requests = await asyncio.gather(
+        *(
+            client.submit(tenant_id=tenant, prompt="fair", sampling=sampling)
+            for _ in range(150)
+            for tenant in tenants
+        )
+    )
 
     async def track(request: InferenceRequest) -> None:
         chunks = await run(client, request)
         assert chunks[-1].error is None, chunks[-1].error
 
-    await asyncio.gather(*(track(r) for r in requests))
+    await asyncio.gather(*(track(r) for r in [*blockers, *requests]))
     rows = await eventually(
         lambda: usage(settings, list(tenants)), until=lambda rows: len(rows) == len(requests)
     )
-    # In the order the job dispatched them. The counters are cumulative: while the
-    # first wave takes free seats 1:1, the heavy tenant earns credit it spends once
-    # the backlog forms, so the share is 2:1 over everything up to a point where both
-    # are still backlogged (the heavy one has 150: 180 dispatches leave it 30).
+    # In the order the job dispatched them, while both still had requests waiting
+    # (the heavy one has 150: 180 dispatches at 2:1 leave it 30).
     dispatched = sorted(
         rows, key=lambda r: as_time(r["created_at"]).timestamp() + r["queue_ms"] / 1000
     )
     first = [r["tenant_id"] for r in dispatched[:180]]
     ratio = first.count("fair-heavy") / first.count("fair-light")
+    print(f"fair share: {ratio:.2f} heavy per light over the first {len(first)} dispatched")
     assert 1.8 <= ratio <= 2.2, ratio
 
 

@@ -20,6 +20,14 @@ from tokenbus.stack import Stack
 __all__ = ["fleet", "fleet_client"]
 
 
+def _worker_gauges(settings: Settings) -> str:
+    """Every per-worker gauge of the job, for failure messages."""
+    url = f"http://127.0.0.1:{settings.faust_web_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return "\n".join(line for line in lines if line.startswith("tokenbus_job_worker_"))
+
+
 def _worker_gauge(settings: Settings, name: str, worker_id: str) -> float:
     url = f"http://127.0.0.1:{settings.faust_web_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -45,7 +53,9 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
         fillers.append((request, asyncio.create_task(_drain(fleet_client, request))))
     deadline = time.monotonic() + 60
     while not kv() > settings.route_kv_threshold:
-        assert time.monotonic() < deadline, f"{SMALL_KV_WORKER} KV use stayed at {kv():.2f}"
+        assert time.monotonic() < deadline, (
+            f"{SMALL_KV_WORKER} KV use stayed at {kv():.2f}:\n{_worker_gauges(settings)}"
+        )
         await asyncio.sleep(0.2)
     try:
         before = kv()
