@@ -87,7 +87,7 @@ def _usage(
         where, params = ("tenant_id IN %(tenants)s", {"tenants": tenants})
     return open_reader(settings).query(
         "SELECT request_id, session_id, tenant_id, attempt, worker_id, status, error_code,"
-        " prompt_tokens, completion_tokens, cached_tokens, flags"
+        " prompt_tokens, completion_tokens, cached_tokens, flags, created_at, queue_ms"
         f" FROM usage_events WHERE {where} ORDER BY created_at",
         params,
     )

@@ -10,10 +10,13 @@ import time
 import urllib.request
 from collections import Counter
 
+from tokenizers import Tokenizer
+
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.conftest import eventually
 from tests.integration.fleet import SMALL_KV_WORKER, _drain, _usage, fleet, fleet_client
+from tests.integration.test_quotas import as_time
 from tokenbus.config import Settings
 from tokenbus.stack import Stack
 
@@ -42,15 +45,25 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
 ) -> None:
     settings = fleet.settings
     kv = lambda: _worker_gauge(settings, "kv_cache_usage", SMALL_KV_WORKER)  # noqa: E731
-    # A burst of 900-token prompts spreads over the three workers; on the small-KV
-    # worker its share (prefill at once, then decode) takes the cache above 90%.
-    long = SamplingParams(max_tokens=900, ignore_eos=True)
-    fillers: list[tuple[InferenceRequest, asyncio.Task[list[TokenChunk]]]] = []
-    for n in range(24):  # the small worker has a quarter of worker-0's seats: its share is small
-        request = await fleet_client.submit(
-            tenant_id="kv-fill", prompt=f"fill {n} " + "word " * 300, sampling=long
+    # The small worker's cache holds 32 blocks of 128 tokens (4,096 tokens), and it
+    # takes requests of up to 2,048. A filler of 1,800 prompt tokens takes 15 blocks at
+    # its prefill, so two running fillers hold 30 of 32 blocks (94%) from their first
+    # step to their last, and the ones waiting behind them keep it there. A burst of
+    # fillers spreads over the three workers by seats; the small worker's share is
+    # about a sixth.
+    tokenizer = Tokenizer.from_file(str(settings.model_dir / "tokenizer.json"))
+    prompt = "word " * 598
+    num_prompt = len(tokenizer.encode(prompt).ids)
+    assert 14 * 128 < num_prompt + 10 <= 15 * 128, num_prompt
+    long = SamplingParams(max_tokens=2048 - num_prompt - 16, ignore_eos=True)
+    # At once, so that the job routes all of them before any heartbeat shows them.
+    requests = await asyncio.gather(
+        *(
+            fleet_client.submit(tenant_id="kv-fill", prompt=f"fill {n} {prompt}", sampling=long)
+            for n in range(36)
         )
-        fillers.append((request, asyncio.create_task(_drain(fleet_client, request))))
+    )
+    fillers = [(r, asyncio.create_task(_drain(fleet_client, r))) for r in requests]
     deadline = time.monotonic() + 60
     while not kv() > settings.route_kv_threshold:
         assert time.monotonic() < deadline, (
@@ -58,25 +71,63 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
         )
         await asyncio.sleep(0.2)
     try:
-        before = kv()
-        burst = [
-            await fleet_client.submit(
-                tenant_id="kv-probe",
-                prompt=f"short {n}",
-                sampling=SamplingParams(max_tokens=8, ignore_eos=True),
+        # The job's view of the small worker changes only with its heartbeats (every
+        # 0.5 s), and dips for a moment whenever a filler ends and the next one is
+        # prefilled. So the view is sampled every 20 ms while probes go out in small
+        # bursts; a probe counts as sent "while above" when the samples on both sides
+        # of its dispatch, at most 100 ms apart, were above the threshold.
+        samples: list[tuple[float, float]] = []
+        sampling_done = asyncio.Event()
+
+        async def sample() -> None:
+            while not sampling_done.is_set():
+                value = await asyncio.to_thread(kv)
+                samples.append((time.time(), value))
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        probes: list[InferenceRequest] = []
+        for burst in range(12):
+            probes += await asyncio.gather(
+                *(
+                    fleet_client.submit(
+                        tenant_id="kv-probe",
+                        prompt=f"short {burst}.{n}",
+                        sampling=SamplingParams(max_tokens=8, ignore_eos=True),
+                    )
+                    for n in range(3)
+                )
             )
-            for n in range(15)
-        ]
-        await asyncio.gather(*(_drain(fleet_client, r) for r in burst))
-        after = kv()
+            await asyncio.sleep(0.25)
+        await asyncio.gather(*(_drain(fleet_client, r) for r in probes))
+        sampling_done.set()
+        await sampler
         rows = await eventually(
-            lambda: _usage(settings, request_ids=[r.request_id for r in burst]),
-            until=lambda rows: len(rows) == len(burst),
+            lambda: _usage(settings, request_ids=[r.request_id for r in probes]),
+            until=lambda rows: len(rows) == len(probes),
         )
-        served = Counter(row["worker_id"] for row in rows)
-        assert before > settings.route_kv_threshold and after > settings.route_kv_threshold
-        assert served[SMALL_KV_WORKER] == 0, served
-        assert len(served) == 2, served  # the others shared it
+
+        def above_at(when: float) -> bool:
+            before = [(t, v) for t, v in samples if t <= when][-1:]
+            after = [(t, v) for t, v in samples if t > when][:1]
+            if not before or not after or after[0][0] - before[0][0] > 0.1:
+                return False
+            return min(before[0][1], after[0][1]) > settings.route_kv_threshold
+
+        hot = Counter(
+            row["worker_id"]
+            for row in rows
+            if above_at(as_time(row["created_at"]).timestamp() + row["queue_ms"] / 1000)
+        )
+        print(
+            f"{SMALL_KV_WORKER} above {settings.route_kv_threshold:.0%} in "
+            f"{sum(v > settings.route_kv_threshold for _, v in samples)} of {len(samples)} "
+            f"samples; probes sent while above went to {dict(hot)}; all probes: "
+            f"{dict(Counter(row['worker_id'] for row in rows))}"
+        )
+        assert hot.total() >= 6, hot  # the check had something to check
+        assert hot[SMALL_KV_WORKER] == 0, hot
+        assert len(hot) == 2, hot  # the others shared them
     finally:
         for request, _ in fillers:
             await fleet_client.cancel(request)
