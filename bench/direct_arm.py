@@ -23,7 +23,7 @@ class DirectProcess:
     def __init__(self, settings: Settings, log_path: Path) -> None:
         read_fd, write_fd = os.pipe()
         self.log_path = log_path
-        env = settings_env(settings)
+        env = {**settings_env(settings), **settings.worker_env}  # as the stack's workers
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         with log_path.open("wb") as log_file:
             self.process = subprocess.Popen(

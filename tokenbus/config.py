@@ -108,6 +108,16 @@ class Settings(BaseSettings):
     worker_nice: int = 10
     """Niceness of workers the local stack starts (0: none); in production they have hosts
     of their own."""
+    worker_env: dict[str, str] = Field(
+        default_factory=lambda: {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    )
+    """Environment added to workers the local stack starts (irrelevant on GPU workers).
+
+    vLLM-CPU's default binding (``auto``) pins each engine's compute process to core 0
+    and reserves the rest. Several engines on one small host then share that core, and
+    a restarting one imports torch at a few percent of it (seen: 3 s of CPU in 104 s,
+    and 6 to 8 minutes to restart). Unbound, with one compute thread each (as ``auto``
+    gave them), the OS spreads the engines over the cores."""
     worker_python: Path | None = None
     """Interpreter of the worker environment, used by ``tokenbus up`` and the tests."""
 

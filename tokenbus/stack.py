@@ -147,14 +147,7 @@ class Stack:
         billing = self._spawn("billing", [sys.executable, "-m", "billing"])
         self.on_progress("starting the Faust job")
         job = self._spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
-        workers = [
-            self._spawn(
-                f"worker-{i}",
-                [*self._niced(), str(worker_python(settings)), "-m", "workers"],
-                worker_id=f"worker-{i}",
-            )
-            for i in range(self.num_workers)
-        ]
+        workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
         self.on_progress("starting the SSE bridge")
         bridge = self._spawn("bridge", [sys.executable, "-m", "bridge"])
         self.on_progress("waiting for the billing sink")
@@ -205,17 +198,31 @@ class Stack:
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
         )
 
-    def _spawn(self, name: str, argv: list[str], **overrides: Any) -> Service:
-        env = settings_env(self.settings, **overrides)
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env_extra: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> Service:
+        env = {**settings_env(self.settings, **overrides), **(env_extra or {})}
         service = Service(name, self._popen(name, argv, env), self.logs / f"{name}.log", argv, env)
         self.services.append(service)
         return service
 
-    def _niced(self) -> list[str]:
-        """On a shared host the engine yields the CPU to the control plane: the broker,
-        the job and the bridge stay responsive while vLLM keeps every core busy."""
+    def _spawn_worker(self, worker_id: str, **overrides: Any) -> Service:
+        """On a shared host the engine yields the CPU to the control plane (niced): the
+        broker, the job and the bridge stay responsive while vLLM keeps every core busy."""
         nice = self.settings.worker_nice
-        return ["nice", "-n", str(nice)] if nice else []
+        argv = [str(worker_python(self.settings)), "-m", "workers"]
+        return self._spawn(
+            worker_id,
+            ["nice", "-n", str(nice), *argv] if nice else argv,
+            env_extra=self.settings.worker_env,
+            worker_id=worker_id,
+            **overrides,
+        )
 
     def _popen(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as log_file:
@@ -253,12 +260,7 @@ class Stack:
 
     async def add_worker(self, worker_id: str, *, timeout_s: float = 300, **overrides: Any) -> None:
         """Starts one more vLLM worker (settings ``overrides`` on top) and waits for it."""
-        worker = self._spawn(
-            worker_id,
-            [*self._niced(), str(worker_python(self.settings)), "-m", "workers"],
-            worker_id=worker_id,
-            **overrides,
-        )
+        worker = self._spawn_worker(worker_id, **overrides)
         worker.ready_marker = f"{worker_id} ready"
         await self._wait(worker, self._log_says(worker, worker.ready_marker), timeout_s)
 

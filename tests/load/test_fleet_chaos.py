@@ -60,7 +60,7 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
     requests = await asyncio.gather(
         *(
             fleet_client.submit(tenant_id="kv-fill", prompt=f"fill {n} {prompt}", sampling=long)
-            for n in range(36)
+            for n in range(60)
         )
     )
     fillers = [(r, asyncio.create_task(_drain(fleet_client, r))) for r in requests]
@@ -87,7 +87,7 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
 
         sampler = asyncio.create_task(sample())
         probes: list[InferenceRequest] = []
-        for burst in range(12):
+        for burst in range(20):
             probes += await asyncio.gather(
                 *(
                     fleet_client.submit(
@@ -98,7 +98,7 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
                     for n in range(3)
                 )
             )
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.2)
         await asyncio.gather(*(_drain(fleet_client, r) for r in probes))
         sampling_done.set()
         await sampler
@@ -125,7 +125,7 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
             f"samples; probes sent while above went to {dict(hot)}; all probes: "
             f"{dict(Counter(row['worker_id'] for row in rows))}"
         )
-        assert hot.total() >= 6, hot  # the check had something to check
+        assert hot.total() >= 10, hot  # enough to tell the rule from chance
         assert hot[SMALL_KV_WORKER] == 0, hot
         assert len(hot) == 2, hot  # the others shared them
     finally:
@@ -182,6 +182,14 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
             break
     stop.set()
     await asyncio.wait_for(asyncio.gather(*loops), timeout=120)
+    series = [
+        f"{t - start:+.0f}s {rate(t, t + 10):.0f}"
+        for t in [start + 10 * k for k in range(int((time.monotonic() - start) // 10))]
+    ]
+    print(
+        f"tokens/s per 10 s from the start of the measurement (kill at "
+        f"{killed_at - start:+.0f}s, restarted at {revived_at - start:+.0f}s): {', '.join(series)}"
+    )
 
     # Every request ended: a gapless stream to a finish, or a clear error.
     assert outcomes
