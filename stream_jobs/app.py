@@ -28,6 +28,7 @@ from stream_jobs.metrics import render_metrics
 from stream_jobs.replies import KafkaReplyLog
 from stream_jobs.window import Reservations, WindowState
 from tokenbus.config import Settings
+from tokenbus.gaps import refetch_across_gaps
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
 
@@ -121,6 +122,7 @@ class TableWindowStore:
 
 def create_app(settings: Settings) -> faust.App:
     _bounded_fetch_wait(settings.fetch_max_wait_ms)
+    refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
     topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(

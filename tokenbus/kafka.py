@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from tokenbus.config import Settings
+from tokenbus.gaps import refetch_across_gaps
 
 
 class Publish(Protocol):
@@ -39,6 +40,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 def make_consumer(
     settings: Settings, *topics: str, group_id: str | None, **overrides: Any
 ) -> AIOKafkaConsumer:
+    refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "group_id": group_id,
