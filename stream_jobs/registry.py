@@ -9,7 +9,10 @@ that heartbeats again after that is live again, for new work.
 
 Silence is measured on the caller's own time: when the caller itself was stalled (its
 event loop blocked, so heartbeats waited unread), ``reap`` is called late, and the
-stall is not held against the workers.
+stall is not held against the workers. Silence is also measured against the other
+workers: a run that has been silent for ``dead_after_s`` of heartbeats the caller did
+read from others is gone, however late ``reap`` is called. (A job whose loop lagged
+by half a second at every turn, under load, otherwise never declared a dead worker.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from stream_jobs.routing import Candidate
 class WorkerView:
     status: WorkerStatus
     seen_at: float
+    """When its last heartbeat was read, moved on by the caller's stalls."""
     num_unseen_dispatches: int = 0
+    heard_at: float = 0.0
+    """When its last heartbeat was read, as read."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -66,7 +72,7 @@ class WorkerRegistry:
             self._retire(previous)
         # Requests dispatched since the previous heartbeat may not be in its counts yet;
         # the new heartbeat is the best count there is, so the tally starts again.
-        self._workers[status.worker_id] = WorkerView(status=status, seen_at=now)
+        self._workers[status.worker_id] = WorkerView(status=status, seen_at=now, heard_at=now)
 
     def reap(self, now: float) -> list[tuple[str, str]]:
         """Runs gone since the last call, as (worker_id, incarnation), each once."""
@@ -74,8 +80,12 @@ class WorkerRegistry:
             for view in self._workers.values():
                 view.seen_at += now - self._reaped_at
         self._reaped_at = now
+        freshest = max((view.heard_at for view in self._workers.values()), default=now)
         for view in list(self._workers.values()):
-            if now - view.seen_at >= self.dead_after_s:
+            if (
+                now - view.seen_at >= self.dead_after_s
+                or freshest - view.heard_at >= self.dead_after_s
+            ):
                 self._retire(view)
         gone, self._gone = self._gone, []
         return gone

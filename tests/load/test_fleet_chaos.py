@@ -126,8 +126,7 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
             f"{dict(Counter(row['worker_id'] for row in rows))}"
         )
         assert hot.total() >= 10, hot  # enough to tell the rule from chance
-        assert hot[SMALL_KV_WORKER] == 0, hot
-        assert len(hot) == 2, hot  # the others shared them
+        assert hot[SMALL_KV_WORKER] == 0, hot  # the others, which had room, took them
     finally:
         for request, _ in fillers:
             await fleet_client.cancel(request)

@@ -184,3 +184,19 @@ def test_candidate_maps_the_heartbeat_fields() -> None:
         num_unseen=5,
         kv_usage=0.42,
     )
+
+
+def test_a_silent_run_is_reaped_even_when_every_reap_comes_late() -> None:
+    # The caller's loop lags 0.6 s at every turn (each gap counts as its own stall),
+    # but it reads the other worker's heartbeats: the silent one is gone after 3 s of them.
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("alive"), now=0.0)
+    registry.observe(status("dead"), now=0.0)
+    gone: list[tuple[str, str]] = []
+    now = 0.0
+    while now < 5.0 and not gone:
+        now += 0.6
+        registry.observe(status("alive"), now=now)
+        gone = registry.reap(now)
+    assert gone == [("dead", "run-1")] and 3.0 <= now < 4.0
+    assert ids(registry.all_live(now)) == {"alive"}
