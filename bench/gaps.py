@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--records", type=int, default=3000, help="per producer")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--settle-s", type=float, default=0.5)
+    parser.add_argument("--settle-s", type=float, default=Settings().kafka_gap_settle_s)
     args = parser.parse_args()
     exit_on_sigterm()
     result = asyncio.run(measure(args))

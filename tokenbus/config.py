@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     fetch_max_wait_ms: int = 5
     """aiokafka's default 500 ms would dominate every hop on a quiet topic."""
     request_timeout_ms: int = 30_000
-    kafka_gap_settle_s: float = 0.5
+    kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this
     long before it accepts the gap (tokenbus.gaps: the bundled broker can show a later
     batch before an earlier one). Inert on Apache Kafka; 0 turns it off."""

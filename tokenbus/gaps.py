@@ -17,11 +17,14 @@ configured prefix are watched (Faust's changelogs are compacted, and have gaps).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiokafka.consumer import fetcher
+
+log = logging.getLogger(__name__)
 
 _installed: dict[str, Any] = {}
 
@@ -45,6 +48,13 @@ class GapBook:
                 }
             return True
         del self._first_seen[key]
+        log.warning(
+            "offset gap in %s[%d] at %d still there after %.1f s: accepted as real",
+            topic,
+            partition,
+            offset,
+            now - first,
+        )
         return False
 
 
