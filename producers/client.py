@@ -36,6 +36,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class TokenbusClient:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._streams: dict[str, asyncio.Queue[TokenChunk]] = {}
+        self._reply_log: KafkaReplyLog | None = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -96,6 +98,8 @@ class TokenbusClient:
             await asyncio.gather(self._reader, return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+        if self._reply_log is not None:
+            await self._reply_log.stop()
         if self._producer is not None:
             await self._producer.stop()
         await delete_topics(self._settings, [self.reply_topic])
@@ -155,28 +159,71 @@ class TokenbusClient:
         self._streams.setdefault(request_id, asyncio.Queue())
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]:
-        """Yields the request's chunks in order, ending with the one that has finish_reason."""
+        """Yields the request's chunks in seq order, ending with the one that has
+        finish_reason; a redelivered chunk is dropped.
+
+        Should chunks go missing (a chunk arrives ahead of its seq, or the stream hears
+        nothing for ``client_quiet_s``), the stream reads its reply topic back from the
+        request's start (``tokenbus.replies``) and delivers what the reply reader had
+        not, logging it, rather than hanging."""
         queue = self._streams.setdefault(request.request_id, asyncio.Queue())
         expected = 0
+        ahead: dict[int, TokenChunk] = {}
+        read_back_for = -1  # the seq a gap was last read back for
+        quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
+        silent_s = 0.0
         try:
             while True:
+                wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
                 try:
-                    chunk = await asyncio.wait_for(
-                        queue.get(), timeout=self._settings.client_timeout_s
-                    )
+                    chunk = await asyncio.wait_for(queue.get(), timeout=wait_s)
                 except TimeoutError:
-                    raise TokenbusTimeout(
-                        f"no reply to {request.request_id} for "
-                        f"{self._settings.client_timeout_s:.0f} s"
-                    ) from None
+                    silent_s += wait_s
+                    if silent_s >= self._settings.client_timeout_s:
+                        raise TokenbusTimeout(
+                            f"no reply to {request.request_id} for "
+                            f"{self._settings.client_timeout_s:.0f} s"
+                        ) from None
+                    await self._read_back(request, expected, queue)
+                    quiet_s *= 2
+                    continue
+                silent_s = 0.0
                 if chunk.seq < expected:
                     continue  # a redelivered chunk the client has already seen
-                expected = chunk.seq + 1
-                yield chunk
-                if chunk.is_last:
-                    return
+                ahead[chunk.seq] = chunk
+                if expected not in ahead and read_back_for != expected:
+                    read_back_for = expected  # chunks before this one went missing
+                    await self._read_back(request, expected, queue)
+                while expected in ahead:
+                    chunk = ahead.pop(expected)
+                    expected += 1
+                    yield chunk
+                    if chunk.is_last:
+                        return
         finally:
             self._streams.pop(request.request_id, None)
+
+    async def _read_back(
+        self, request: InferenceRequest, expected: int, queue: asyncio.Queue[TokenChunk]
+    ) -> None:
+        if self._reply_log is None:
+            self._reply_log = KafkaReplyLog(self._settings)
+        try:
+            chunks = await self._reply_log.read(request)
+        except Exception:
+            log.exception("reading back the replies of %s failed", request.request_id)
+            return
+        missed = sorted((c for c in chunks if c.seq >= expected), key=lambda c: c.seq)
+        if missed:
+            log.warning(
+                "%s: chunks %d..%d read back from %s (the reply reader had not delivered them)",
+                request.request_id,
+                missed[0].seq,
+                missed[-1].seq,
+                self.reply_topic,
+            )
+        for chunk in missed:
+            queue.put_nowait(chunk)  # the stream drops the ones it meanwhile had
 
     async def _read_replies(self) -> None:
         """Routes chunks to their streams; a failed fetch is logged and retried, never

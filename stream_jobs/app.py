@@ -25,11 +25,11 @@ from faust.types import TableT
 
 from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.metrics import render_metrics
-from stream_jobs.replies import KafkaReplyLog
 from stream_jobs.window import Reservations, WindowState
 from tokenbus.config import Settings
 from tokenbus.gaps import refetch_across_gaps
 from tokenbus.kafka import make_consumer
+from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)

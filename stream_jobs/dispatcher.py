@@ -85,7 +85,7 @@ class MemoryWindowStore:
 
 
 class ReplyLog(Protocol):
-    """Reads back the chunks a request's reply topic holds (see ``stream_jobs.replies``)."""
+    """Reads back the chunks a request's reply topic holds (see ``tokenbus.replies``)."""
 
     def read(self, request: InferenceRequest) -> Awaitable[list[TokenChunk]]: ...
 

@@ -144,6 +144,10 @@ class Settings(BaseSettings):
     """The time zone ``peak_hours`` are read in."""
 
     # -- clients ------------------------------------------------------------------------
+    client_quiet_s: float = 5.0
+    """A stream that hears nothing this long reads its reply topic back from the
+    request's start, in case the reply reader missed records (then it says so in the
+    log); the wait doubles after each read-back. 0: never."""
     client_timeout_s: float = 120.0
     """A client gives up on a request with no chunk for this long: it never hangs."""
 

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import orjson
+from aiokafka import TopicPartition
 
 from billing.reader import open_reader
 from producers import TokenbusClient
@@ -190,3 +191,28 @@ async def test_request_produced_by_another_program_is_served(settings: Settings)
         chunks = await asyncio.wait_for(collect(client, request), timeout=60)
     assert sum(c.num_tokens for c in chunks) == 6
     assert chunks[-1].finish_reason is FinishReason.LENGTH
+
+
+async def test_a_stream_whose_reply_reader_missed_its_records_reads_them_back(
+    settings: Settings,
+) -> None:
+    # The client's reply reader is held back until the request has finished and been
+    # billed, then moved past its records, as a broker that showed them late would:
+    # the stream still gets every chunk, in order, by reading the topic back.
+    quiet = settings.model_copy(update={"client_quiet_s": 1.0})
+    async with TokenbusClient(quiet) as client:
+        reader = client._consumer
+        assert reader is not None
+        tp = TopicPartition(client.reply_topic, 0)
+        reader.pause(tp)
+        request = await client.submit(
+            tenant_id="read-back",
+            prompt="hello",
+            sampling=SamplingParams(max_tokens=24, ignore_eos=True),
+        )
+        await eventually(lambda: usage_rows(settings, [request.request_id]))
+        await reader.seek_to_end(tp)
+        reader.resume(tp)
+        chunks = await asyncio.wait_for(collect(client, request), timeout=30)
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert chunks[-1].is_last and sum(c.num_tokens for c in chunks) == 24

@@ -1,4 +1,5 @@
-"""Reads back what a request's reply topic holds, for failover (``stream_jobs.recovery``).
+"""Reads back what a request's reply topic holds: for failover (``stream_jobs.recovery``),
+and for a client whose stream has gone quiet (``producers.client``).
 
 # reply topic --> records keyed by the request's tenant --> TokenChunkBatch
 # --> the chunks of the request, in the topic's order
