@@ -105,6 +105,10 @@ class _Waiting:
     received_at: float
 
 
+_Picked = tuple[InferenceRequest, str]
+"""A request as forwarded to its worker, and that worker's topic."""
+
+
 @dataclass
 class _InFlight:
     request: InferenceRequest
@@ -413,9 +417,9 @@ class Dispatcher:
                 task.add_done_callback(self._forwarding.discard)
             self._update_tier()
 
-    async def _forward(self, waiting: _Waiting, forwarded: InferenceRequest | None) -> None:
+    async def _forward(self, waiting: _Waiting, picked: _Picked | None) -> None:
         try:
-            outcome = await self._send(waiting, forwarded)
+            outcome = await self._send(waiting, picked)
         except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
             waiting.done.set_exception(exc)
         else:
@@ -437,9 +441,9 @@ class Dispatcher:
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
         return await self._send(waiting, self._pick(waiting))
 
-    async def _send(self, waiting: _Waiting, forwarded: InferenceRequest | None) -> Outcome:
+    async def _send(self, waiting: _Waiting, picked: _Picked | None) -> Outcome:
         """Forwards a picked request, or answers no_worker when nothing could be picked."""
-        if forwarded is None:
+        if picked is None:
             self.metrics.num_no_worker += 1
             live = sorted(self._registry.models(time.monotonic()))
             await self._refuse(
@@ -452,21 +456,19 @@ class Dispatcher:
                 ),
             )
             return Outcome.REFUSED
-        worker = self._registry.get(forwarded.worker_id or "")
-        assert worker is not None
+        forwarded, topic = picked
         try:
-            await self._publish(
-                worker.status.request_topic, forwarded.tenant_id.encode(), encode(forwarded)
-            )
+            await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded))
         except Exception:
             self._in_flight.pop(forwarded.request_id, None)
             raise
         self.metrics.num_dispatched += 1
         return Outcome.FORWARDED
 
-    def _pick(self, waiting: _Waiting) -> InferenceRequest | None:
+    def _pick(self, waiting: _Waiting) -> _Picked | None:
         """Chooses the worker and counts the request in flight there, without awaiting,
-        so that ``_has_room`` and the routing of the next pick already see it."""
+        so that ``_has_room`` and the routing of the next pick already see it. Returns
+        the copy to forward and the worker's topic (the worker may be gone by the send)."""
         request = waiting.request
         now = time.monotonic()
         session = (request.tenant_id, request.session_id)
@@ -494,7 +496,7 @@ class Dispatcher:
         samples = self.metrics.queue_ms_by_class[request.priority]
         samples.append((now - waiting.received_at) * 1000)
         del samples[:-1000]
-        return forwarded
+        return forwarded, worker.status.request_topic
 
     # -- failover -------------------------------------------------------------------------
     def _recover_from(self, run: tuple[str, str]) -> None:
