@@ -21,6 +21,7 @@ from billing.storage import ClickHouseStore
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
+from tokenbus.logs import setup_logging
 from tokenbus.topics import Topics
 
 __all__ = ["billing_report", "main", "serve"]
@@ -93,10 +94,9 @@ async def _main(settings: Settings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    asyncio.run(_main(Settings()))
+    settings = Settings()
+    setup_logging(settings)
+    asyncio.run(_main(settings))
 
 
 if __name__ == "__main__":

@@ -6,22 +6,20 @@ SIGTERM or SIGINT stops accepting, lets open responses end, then deletes the rep
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import uvicorn
 
 from bridge.app import create_app
 from tokenbus.config import Settings
+from tokenbus.logs import setup_logging
 
 GRACEFUL_SHUTDOWN_S = 10
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     settings = Settings()
+    setup_logging(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.bridge_host,

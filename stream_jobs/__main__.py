@@ -8,10 +8,12 @@ import faust
 
 from stream_jobs.app import create_app
 from tokenbus.config import Settings
+from tokenbus.logs import setup_logging
 
 
 def main() -> int:
     settings = Settings()
+    setup_logging(settings, configure_root=False)
     app = create_app(settings)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=_default_home)
     """State of the local stack: broker port, model cache, ClickHouse data, pid file."""
 
+    debug_loggers: list[str] = []
+    """Loggers (e.g. ``workers.replies``) to log at DEBUG; the rest log at INFO."""
+
     # -- Kafka ----------------------------------------------------------------------
     kafka_bootstrap: str | None = None
     """``host:port[,host:port]``. Unset: ``tokenbus up`` starts the bundled tansu broker."""

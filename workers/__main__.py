@@ -12,6 +12,7 @@ import signal
 import sys
 
 from tokenbus.config import Settings
+from tokenbus.logs import setup_logging
 from workers.worker import Worker
 
 log = logging.getLogger("workers")
@@ -34,10 +35,8 @@ async def _serve(settings: Settings) -> None:
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     settings = Settings()
+    setup_logging(settings)
     if not settings.model_dir.exists():
         print(f"error: no model at {settings.model_dir}", file=sys.stderr)
         return 2

@@ -22,12 +22,15 @@ after delivery, as with one record per chunk.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import TokenChunk, TokenChunkBatch, encode
 from tokenbus.topics import reply_batch_key
+
+log = logging.getLogger(__name__)
 
 MAX_CHUNKS_PER_RECORD = 256
 """Keeps a record bounded (well under the producer's 1 MB ``max_request_size``)."""
@@ -48,6 +51,13 @@ class _Record:
     acks: list[asyncio.Future[None]] = field(default_factory=list)
 
     def settle(self, sent: asyncio.Future[Any]) -> None:
+        if log.isEnabledFor(logging.DEBUG) and not sent.cancelled() and not sent.exception():
+            log.debug(
+                "%s offset %d: %s",
+                self.topic,
+                sent.result().offset,
+                " ".join(f"{c.request_id}#{c.seq}" for c in self.chunks),
+            )
         for ack in self.acks:
             if ack.done():
                 continue  # its waiter was cancelled
