@@ -168,7 +168,7 @@ class TokenbusClient:
         not, logging it, rather than hanging."""
         queue = self._streams.setdefault(request.request_id, asyncio.Queue())
         expected = 0
-        ahead: dict[int, TokenChunk] = {}
+        ahead: dict[int, TokenChunk] = {}  # received, not yet yielded: seq >= expected
         read_back_for = -1  # the seq a gap was last read back for
         quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
         silent_s = 0.0
@@ -184,16 +184,15 @@ class TokenbusClient:
                             f"no reply to {request.request_id} for "
                             f"{self._settings.client_timeout_s:.0f} s"
                         ) from None
-                    await self._read_back(request, expected, queue)
                     quiet_s *= 2
-                    continue
-                silent_s = 0.0
-                if chunk.seq < expected:
-                    continue  # a redelivered chunk the client has already seen
-                ahead[chunk.seq] = chunk
-                if expected not in ahead and read_back_for != expected:
-                    read_back_for = expected  # chunks before this one went missing
-                    await self._read_back(request, expected, queue)
+                    await self._read_back(request, expected, queue, ahead)
+                else:
+                    silent_s = 0.0
+                    if chunk.seq >= expected:  # below: redelivered, already yielded
+                        ahead.setdefault(chunk.seq, chunk)
+                    if expected not in ahead and read_back_for != expected:
+                        read_back_for = expected  # chunks before this one went missing
+                        await self._read_back(request, expected, queue, ahead)
                 while expected in ahead:
                     chunk = ahead.pop(expected)
                     expected += 1
@@ -204,8 +203,15 @@ class TokenbusClient:
             self._streams.pop(request.request_id, None)
 
     async def _read_back(
-        self, request: InferenceRequest, expected: int, queue: asyncio.Queue[TokenChunk]
+        self,
+        request: InferenceRequest,
+        expected: int,
+        queue: asyncio.Queue[TokenChunk],
+        ahead: dict[int, TokenChunk],
     ) -> None:
+        """Adds to ``ahead`` what the reply topic holds and the reader had not delivered
+        (it may have delivered more while the topic was read: the queue is drained first,
+        so only true misses are logged)."""
         if self._reply_log is None:
             self._reply_log = KafkaReplyLog(self._settings)
         try:
@@ -213,17 +219,25 @@ class TokenbusClient:
         except Exception:
             log.exception("reading back the replies of %s failed", request.request_id)
             return
-        missed = sorted((c for c in chunks if c.seq >= expected), key=lambda c: c.seq)
+        while not queue.empty():
+            chunk = queue.get_nowait()
+            if chunk.seq >= expected:
+                ahead.setdefault(chunk.seq, chunk)
+        missed = sorted(
+            (c for c in chunks if c.seq >= expected and c.seq not in ahead), key=lambda c: c.seq
+        )
         if missed:
             log.warning(
-                "%s: chunks %d..%d read back from %s (the reply reader had not delivered them)",
+                "%s: %d chunks (seq %d..%d) read back from %s: the reply reader had not "
+                "delivered them",
                 request.request_id,
+                len(missed),
                 missed[0].seq,
                 missed[-1].seq,
                 self.reply_topic,
             )
         for chunk in missed:
-            queue.put_nowait(chunk)  # the stream drops the ones it meanwhile had
+            ahead[chunk.seq] = chunk
 
     async def _read_replies(self) -> None:
         """Routes chunks to their streams; a failed fetch is logged and retried, never
@@ -252,6 +266,13 @@ class TokenbusClient:
                     reason=str(exc),
                 )
                 continue
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s offset %d: %s",
+                    record.topic,
+                    record.offset,
+                    " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
+                )
             for chunk in batch.chunks:
                 queue = self._streams.get(chunk.request_id)
                 if queue is not None:
