@@ -35,14 +35,19 @@ __all__ = ["fleet", "fleet_client"]
 
 # -- routing ------------------------------------------------------------------------------
 async def test_load_spreads_over_the_workers(fleet_client: TokenbusClient, fleet: Stack) -> None:
-    requests = [
-        await fleet_client.submit(
-            tenant_id=f"spread-{n % 5}",
-            prompt=f"spread {n}",
-            sampling=SamplingParams(max_tokens=48, ignore_eos=True),
+    # One burst, routed before any heartbeat shows it: the dispatcher's own in-flight
+    # counts spread it. (Sent one by one, each request met a different picture of the
+    # fleet as earlier ones finished, and the small workers' shares drifted.)
+    requests = await asyncio.gather(
+        *(
+            fleet_client.submit(
+                tenant_id=f"spread-{n % 5}",
+                prompt=f"spread {n}",
+                sampling=SamplingParams(max_tokens=48, ignore_eos=True),
+            )
+            for n in range(36)
         )
-        for n in range(36)
-    ]
+    )
     await asyncio.gather(*(_drain(fleet_client, r) for r in requests))
     rows = await eventually(
         lambda: _usage(fleet.settings, request_ids=[r.request_id for r in requests]),

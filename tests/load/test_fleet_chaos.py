@@ -167,6 +167,18 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
     await asyncio.sleep(20)
     before = rate(start, time.monotonic())
 
+    # Killed mid-stream: while its last heartbeat shows it generating for two or more
+    # requests (a request that had streamed nothing restarts, rather than resumes).
+    def generating() -> bool:
+        return (
+            _worker_gauge(settings, "num_running", "worker-2") >= 2
+            and _worker_gauge(settings, "tokens_per_s", "worker-2") > 0
+        )
+
+    deadline = time.monotonic() + 60
+    while not await asyncio.to_thread(generating):
+        assert time.monotonic() < deadline, _worker_gauges(settings)
+        await asyncio.sleep(0.1)
     killed_at = time.monotonic()
     await fleet.kill("worker-2")
     await asyncio.sleep(5)
