@@ -188,6 +188,7 @@ def create_app(settings: Settings) -> faust.App:
         async def admit(stream: faust.StreamT[bytes]) -> None:
             async for event in stream.events():
                 message = event.message
+                dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
                 await dispatcher().handle_request(
                     message.topic, message.partition, message.offset, message.key, message.value
                 )
@@ -202,6 +203,7 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(usage_topic, name="settle_usage")
     async def settle_usage(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
+            dispatcher().note_lag("usage", event.message.timestamp)
             dispatcher().observe_usage(event.message.value)
 
     cancels_topic = app.topic(topics.cancels, key_type=bytes, value_type=bytes)

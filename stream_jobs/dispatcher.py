@@ -144,6 +144,9 @@ class DispatchMetrics:
     num_in_flight: int = 0
     capacity: int = 0
     queue_ms_by_class: dict[int, list[float]] = field(default_factory=lambda: {0: [], 1: [], 2: []})
+    lag_ms: dict[str, list[float]] = field(default_factory=dict)
+    """How stale the job's view is, per input: from a record's production (or, for
+    ``usage_since_finish``, the request's end on the worker) to the job acting on it."""
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
     """Each live worker's last heartbeat."""
 
@@ -327,12 +330,19 @@ class Dispatcher:
         return None
 
     # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
+    def note_lag(self, stream: str, since: float) -> None:
+        """Samples the lag of one input (``since``: epoch seconds) for the metrics."""
+        samples = self.metrics.lag_ms.setdefault(stream, [])
+        samples.append(max(0.0, time.time() - since) * 1000)
+        del samples[:-1000]
+
     def observe_usage(self, value: bytes | None) -> None:
         """Settles the window on the real count, frees the slot, corrects the VTC counter."""
         try:
             usage = decode(UsageEvent, value)
         except SchemaError:
             return  # the billing sink dead-letters usage it cannot read
+        self.note_lag("usage_since_finish", usage.finished_at.timestamp())
         state = self._store.load(usage.tenant_id)
         weight = cost_weight(
             usage.num_prompt_tokens, usage.precision, usage.created_at, self._peak_hours
@@ -357,6 +367,7 @@ class Dispatcher:
         except SchemaError as exc:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
+        self.note_lag("heartbeats", status.sent_at.timestamp())
         age = (datetime.now(UTC) - status.sent_at).total_seconds()
         if age > self._settings.worker_dead_after_s:
             return  # an old heartbeat read on start-up says nothing about now

@@ -51,6 +51,13 @@ def render_metrics(metrics: DispatchMetrics) -> bytes:
                 f'tokenbus_job_queue_ms{{priority="{priority}",quantile="{q}"}} '
                 f"{_quantile(samples, q):.3f}"
             )
+    lines.append("# TYPE tokenbus_job_intake_lag_ms summary")
+    for stream, samples in sorted(metrics.lag_ms.items()):
+        for q in (0.5, 0.99):
+            lines.append(
+                f'tokenbus_job_intake_lag_ms{{stream="{stream}",quantile="{q}"}} '
+                f"{_quantile(samples, q):.3f}"
+            )
     lines += [
         "# TYPE tokenbus_job_worker_kv_cache_usage gauge",
         "# TYPE tokenbus_job_worker_num_running gauge",

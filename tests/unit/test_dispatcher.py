@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -21,6 +23,7 @@ from schemas import (
     encode,
 )
 from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
+from stream_jobs.metrics import render_metrics
 from tokenbus.config import Settings
 from tokenbus.topics import Topics
 
@@ -375,3 +378,18 @@ async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
     await asyncio.sleep(0.01)
     assert [t.done() for t in tasks].count(True) == 4
     loop.cancel()
+
+
+def test_the_lag_of_each_input_shows_in_the_metrics(dispatcher: Dispatcher) -> None:
+    finished = datetime.now(UTC) - timedelta(seconds=0.25)
+    usage = decode(UsageEvent, usage_of(0)).model_copy(update={"finished_at": finished})
+    dispatcher.observe_usage(encode(usage))
+    dispatcher.note_lag("requests_p0", time.time() - 0.04)
+    text = render_metrics(dispatcher.metrics).decode()
+
+    def lag(stream: str) -> float:
+        line = f'tokenbus_job_intake_lag_ms{{stream="{stream}",quantile="0.99"}} '
+        return float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
+
+    assert 250 <= lag("usage_since_finish") < 1000
+    assert 40 <= lag("requests_p0") < 1000
