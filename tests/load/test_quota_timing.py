@@ -19,7 +19,7 @@ from stream_jobs.tiers import Tier, TierPolicy
 from tests.integration.conftest import eventually
 from tests.integration.test_quotas import as_time, job_metrics, run, usage
 from tokenbus.config import Settings
-from tokenbus.stack import settings_env
+from tokenbus.stack import renice_session, settings_env
 
 
 async def test_vip_queueing_stays_low_while_batch_saturates(
@@ -34,7 +34,9 @@ async def test_vip_queueing_stays_low_while_batch_saturates(
         env=settings_env(settings),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
     )
+    renice_session(flood.pid, 10)
 
     def saturated(metrics: dict[str, float]) -> bool:
         # Class 2 has taken every seat it may: all but those held back for class 0.
