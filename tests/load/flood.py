@@ -1,6 +1,7 @@
 """A class 2 tenant flooding the stack from a process of its own, as another tenant's
-program would: its client's work (producing, reading 50 streams) does not share the
-measuring test's event loop. Runs until SIGTERM, then lets its streams finish.
+batch program would: it produces requests and does not read their replies (a reader of
+50 streams would take the cores of this 2-core machine from the system under test; on
+a fleet it runs elsewhere). Runs until SIGTERM.
 
     python -m tests.load.flood TENANT INTERVAL_S MAX_TOKENS
 """
@@ -11,35 +12,46 @@ import asyncio
 import signal
 import sys
 
-from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams
+from schemas import InferenceRequest, SamplingParams, encode
 from tokenbus.config import Settings
+from tokenbus.ids import new_request_id, new_session_id, ulid
+from tokenbus.kafka import delete_topics, ensure_topics, make_producer
+from tokenbus.topics import Topics
 
 
 async def flood(tenant: str, interval_s: float, max_tokens: int) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    runs: list[asyncio.Task[int]] = []
-
-    async def drain(client: TokenbusClient, request: InferenceRequest) -> int:
-        return sum([chunk.num_tokens async for chunk in client.stream(request)])
-
-    async with TokenbusClient(Settings()) as client:
+    settings = Settings()
+    topics = Topics(settings.topic_prefix)
+    reply_to = topics.replies(f"flood-{ulid().lower()}")
+    await ensure_topics(settings, {reply_to: 1})
+    producer = make_producer(settings)
+    await producer.start()
+    sent = 0
+    try:
         print("flooding", flush=True)
         while not stop.is_set():
-            request = await client.submit(
+            request = InferenceRequest(
+                request_id=new_request_id(),
+                session_id=new_session_id(),
                 tenant_id=tenant,
-                prompt="batch work " * 20,
                 priority=2,
+                model=settings.served_model_name,
+                prompt="batch work " * 20,
                 sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                reply_to=reply_to,
             )
-            runs.append(asyncio.create_task(drain(client, request)))
+            await producer.send_and_wait(topics.requests(2), encode(request), key=tenant.encode())
+            sent += 1
             try:
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
             except TimeoutError:
                 pass
-        tokens = await asyncio.gather(*runs)
-    print(f"{len(runs)} requests, {sum(tokens)} tokens", flush=True)
+    finally:
+        await producer.stop()
+        await delete_topics(settings, [reply_to])
+    print(f"{sent} requests", flush=True)
 
 
 if __name__ == "__main__":
