@@ -359,6 +359,9 @@ class Dispatcher:
                 estimated_output=flight.request.sampling.max_tokens,
                 actual_output=usage.num_completion_tokens,
             )
+            # At once, not at the dispatch loop's next turn: several usage events read
+            # together would otherwise skip a tier on the way down.
+            self._update_tier()
             self._wake.set()
 
     def observe_heartbeat(self, value: bytes | None) -> None:
@@ -408,7 +411,10 @@ class Dispatcher:
         """Forwards waiting requests while the fleet has room; wakes on every change."""
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                # Not wait_for: on Python 3.11 it can swallow a cancel that comes as the
+                # event is set, and the loop would never stop.
+                async with asyncio.timeout(0.05):
+                    await self._wake.wait()
             except TimeoutError:
                 pass  # a periodic look: workers may have died or come back
             self._wake.clear()
@@ -432,9 +438,11 @@ class Dispatcher:
         try:
             outcome = await self._send(waiting, picked)
         except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
-            waiting.done.set_exception(exc)
+            if not waiting.done.done():  # its agent may have been cancelled meanwhile
+                waiting.done.set_exception(exc)
         else:
-            waiting.done.set_result(outcome)
+            if not waiting.done.done():
+                waiting.done.set_result(outcome)
 
     def _capacity(self) -> int:
         return sum(view.status.max_num_seqs for view in self._registry.all_live(time.monotonic()))

@@ -393,3 +393,25 @@ def test_the_lag_of_each_input_shows_in_the_metrics(dispatcher: Dispatcher) -> N
 
     assert 250 <= lag("usage_since_finish") < 1000
     assert 40 <= lag("requests_p0") < 1000
+
+
+async def test_usage_read_together_steps_the_tier_down_one_tier_at_a_time(
+    dispatcher: Dispatcher,
+) -> None:
+    loop = asyncio.create_task(dispatcher.run())
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
+    tasks = [await admit(dispatcher, request(n)) for n in range(16)]
+    await asyncio.sleep(0.1)
+    # 9 in flight (a seat is held for class 0) and 7 waiting: demand 160%.
+    assert dispatcher.metrics.tier == 2
+    tiers = []
+    for n in range(5):  # five usage events in one batch, no dispatch turn between them
+        dispatcher.observe_heartbeat(heartbeat(capacity=10))
+        dispatcher.observe_usage(usage_of(n))
+        tiers.append(dispatcher.metrics.tier)
+    # 150%, 140%: held at 2 until below 145%; 130%, 120%: 1; 110%: below 115%, released.
+    assert tiers == [2, 1, 1, 1, 0]
+    loop.cancel()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(loop, *tasks, return_exceptions=True)
