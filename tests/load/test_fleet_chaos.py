@@ -10,14 +10,17 @@ import time
 import urllib.request
 from collections import Counter
 
+from aiokafka import TopicPartition
 from tokenizers import Tokenizer
 
 from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams, TokenChunk
+from producers.client import TokenbusTimeout
+from schemas import InferenceRequest, SamplingParams, TokenChunk, TokenChunkBatch, decode
 from tests.integration.conftest import eventually
 from tests.integration.fleet import SMALL_KV_WORKER, _drain, _usage, fleet, fleet_client
 from tests.integration.test_quotas import as_time
 from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer
 from tokenbus.stack import Stack
 
 __all__ = ["fleet", "fleet_client"]
@@ -143,6 +146,8 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
     outcomes: dict[str, list[TokenChunk]] = {}
     stop = asyncio.Event()
 
+    unanswered: list[InferenceRequest] = []
+
     async def tenant_loop(tenant: str) -> None:
         while not stop.is_set():
             request = await fleet_client.submit(
@@ -151,9 +156,13 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
                 sampling=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
             )
             chunks = outcomes.setdefault(request.request_id, [])
-            async for chunk in fleet_client.stream(request):
-                chunks.append(chunk)
-                delivered.append((time.monotonic(), chunk.num_tokens))
+            try:
+                async for chunk in fleet_client.stream(request):
+                    chunks.append(chunk)
+                    delivered.append((time.monotonic(), chunk.num_tokens))
+            except TokenbusTimeout:
+                unanswered.append(request)
+                return
             # Steady, not flat out: on two shared cores, under a saturating load, a
             # restarting engine took 6-8 minutes to load.
             await asyncio.sleep(THINK_S)
@@ -203,6 +212,7 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
     )
 
     # Every request ended: a gapless stream to a finish, or a clear error.
+    assert not unanswered, await _where_are_the_replies(settings, unanswered)
     assert outcomes
     for request_id, chunks in outcomes.items():
         assert chunks, f"{request_id}: nothing received"
@@ -233,3 +243,26 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
     )
     assert resumed, "the kill interrupted no stream"
     assert recovered_at is not None, f"throughput not back to {before:.0f} tokens/s in 90 s"
+
+
+async def _where_are_the_replies(settings: Settings, requests: list[InferenceRequest]) -> str:
+    """For a failure message: what the reply topic holds for each request, read from
+    its first offset by a consumer of its own."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    wanted = {r.request_id for r in requests}
+    found: dict[str, list[str]] = {r.request_id: [] for r in requests}
+    last = -1
+    try:
+        tp = TopicPartition(requests[0].reply_to, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        while batches := await consumer.getmany(tp, timeout_ms=2000):
+            for record in batches.get(tp, []):
+                last = record.offset
+                for chunk in decode(TokenChunkBatch, record.value).chunks:
+                    if chunk.request_id in wanted:
+                        found[chunk.request_id].append(f"{record.offset}:{chunk.seq}")
+    finally:
+        await consumer.stop()
+    return f"no reply; {requests[0].reply_to} read to offset {last} holds (offset:seq) {found}"
