@@ -15,7 +15,7 @@ import sys
 from schemas import InferenceRequest, SamplingParams, encode
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id, ulid
-from tokenbus.kafka import delete_topics, ensure_topics, make_producer
+from tokenbus.kafka import ensure_topics, make_producer
 from tokenbus.topics import Topics
 
 
@@ -49,8 +49,9 @@ async def flood(tenant: str, interval_s: float, max_tokens: int) -> None:
             except TimeoutError:
                 pass
     finally:
+        # The reply topic stays: the requests admitted so far still run, and their
+        # workers write to it (it goes with the stack).
         await producer.stop()
-        await delete_topics(settings, [reply_to])
     print(f"{sent} requests", flush=True)
 
 
