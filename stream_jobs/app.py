@@ -27,6 +27,7 @@ from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.metrics import render_metrics
 from stream_jobs.window import Reservations, WindowState
 from tokenbus.config import Settings
+from tokenbus.fetch_wait import lengthen_stalled_fetches
 from tokenbus.gaps import refetch_across_gaps
 from tokenbus.kafka import make_consumer
 from tokenbus.replies import KafkaReplyLog
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def _bounded_fetch_wait(wait_ms: int) -> None:
-    """Faust hard-codes fetch_max_wait_ms=1500; on a quiet topic that is added to every hop."""
+    """Faust hard-codes fetch_max_wait_ms=1500; see ``Settings.fetch_max_wait_ms``."""
     original = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
     if getattr(original, "_tokenbus_wait_ms", None) == wait_ms:
         return
@@ -123,6 +124,7 @@ class TableWindowStore:
 def create_app(settings: Settings) -> faust.App:
     _bounded_fetch_wait(settings.fetch_max_wait_ms)
     refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
+    lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
     topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(

@@ -42,7 +42,16 @@ class Settings(BaseSettings):
     """Idempotent producers need InitProducerId, which the bundled broker lacks."""
     linger_ms: int = 0
     fetch_max_wait_ms: int = 5
-    """aiokafka's default 500 ms would dominate every hop on a quiet topic."""
+    """How long the broker may hold a fetch. Both brokers answer a parked fetch as soon
+    as a record arrives for a partition in it; a partition left out of it (its records
+    still buffered, or paused by Faust's flow control) waits for it to end. The Faust
+    job holds many partitions; at 100 ms its class 0 queueing reached p99 1 to 2 s
+    (BENCHMARKS.md, backlog item 2)."""
+    fetch_max_wait_cap_ms: int = 1_000
+    """A consumer whose fetches keep coming back empty behind the high-water mark
+    doubles its fetch wait up to this (tokenbus.fetch_wait: the bundled broker's fetch
+    costs more as a partition grows, and stops at the wait). Inert on Apache Kafka;
+    set it to ``fetch_max_wait_ms`` to turn it off."""
     request_timeout_ms: int = 30_000
     kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this

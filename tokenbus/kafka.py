@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from tokenbus.config import Settings
+from tokenbus.fetch_wait import lengthen_stalled_fetches
 from tokenbus.gaps import refetch_across_gaps
 
 
@@ -41,6 +42,7 @@ def make_consumer(
     settings: Settings, *topics: str, group_id: str | None, **overrides: Any
 ) -> AIOKafkaConsumer:
     refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
+    lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "group_id": group_id,

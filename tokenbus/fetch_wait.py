@@ -1,0 +1,132 @@
+"""A consumer whose fetches keep coming back empty behind the high-water mark lets the
+broker take longer over them.
+
+Seen with tansu 0.6.0, the bundled development broker: a fetch costs it more the more
+record batches the partition holds, and it stops reading at ``fetch_max_wait_ms``. Once
+one fetch of a partition costs more than the wait (about 30,000 one-record batches at
+5 ms, measured by ``bench/fetch_cost.py``), every fetch comes back empty, and the
+consumer stands still behind the high-water mark for good: a client's replies stop, the
+job stops seeing heartbeats. Reply topics grow one batch per engine step, so they get
+there first, in minutes under load.
+
+The rule (``FetchWait``): after ``STALLS_TO_RAISE`` such fetches in a row, the consumer
+doubles its wait, up to ``cap_ms``; after ``QUIET_S`` without one, it halves it again,
+down to the configured wait. A longer wait costs a tailing consumer nothing on either
+broker, since both answer a parked fetch as soon as a record arrives for a partition in
+it. It is kept short otherwise for consumers of many partitions (``Settings.
+fetch_max_wait_ms``): a partition left out of a parked fetch waits for it to end.
+
+On Apache Kafka a fetch behind the high-water mark returns records, so this never
+fires there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.consumer import fetcher
+
+log = logging.getLogger(__name__)
+
+STALLS_TO_RAISE = 5
+"""Empty fetches behind the high-water mark in a row before the wait doubles; one or
+two happen when the broker merely lost the CPU for a moment."""
+QUIET_S = 30.0
+"""How long the raised wait is kept after the last stall before it is halved."""
+
+_installed: dict[str, Any] = {}
+
+
+class FetchWait:
+    """One consumer's fetch wait, from what its fetches returned. Pure."""
+
+    def __init__(
+        self, base_ms: int, cap_ms: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.base_ms = base_ms
+        self.cap_ms = max(cap_ms, base_ms)
+        self.wait_ms = base_ms
+        self._clock = clock
+        self._stalls = 0
+        self._last_stall = clock()
+
+    def after_fetch(self, stalled: bool) -> int:
+        """``stalled``: a partition of the fetch came back without records although
+        the broker's high-water mark is beyond the position. Returns the new wait."""
+        now = self._clock()
+        if stalled:
+            self._stalls += 1
+            self._last_stall = now
+            if self._stalls >= STALLS_TO_RAISE and self.wait_ms < self.cap_ms:
+                self.wait_ms = min(self.cap_ms, self.wait_ms * 2)
+                self._stalls = 0
+        else:
+            self._stalls = 0
+            if self.wait_ms > self.base_ms and now - self._last_stall >= QUIET_S:
+                self.wait_ms = max(self.base_ms, self.wait_ms // 2)
+                self._last_stall = now  # one halving per quiet period
+        return self.wait_ms
+
+
+def stalled_partitions(fetcher_: Any, assignment: Any, request: Any) -> list[TopicPartition]:
+    """The partitions of ``request`` that got no records while behind the high-water mark."""
+    stalled = []
+    for topic, partitions in request.topics:
+        for partition, offset, _ in partitions:
+            tp = TopicPartition(topic, partition)
+            if tp in fetcher_._records:
+                continue
+            state = assignment.state_value(tp)
+            if (
+                state is not None
+                and state.has_valid_position
+                and state.position == offset
+                and state.highwater is not None
+                and state.highwater > offset
+            ):
+                stalled.append(tp)
+    return stalled
+
+
+def lengthen_stalled_fetches(cap_ms: int) -> None:
+    """Installs the rule in aiokafka's fetcher for this process (idempotent). Each
+    consumer starts from its own ``fetch_max_wait_ms``; ``cap_ms`` <= that turns it off."""
+    _installed["cap_ms"] = cap_ms
+    if "original" in _installed:
+        return
+    original = _installed["original"] = fetcher.Fetcher._proc_fetch_request
+
+    async def proc_fetch_request(self: Any, assignment: Any, node_id: int, request: Any) -> Any:
+        result = await original(self, assignment, node_id, request)
+        rule = getattr(self, "_tokenbus_fetch_wait", None)
+        if rule is None:
+            rule = self._tokenbus_fetch_wait = FetchWait(
+                self._fetch_max_wait_ms, _installed["cap_ms"]
+            )
+        if not assignment.active or rule.cap_ms <= rule.base_ms:
+            return result
+        stalled = stalled_partitions(self, assignment, request)
+        before = rule.wait_ms
+        self._fetch_max_wait_ms = rule.after_fetch(bool(stalled))
+        if rule.wait_ms > before:
+            log.warning(
+                "fetches of %s keep coming back empty behind the high-water mark: "
+                "fetch wait %d -> %d ms (the broker needs longer per fetch)",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in stalled),
+                before,
+                rule.wait_ms,
+            )
+        elif rule.wait_ms < before:
+            log.info(
+                "no stalled fetch for %.0f s: fetch wait %d -> %d ms",
+                QUIET_S,
+                before,
+                rule.wait_ms,
+            )
+        return result
+
+    fetcher.Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
