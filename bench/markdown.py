@@ -255,6 +255,29 @@ def hop(result: dict[str, Any]) -> str:
     return _context(result) + "\n\n" + _table(header, rows)
 
 
+def fetch_cost(result: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["batches"],
+            r["fetch_max_wait_ms"],
+            r["tail_records"],
+            f"{r['tail_ms']:.1f}",
+            r["read_from_start"],
+            f"{r['read_s']:.1f}",
+        ]
+        for r in result["results"]
+    ]
+    header = [
+        "batches in the partition",
+        "fetch_max_wait_ms",
+        "tail fetch (10 behind): records",
+        "tail fetch ms",
+        "read from the start: records",
+        "in s",
+    ]
+    return _context(result) + "\n\n" + _table(header, rows)
+
+
 def _profile_table(title: str, profile: dict[str, Any], num_frames: int = 12) -> str:
     rows = [
         [own["pct"], f"`{own['frame']}`", incl["pct"], f"`{incl['frame']}`"]
@@ -281,6 +304,7 @@ def profile(result: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "hop": hop,
+    "fetch_cost": fetch_cost,
     "profile": profile,
     "overhead": overhead,
     "admission": admission,

@@ -1,0 +1,137 @@
+"""What one fetch costs on the bundled broker as a partition grows, for several
+``fetch_max_wait_ms``.
+
+    .venvs/stream/bin/python -m bench.fetch_cost [--batches 1000 10000 30000 60000]
+
+tansu 0.6.0 keeps a partition as one stored object per record batch, and a fetch costs
+more the more batches the partition holds. It stops reading at ``fetch_max_wait_ms``:
+once one fetch costs more than that, it answers with no records at all, every time, and
+the consumer stands still behind the high-water mark for good. Reply topics are made of
+small batches (one per engine step), so they grow fastest.
+
+The partition is filled with one-record batches (several producers, each awaiting every
+send). At each size, per wait: a fetch 10 records behind the end (a tailing consumer),
+and how many records a consumer reads from the start in ``--read-s`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import time
+from typing import Any
+
+from aiokafka import TopicPartition
+from rich.table import Table
+
+from bench.common import bench_settings, exit_on_sigterm, make_console, progress
+from bench.report import uptime_load, write_result
+from bench.services import Services
+from tokenbus.config import Settings
+from tokenbus.kafka import ensure_topics, make_consumer, make_producer
+
+PRODUCERS = 4
+
+
+async def fill(settings: Settings, topic: str, start: int, stop: int) -> None:
+    """Appends records ``start`` to ``stop``, each in a batch of its own."""
+
+    async def one(index: int) -> None:
+        producer = make_producer(settings, linger_ms=0)
+        await producer.start()
+        try:
+            for n in range(start + index, stop, PRODUCERS):
+                await producer.send_and_wait(topic, f"record {n}".encode())
+        finally:
+            await producer.stop()
+
+    await asyncio.gather(*(one(i) for i in range(PRODUCERS)))
+
+
+async def probe(
+    settings: Settings, tp: TopicPartition, wait_ms: int, read_s: float
+) -> dict[str, Any]:
+    consumer = make_consumer(settings, group_id=None, fetch_max_wait_ms=wait_ms)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, max(0, end - 10))
+        started = time.monotonic()
+        tail = (await consumer.getmany(tp, timeout_ms=2000)).get(tp, [])
+        tail_ms = (time.monotonic() - started) * 1000
+        await consumer.seek_to_beginning(tp)
+        read, started = 0, time.monotonic()
+        while read < end and time.monotonic() - started < read_s:
+            read += len((await consumer.getmany(tp, timeout_ms=200)).get(tp, []))
+        return {
+            "fetch_max_wait_ms": wait_ms,
+            "tail_records": len(tail),
+            "tail_ms": round(tail_ms, 1),
+            "read_from_start": read,
+            "read_s": round(time.monotonic() - started, 2),
+        }
+    finally:
+        await consumer.stop()
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    load_start = uptime_load()
+    settings = bench_settings()
+    services = Services(settings)
+    rows: list[dict[str, Any]] = []
+    try:
+        await services.start_broker()
+        topic = f"{settings.topic_prefix}.bench-fetch-cost"
+        await ensure_topics(settings, {topic: 1})
+        tp = TopicPartition(topic, 0)
+        filled = 0
+        with progress(make_console()) as bar:
+            task = bar.add_task("fill, then fetch", total=len(args.batches))
+            for batches in sorted(args.batches):
+                await fill(settings, topic, filled, batches)
+                filled = batches
+                for wait_ms in args.fetch_wait_ms:
+                    row = await probe(settings, tp, wait_ms, args.read_s)
+                    rows.append({"batches": batches, **row})
+                bar.advance(task)
+    finally:
+        services.stop()
+        shutil.rmtree(settings.home, ignore_errors=True)
+    return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1000, 10_000, 30_000, 60_000])
+    parser.add_argument("--fetch-wait-ms", type=int, nargs="+", default=[5, 20, 100, 500])
+    parser.add_argument("--read-s", type=float, default=5.0)
+    args = parser.parse_args()
+    exit_on_sigterm()
+    result = asyncio.run(measure(args))
+    path = write_result("fetch_cost", result)
+    table = Table(title="one fetch on a partition of one-record batches (tansu)")
+    for column in (
+        "batches",
+        "fetch_max_wait_ms",
+        "tail fetch: records",
+        "tail fetch ms",
+        f"read from start in {args.read_s:g} s",
+    ):
+        table.add_column(column, justify="right")
+    for row in result["results"]:
+        table.add_row(
+            str(row["batches"]),
+            str(row["fetch_max_wait_ms"]),
+            str(row["tail_records"]),
+            f"{row['tail_ms']:.1f}",
+            str(row["read_from_start"]),
+        )
+    console = make_console()
+    console.print(table)
+    console.print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
