@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def _bounded_fetch_wait(wait_ms: int) -> None:
-    """Faust hard-codes fetch_max_wait_ms=1500; see ``Settings.fetch_max_wait_ms``."""
+    """Faust hard-codes fetch_max_wait_ms=1500; see ``Settings.job_fetch_max_wait_ms``."""
     original = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
     if getattr(original, "_tokenbus_wait_ms", None) == wait_ms:
         return
@@ -122,7 +122,7 @@ class TableWindowStore:
 
 
 def create_app(settings: Settings) -> faust.App:
-    _bounded_fetch_wait(settings.fetch_max_wait_ms)
+    _bounded_fetch_wait(settings.job_fetch_max_wait_ms)
     refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
     lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
     topics = Topics(settings.topic_prefix)
