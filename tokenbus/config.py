@@ -41,13 +41,13 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = False
     """Idempotent producers need InitProducerId, which the bundled broker lacks."""
     linger_ms: int = 0
-    fetch_max_wait_ms: int = 100
-    """How long the broker may hold a fetch of an idle partition. Both brokers answer a
-    parked fetch as soon as a record arrives for a partition in it, so a consumer of a
-    few partitions (a client's replies, a worker's dispatches, the billing sink) loses
-    no latency by a long wait, and an idle one stops costing the broker CPU: with 5 ms
-    the idle stack took 0.45 cores, and at concurrency 1 the broker burned 8 times the
-    CPU (BENCHMARKS.md)."""
+    fetch_max_wait_ms: int = 20
+    """How long the broker may hold a fetch of an idle partition: every consumer but the
+    Faust job's. Apache Kafka answers a parked fetch as soon as a record arrives; the
+    bundled broker answers later the longer the wait, while a short wait keeps idle
+    consumers polling it. Measured through the whole pipeline at concurrency 1 (worker
+    to client p50; pipeline CPU per 1k tokens): 5 ms 6 ms, 10.5 s; 20 ms 9 ms, 6.6 s;
+    100 ms 21 ms, 3.9 s (BENCHMARKS.md). Raise it against Apache Kafka."""
     job_fetch_max_wait_ms: int = 5
     """The same, for the Faust job's consumer. It holds many partitions, and one left
     out of a parked fetch (its records still buffered, or paused by Faust's flow

@@ -11,10 +11,8 @@ there first, in minutes under load.
 
 The rule (``FetchWait``): after ``STALLS_TO_RAISE`` such fetches in a row, the consumer
 doubles its wait, up to ``cap_ms``; after ``QUIET_S`` without one, it halves it again,
-down to the configured wait. A longer wait costs a tailing consumer nothing on either
-broker, since both answer a parked fetch as soon as a record arrives for a partition in
-it. It is kept short otherwise for consumers of many partitions (``Settings.
-fetch_max_wait_ms``): a partition left out of a parked fetch waits for it to end.
+down to the configured wait, which is kept short because the bundled broker answers a
+parked fetch later the longer its wait (``Settings.fetch_max_wait_ms``).
 
 On Apache Kafka a fetch behind the high-water mark returns records, so this never
 fires there.
