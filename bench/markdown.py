@@ -237,6 +237,7 @@ def hop(result: dict[str, Any]) -> str:
         [
             r["fetch_max_wait_ms"],
             r.get("num_partitions", 1),
+            r.get("pause_ms", 2),
             f"{r['hop_ms']['p50']:.2f}",
             f"{r['hop_ms']['p99']:.2f}",
             f"{r['idle_broker_cores']:.3f}",
@@ -247,6 +248,7 @@ def hop(result: dict[str, Any]) -> str:
     header = [
         "fetch_max_wait_ms",
         "partitions held",
+        "mean pause before a record, ms",
         "hop p50 ms",
         "hop p99 ms",
         "idle broker cores",
