@@ -10,8 +10,9 @@ the consumer stands still behind the high-water mark for good. Reply topics are 
 small batches (one per engine step), so they grow fastest.
 
 The partition is filled with one-record batches (several producers, each awaiting every
-send). At each size, per wait: a fetch 10 records behind the end (a tailing consumer),
-and how many records a consumer reads from the start in ``--read-s`` seconds.
+send). At each size, per wait, with ``tokenbus.fetch_wait`` off and on: a fetch 10
+records behind the end (a tailing consumer), and how many records a consumer reads from
+the start in ``--read-s`` seconds.
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ async def fill(settings: Settings, topic: str, start: int, stop: int) -> None:
 
 
 async def probe(
-    settings: Settings, tp: TopicPartition, wait_ms: int, read_s: float
+    settings: Settings, tp: TopicPartition, wait_ms: int, read_s: float, rule: bool
 ) -> dict[str, Any]:
-    consumer = make_consumer(settings, group_id=None, fetch_max_wait_ms=wait_ms)
+    """``rule``: with ``tokenbus.fetch_wait`` on, else as aiokafka ships."""
+    cap_ms = settings.fetch_max_wait_cap_ms if rule else 0
+    consumer = make_consumer(
+        settings.model_copy(update={"fetch_max_wait_cap_ms": cap_ms}),
+        group_id=None,
+        fetch_max_wait_ms=wait_ms,
+    )
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -66,6 +73,7 @@ async def probe(
         while read < end and time.monotonic() - started < read_s:
             read += len((await consumer.getmany(tp, timeout_ms=200)).get(tp, []))
         return {
+            "fetch_wait_rule": rule,
             "fetch_max_wait_ms": wait_ms,
             "tail_records": len(tail),
             "tail_ms": round(tail_ms, 1),
@@ -92,9 +100,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             for batches in sorted(args.batches):
                 await fill(settings, topic, filled, batches)
                 filled = batches
-                for wait_ms in args.fetch_wait_ms:
-                    row = await probe(settings, tp, wait_ms, args.read_s)
-                    rows.append({"batches": batches, **row})
+                for rule in (False, True):
+                    for wait_ms in args.fetch_wait_ms:
+                        row = await probe(settings, tp, wait_ms, args.read_s, rule)
+                        rows.append({"batches": batches, **row})
                 bar.advance(task)
     finally:
         services.stop()
@@ -104,8 +113,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1000, 10_000, 30_000, 60_000])
-    parser.add_argument("--fetch-wait-ms", type=int, nargs="+", default=[5, 20, 100, 500])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1000, 10_000, 30_000])
+    parser.add_argument("--fetch-wait-ms", type=int, nargs="+", default=[5, 20, 100])
     parser.add_argument("--read-s", type=float, default=5.0)
     args = parser.parse_args()
     exit_on_sigterm()
@@ -114,6 +123,7 @@ def main() -> None:
     table = Table(title="one fetch on a partition of one-record batches (tansu)")
     for column in (
         "batches",
+        "tokenbus.fetch_wait",
         "fetch_max_wait_ms",
         "tail fetch: records",
         "tail fetch ms",
@@ -123,6 +133,7 @@ def main() -> None:
     for row in result["results"]:
         table.add_row(
             str(row["batches"]),
+            "on" if row["fetch_wait_rule"] else "off",
             str(row["fetch_max_wait_ms"]),
             str(row["tail_records"]),
             f"{row['tail_ms']:.1f}",

@@ -261,6 +261,7 @@ def fetch_cost(result: dict[str, Any]) -> str:
     rows = [
         [
             r["batches"],
+            "on" if r.get("fetch_wait_rule") else "off",
             r["fetch_max_wait_ms"],
             r["tail_records"],
             f"{r['tail_ms']:.1f}",
@@ -271,6 +272,7 @@ def fetch_cost(result: dict[str, Any]) -> str:
     ]
     header = [
         "batches in the partition",
+        "tokenbus.fetch_wait",
         "fetch_max_wait_ms",
         "tail fetch (10 behind): records",
         "tail fetch ms",
