@@ -338,7 +338,7 @@ def overhead_runs() -> str:
         rows.append(
             [
                 result["load_start"]["at"],
-                variant or "as is",
+                variant or f"as is (git {result['machine']['git']})",
                 f"{result['load_start']['load_1_5_15'][0]} -> "
                 f"{result['load_end']['load_1_5_15'][0]}",
                 f"{c1['added_ttft_ms']['p50']:.0f} / {c1['added_ttft_ms']['p99']:.0f}",
