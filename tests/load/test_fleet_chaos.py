@@ -178,14 +178,20 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
 
     # Killed mid-stream: while its last heartbeat shows it generating for two or more
     # requests (a request that had streamed nothing restarts, rather than resumes).
+    # The heartbeat can be a request's whole life old, so the client's own view must
+    # agree: at least 5 streams mid-way. Once, the kill
+    # interrupted no stream that had begun.
     def generating() -> bool:
         return (
             _worker_gauge(settings, "num_running", "worker-2") >= 2
             and _worker_gauge(settings, "tokens_per_s", "worker-2") > 0
         )
 
+    def mid_stream() -> int:
+        return sum(1 for chunks in outcomes.values() if chunks and not chunks[-1].is_last)
+
     deadline = time.monotonic() + 60
-    while not await asyncio.to_thread(generating):
+    while not (mid_stream() >= 5 and await asyncio.to_thread(generating)):
         assert time.monotonic() < deadline, _worker_gauges(settings)
         await asyncio.sleep(0.1)
     killed_at = time.monotonic()
