@@ -179,8 +179,8 @@ async def test_chaos_a_third_of_the_fleet_is_killed_under_steady_load(
     # Killed mid-stream: while its last heartbeat shows it generating for two or more
     # requests (a request that had streamed nothing restarts, rather than resumes).
     # The heartbeat can be a request's whole life old, so the client's own view must
-    # agree: at least 5 streams mid-way. Once, the kill
-    # interrupted no stream that had begun.
+    # agree: at least 5 streams mid-way. Once, the kill interrupted no stream that had
+    # begun.
     def generating() -> bool:
         return (
             _worker_gauge(settings, "num_running", "worker-2") >= 2
