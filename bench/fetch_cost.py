@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from rich.table import Table
 
 from bench.common import bench_settings, exit_on_sigterm, make_console, progress
 from bench.report import uptime_load, write_result
-from bench.services import Services
+from bench.services import broker_only
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer
 
@@ -87,10 +86,8 @@ async def probe(
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     load_start = uptime_load()
     settings = bench_settings()
-    services = Services(settings)
     rows: list[dict[str, Any]] = []
-    try:
-        await services.start_broker()
+    async with broker_only(settings):
         topic = f"{settings.topic_prefix}.bench-fetch-cost"
         await ensure_topics(settings, {topic: 1})
         tp = TopicPartition(topic, 0)
@@ -105,9 +102,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         row = await probe(settings, tp, wait_ms, args.read_s, rule)
                         rows.append({"batches": batches, **row})
                 bar.advance(task)
-    finally:
-        services.stop()
-        shutil.rmtree(settings.home, ignore_errors=True)
     return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
 
 

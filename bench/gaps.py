@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ from rich.table import Table
 
 from bench.common import bench_settings, exit_on_sigterm, make_console, progress
 from bench.report import uptime_load, write_result
-from bench.services import Services
+from bench.services import broker_only
 from tokenbus import gaps
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer
@@ -84,9 +83,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if settle_s == 0 and "original" in gaps._installed:
             gaps.fetcher.PartitionRecords._unpack_records = gaps._installed.pop("original")
             gaps._installed.clear()
-        services = Services(settings)
-        try:
-            await services.start_broker()
+        async with broker_only(settings):
             with progress(make_console()) as bar:
                 task = bar.add_task(f"kafka_gap_settle_s={settle_s}", total=args.runs)
                 for run in range(args.runs):
@@ -94,9 +91,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     row = await one_run(settings, topic, args.producers, args.records)
                     rows.append({"kafka_gap_settle_s": settle_s, "run": run, **row})
                     bar.advance(task)
-        finally:
-            services.stop()
-            shutil.rmtree(settings.home, ignore_errors=True)
     return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
 
 

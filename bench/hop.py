@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import time
 from typing import Any
 
@@ -20,7 +19,7 @@ from rich.table import Table
 from bench.common import bench_settings, exit_on_sigterm, make_console, progress
 from bench.procstat import CpuMeter
 from bench.report import uptime_load, write_result
-from bench.services import Services
+from bench.services import broker_only
 from bench.stats import summarize
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
@@ -91,10 +90,8 @@ async def one_setting(
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     settings = bench_settings()
-    services = Services(settings)
     rows: list[dict[str, Any]] = []
-    try:
-        await services.start_broker({TOPIC: args.partitions})
+    async with broker_only(settings, {TOPIC: args.partitions}) as services:
         with progress(console) as bar:
             for wait_ms in args.fetch_wait_ms:
                 task = bar.add_task(f"fetch_max_wait_ms={wait_ms}", total=args.messages)
@@ -110,9 +107,6 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                         args.pause_ms,
                     )
                 )
-    finally:
-        services.stop()
-        shutil.rmtree(settings.home, ignore_errors=True)
     return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
 
 

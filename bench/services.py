@@ -5,11 +5,13 @@ starts them, and stopped in reverse order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,3 +126,17 @@ async def wait_until(service: Service, ready: Callable[[], bool], timeout_s: flo
                 f"{service.name} not ready after {timeout_s:.0f} s:\n{service.log_tail()}"
             )
         await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def broker_only(
+    settings: Settings, topics: dict[str, int] | None = None
+) -> AsyncIterator[Services]:
+    """A broker alone, for the benchmarks of a Kafka hop; stopped, and its home removed."""
+    services = Services(settings)
+    try:
+        await services.start_broker(topics)
+        yield services
+    finally:
+        services.stop()
+        shutil.rmtree(settings.home, ignore_errors=True)
