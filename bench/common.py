@@ -6,12 +6,14 @@ import argparse
 import signal
 import socket
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from tokenbus.config import Settings
 from tokenbus.stack import REPO_ROOT, Stack
@@ -95,3 +97,17 @@ def progress(console: Console) -> Progress:
         console=console,
         refresh_per_second=2,
     )
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], path: Path
+) -> None:
+    """A benchmark's result table, right-aligned, and where its JSON was written."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    console = make_console()
+    console.print(table)
+    console.print(f"written to {path}")

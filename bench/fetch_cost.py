@@ -23,9 +23,8 @@ import time
 from typing import Any
 
 from aiokafka import TopicPartition
-from rich.table import Table
 
-from bench.common import bench_settings, exit_on_sigterm, make_console, progress
+from bench.common import bench_settings, exit_on_sigterm, make_console, print_table, progress
 from bench.report import uptime_load, write_result
 from bench.services import broker_only
 from tokenbus.config import Settings
@@ -114,28 +113,29 @@ def main() -> None:
     exit_on_sigterm()
     result = asyncio.run(measure(args))
     path = write_result("fetch_cost", result)
-    table = Table(title="one fetch on a partition of one-record batches (tansu)")
-    for column in (
-        "batches",
-        "tokenbus.fetch_wait",
-        "fetch_max_wait_ms",
-        "tail fetch: records",
-        "tail fetch ms",
-        f"read from start in {args.read_s:g} s",
-    ):
-        table.add_column(column, justify="right")
-    for row in result["results"]:
-        table.add_row(
-            str(row["batches"]),
-            "on" if row["fetch_wait_rule"] else "off",
-            str(row["fetch_max_wait_ms"]),
-            str(row["tail_records"]),
-            f"{row['tail_ms']:.1f}",
-            str(row["read_from_start"]),
-        )
-    console = make_console()
-    console.print(table)
-    console.print(f"written to {path}")
+    print_table(
+        "one fetch on a partition of one-record batches (tansu)",
+        [
+            "batches",
+            "tokenbus.fetch_wait",
+            "fetch_max_wait_ms",
+            "tail fetch: records",
+            "tail fetch ms",
+            f"read from start in {args.read_s:g} s",
+        ],
+        (
+            [
+                row["batches"],
+                "on" if row["fetch_wait_rule"] else "off",
+                row["fetch_max_wait_ms"],
+                row["tail_records"],
+                f"{row['tail_ms']:.1f}",
+                row["read_from_start"],
+            ]
+            for row in result["results"]
+        ),
+        path,
+    )
 
 
 if __name__ == "__main__":

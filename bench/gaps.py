@@ -18,9 +18,8 @@ import time
 from typing import Any
 
 from aiokafka import TopicPartition
-from rich.table import Table
 
-from bench.common import bench_settings, exit_on_sigterm, make_console, progress
+from bench.common import bench_settings, exit_on_sigterm, make_console, print_table, progress
 from bench.report import uptime_load, write_result
 from bench.services import broker_only
 from tokenbus import gaps
@@ -104,20 +103,15 @@ def main() -> None:
     exit_on_sigterm()
     result = asyncio.run(measure(args))
     path = write_result("gaps", result)
-    table = Table(title=f"{args.producers} producers on one partition, a tailing consumer")
-    for column in ("kafka_gap_settle_s", "run", "produced", "stored", "skipped by the tail"):
-        table.add_column(column, justify="right")
-    for row in result["results"]:
-        table.add_row(
-            str(row["kafka_gap_settle_s"]),
-            str(row["run"]),
-            str(row["produced"]),
-            str(row["stored"]),
-            str(row["skipped"]),
-        )
-    console = make_console()
-    console.print(table)
-    console.print(f"written to {path}")
+    print_table(
+        f"{args.producers} producers on one partition, a tailing consumer",
+        ["kafka_gap_settle_s", "run", "produced", "stored", "skipped by the tail"],
+        (
+            [row[k] for k in ("kafka_gap_settle_s", "run", "produced", "stored", "skipped")]
+            for row in result["results"]
+        ),
+        path,
+    )
 
 
 if __name__ == "__main__":
