@@ -120,7 +120,8 @@ async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
                 await engine.abort(request_id)
 
     assert deltas[-1].finish_reason == "abort"
-    assert sum(len(d.token_ids) for d in deltas) < 3000
+    # Within one engine step: at most the step already under way adds a token.
+    assert sum(len(d.token_ids) for d in deltas[2:]) <= 1, [d.token_ids for d in deltas]
 
 
 async def test_stats_show_running_requests_under_load(engine: VllmEngine) -> None:
