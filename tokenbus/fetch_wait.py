@@ -3,7 +3,7 @@ broker take longer over them.
 
 Seen with tansu 0.6.0, the bundled development broker: a fetch costs it more the more
 record batches the partition holds, and it stops reading at ``fetch_max_wait_ms``. Once
-one fetch of a partition costs more than the wait (about 30,000 one-record batches at
+one fetch of a partition costs more than the wait (10,000 one-record batches at
 5 ms, measured by ``bench/fetch_cost.py``), every fetch comes back empty, and the
 consumer stands still behind the high-water mark for good: a client's replies stop, the
 job stops seeing heartbeats. Reply topics grow one batch per engine step, so they get
