@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     """A consumer whose fetches keep coming back empty behind the high-water mark
     doubles its fetch wait up to this (tokenbus.fetch_wait: the bundled broker's fetch
     costs more as a partition grows, and stops at the wait). Inert on Apache Kafka;
-    set it to ``fetch_max_wait_ms`` to turn it off."""
+    0 turns it off."""
     request_timeout_ms: int = 30_000
     kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this

@@ -92,7 +92,8 @@ def stalled_partitions(fetcher_: Any, assignment: Any, request: Any) -> list[Top
 
 def lengthen_stalled_fetches(cap_ms: int) -> None:
     """Installs the rule in aiokafka's fetcher for this process (idempotent). Each
-    consumer starts from its own ``fetch_max_wait_ms``; ``cap_ms`` <= that turns it off."""
+    consumer starts from its own ``fetch_max_wait_ms`` and takes the cap given last
+    before its first fetch; a cap at or below its wait (0) turns the rule off for it."""
     _installed["cap_ms"] = cap_ms
     if "original" in _installed:
         return
