@@ -369,7 +369,12 @@ class Worker:
             # Tenant and request must both match: a request ID alone is no capability.
             running = self._running.get(cancel.request_id)
             if running is not None and running[0] == cancel.tenant_id:
-                log.info("aborting %s: %s", cancel.request_id, cancel.reason)
+                log.info(
+                    "aborting %s: %s, sent %.0f ms ago",
+                    cancel.request_id,
+                    cancel.reason,
+                    time.time() * 1000 - record.timestamp,
+                )
                 try:
                     await self._engine.abort(cancel.request_id)
                 except Exception:

