@@ -11,6 +11,7 @@ import os
 import signal
 
 from bench.fake_engine import FakeEngine
+from tokenbus import loops
 from tokenbus.config import Settings
 from workers.worker import Worker
 
@@ -38,7 +39,8 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_serve(Settings()))
+    settings = Settings()
+    loops.run(_serve(settings), settings)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
 from billing.sink import BillingSink
 from billing.storage import ClickHouseStore
+from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
@@ -96,7 +97,7 @@ async def _main(settings: Settings) -> None:
 def main() -> None:
     settings = Settings()
     setup_logging(settings)
-    asyncio.run(_main(settings))
+    loops.run(_main(settings), settings)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 import faust
 
 from stream_jobs.app import create_app
+from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.logs import setup_logging
 
@@ -14,6 +15,7 @@ from tokenbus.logs import setup_logging
 def main() -> int:
     settings = Settings()
     setup_logging(settings, configure_root=False)
+    loops.install_policy(settings)
     app = create_app(settings)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

@@ -7,6 +7,7 @@ tests override them through the constructor. Nothing reads the environment at im
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,10 @@ class Settings(BaseSettings):
 
     debug_loggers: list[str] = []
     """Loggers (e.g. ``workers.replies``) to log at DEBUG; the rest log at INFO."""
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """Every service's event loop (tokenbus.loops). uvloop runs the same code on less
+    CPU, and on two cores that CPU is the engine's (BENCHMARKS.md); ``asyncio`` is the
+    standard loop, to compare or to debug."""
 
     # -- Kafka ----------------------------------------------------------------------
     kafka_bootstrap: str | None = None

@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 
+from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.logs import setup_logging
 from workers.worker import Worker
@@ -40,7 +41,7 @@ def main() -> int:
     if not settings.model_dir.exists():
         print(f"error: no model at {settings.model_dir}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(settings))
+    loops.run(_serve(settings), settings)
     return 0
 
 
