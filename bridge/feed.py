@@ -26,10 +26,13 @@ class ChunkFeed:
     async def get(self, timeout_s: float | None) -> TokenChunk | None:
         """The next chunk; None if none came within ``timeout_s``. Re-raises the stream's
         error (``TokenbusTimeout`` after ``client_timeout_s`` of silence)."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout_s)
-        except TimeoutError:
-            return None
+        if not self._queue.empty():  # no timer when the chunk is already here
+            item = self._queue.get_nowait()
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout_s)
+            except TimeoutError:
+                return None
         if isinstance(item, Exception):
             raise item
         return item

@@ -261,7 +261,7 @@ class Gateway:
         include_usage: bool,
         caller: Caller,
     ) -> AsyncGenerator[bytes, None]:
-        tenant = caller.tenant.tenant_id
+        relayed = self._metrics.tokens_relayed.labels(caller.tenant.tenant_id)
         self._metrics.active_streams.inc()
         try:
             while True:
@@ -289,7 +289,7 @@ class Gateway:
                 event = relay.event(chunk)
                 if event is not None:
                     yield event
-                self._metrics.tokens_relayed.labels(tenant).inc(chunk.num_tokens)
+                relayed.inc(chunk.num_tokens)
                 if chunk.is_last:
                     if include_usage:
                         yield relay.usage_event()

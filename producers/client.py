@@ -176,7 +176,12 @@ class TokenbusClient:
             while True:
                 wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
                 try:
-                    chunk = await asyncio.wait_for(queue.get(), timeout=wait_s)
+                    # A timer per chunk only when there is something to wait for.
+                    chunk = (
+                        queue.get_nowait()
+                        if not queue.empty()
+                        else await asyncio.wait_for(queue.get(), timeout=wait_s)
+                    )
                 except TimeoutError:
                     silent_s += wait_s
                     if silent_s >= self._settings.client_timeout_s:

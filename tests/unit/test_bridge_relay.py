@@ -2,6 +2,13 @@ from __future__ import annotations
 
 import orjson
 
+from bridge.api_types import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+)
 from bridge.errors import ApiError
 from bridge.relay import DONE, Relay, sse, sse_error
 from schemas import FinishReason, TokenChunk
@@ -69,3 +76,30 @@ def test_sse_framing_and_error_event() -> None:
         "error": {"message": "no chunk", "type": "server_error", "param": None, "code": "timeout"}
     }
     assert DONE == b"data: [DONE]\n\n"
+
+
+def test_every_token_event_is_the_models_own_dump() -> None:
+    """Mid-stream events reuse one dump per response; each must equal the model's."""
+    for kind in ("chat", "text"):
+        relay = Relay(kind, "req_1", "m", num_prompt_tokens=2)  # type: ignore[arg-type]
+        texts = ["a", 'b"c', "\u00fc\n", "d"]
+        for seq, text in enumerate(texts):
+            finish = FinishReason.STOP if seq == len(texts) - 1 else None
+            c = chunk(seq, text, finish_reason=finish)
+            relay.add(c)
+            out_finish = "stop" if finish else None
+            expected: Completion | ChatCompletionChunk
+            if kind == "text":
+                choice = CompletionChoice(text=text, finish_reason=out_finish)
+                expected = Completion(
+                    id=relay.id, created=relay.created, model="m", choices=[choice]
+                )
+            else:
+                delta = ChatDelta(role=None if seq else "assistant", content=text)
+                expected = ChatCompletionChunk(
+                    id=relay.id,
+                    created=relay.created,
+                    model="m",
+                    choices=[ChatChunkChoice(delta=delta, finish_reason=out_finish)],
+                )
+            assert relay.event(c) == sse(expected)
