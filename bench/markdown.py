@@ -306,6 +306,12 @@ def profile(result: dict[str, Any]) -> str:
     return "\n\n".join(blocks)
 
 
+def bridge(result: dict[str, Any]) -> str:
+    from bench.bridge import COLUMNS, table_rows
+
+    return _context(result) + "\n\n" + _table(list(COLUMNS), table_rows(result["results"]))
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "hop": hop,
     "fetch_cost": fetch_cost,
@@ -313,6 +319,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "overhead": overhead,
     "admission": admission,
     "relay": relay,
+    "bridge": bridge,
     "billing": billing,
     "growth": growth,
     "load_table": load_table,

@@ -105,6 +105,11 @@ class Services:
         url = f"http://127.0.0.1:{self.settings.billing_query_port}/healthz"
         await wait_until(billing, lambda: _http_ok(url), 60)
 
+    async def start_bridge(self) -> None:
+        bridge = self.spawn("bridge", [sys.executable, "-m", "bridge"])
+        url = f"http://127.0.0.1:{self.settings.bridge_port}/healthz"
+        await wait_until(bridge, lambda: _http_ok(url), 60)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         stop_services(self.services, timeout_s)
 
