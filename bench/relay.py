@@ -264,6 +264,7 @@ def main() -> None:
         help="tokens in each delta: 1 is vLLM's DELTA output in decode; more imitates coalescing",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker and the client")
+    parser.add_argument("--name", help="result file name (default: from the options)")
     parser.add_argument(
         "--prototype",
         action="append",
@@ -278,7 +279,7 @@ def main() -> None:
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(_main(args, console))
-    name = "-".join(["relay", *args.prototype, *(["profile"] if args.profile else [])])
+    name = args.name or "-".join(["relay", *args.prototype, *(["profile"] if args.profile else [])])
     path = write_result(name, result)
     render(result["results"], console, "token relay over the reply topics")
     for row in result["results"]:
