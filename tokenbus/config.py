@@ -136,8 +136,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 0.5
     worker_dead_after_s: float = 3.0
     worker_nice: int = 10
-    """Niceness of workers the local stack starts (0: none); in production they have hosts
-    of their own."""
+    """Niceness of the workers the local stack starts (0: none): their sessions, and the
+    vLLM engine each runs (``engine_nice``). In production they have hosts of their own."""
+    engine_nice: int = 0
+    """Niceness a worker gives the vLLM engine core it starts. The worker's own loop (its
+    Kafka I/O, cancels, and vLLM's output processing) keeps the worker's niceness, so
+    a busy engine does not starve it."""
     worker_env: dict[str, str] = Field(
         default_factory=lambda: {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     )

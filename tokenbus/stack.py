@@ -78,6 +78,7 @@ class Service:
     ready_marker: str | None = None
     """A log line that says the service is ready, for services without a health URL."""
     nice: int = 0
+    session_nice: int = 0
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -219,29 +220,48 @@ class Stack:
         *,
         env_extra: dict[str, str] | None = None,
         nice: int = 0,
+        session_nice: int = 0,
         **overrides: Any,
     ) -> Service:
         env = {**settings_env(self.settings, **overrides), **(env_extra or {})}
-        process = self._popen(name, argv, env, nice)
-        service = Service(name, process, self.logs / f"{name}.log", argv, env, nice=nice)
+        process = self._popen(name, argv, env, nice, session_nice)
+        service = Service(
+            name,
+            process,
+            self.logs / f"{name}.log",
+            argv,
+            env,
+            nice=nice,
+            session_nice=session_nice,
+        )
         self.services.append(service)
         return service
 
     def _spawn_worker(self, worker_id: str, **overrides: Any) -> Service:
-        """On a shared host the engine yields the CPU to the control plane (niced): the
-        broker, the job and the bridge stay responsive while vLLM keeps every core busy."""
+        """On a shared host the engine yields the CPU to the control plane: the worker's
+        session and its vLLM engine core are niced, so the broker, the job and the bridge
+        stay responsive while vLLM keeps every core busy. The worker's own loop is not:
+        within its session it comes before the engine, so a busy engine does not delay
+        the worker's Kafka I/O and cancels."""
         return self._spawn(
             worker_id,
             [str(worker_python(self.settings)), "-m", "workers"],
             env_extra=self.settings.worker_env,
-            nice=self.settings.worker_nice,
+            session_nice=self.settings.worker_nice,
+            engine_nice=self.settings.worker_nice,
             worker_id=worker_id,
             **overrides,
         )
 
     def _popen(
-        self, name: str, argv: list[str], env: dict[str, str], nice: int = 0
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        nice: int = 0,
+        session_nice: int = 0,
     ) -> subprocess.Popen[bytes]:
+        """``nice``: the process's own niceness; its session's is the larger of the two."""
         with (self.logs / f"{name}.log").open("ab") as log_file:
             process = subprocess.Popen(
                 ["nice", "-n", str(nice), *argv] if nice else argv,
@@ -251,8 +271,8 @@ class Stack:
                 cwd=REPO_ROOT,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
             )
-        if nice:
-            renice_session(process.pid, nice)
+        if max(nice, session_nice):
+            renice_session(process.pid, max(nice, session_nice))
         return process
 
     async def restart(self, name: str, *, kill: bool = True, timeout_s: float = 120) -> None:
@@ -272,7 +292,9 @@ class Stack:
         """Starts a stopped service again, as it was, and waits until it is ready."""
         service = self.service(name)
         offset = service.log_path.stat().st_size
-        service.process = self._popen(name, service.argv, service.env, service.nice)
+        service.process = self._popen(
+            name, service.argv, service.env, service.nice, service.session_nice
+        )
         if service.ready_marker is not None:
             marker = service.ready_marker
             ready = lambda: marker in service.log_path.read_text(errors="replace")[offset:]  # noqa: E731

@@ -6,9 +6,11 @@ Imported only in the worker environment, where vLLM is installed.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
 
@@ -72,6 +74,7 @@ class VllmEngine:
         enforce_eager: bool,
         enable_prefix_caching: bool,
         kv_cache_gib: float,
+        engine_nice: int = 0,
     ) -> None:
         self.model_name = served_model_name
         self.max_num_seqs = max_num_seqs
@@ -90,6 +93,7 @@ class VllmEngine:
             # Only our recorder: the default loggers print to the log every few seconds.
             disable_log_stats=True,
         )
+        self._engine_nice = engine_nice
         self._llm: AsyncLLM | None = None
         self._recorder: SchedulerStatsRecorder | None = None
 
@@ -104,6 +108,7 @@ class VllmEngine:
             enforce_eager=settings.enforce_eager,
             enable_prefix_caching=settings.enable_prefix_caching,
             kv_cache_gib=settings.kv_cache_gib,
+            engine_nice=settings.engine_nice,
         )
 
     async def start(self) -> None:
@@ -113,11 +118,18 @@ class VllmEngine:
             recorders.append(SchedulerStatsRecorder(config, engine_index))
             return recorders[-1]
 
-        # Loading blocks for many seconds; a thread keeps this loop (and its Kafka
-        # heartbeats) alive. AsyncLLM starts its output handler on the first request.
-        self._llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, self._args, stat_loggers=[make_recorder]
-        )
+        def build() -> AsyncLLM:
+            # The engine core process inherits the niceness of the thread that starts it
+            # (Linux keeps niceness per thread): this thread's, not the event loop's.
+            if self._engine_nice:
+                os.setpriority(os.PRIO_PROCESS, 0, self._engine_nice)
+            return AsyncLLM.from_engine_args(self._args, stat_loggers=[make_recorder])
+
+        # Loading blocks for many seconds; a thread of its own keeps this loop (and its
+        # Kafka heartbeats) alive, and takes its niceness away with it. AsyncLLM starts
+        # its output handler on the first request.
+        with ThreadPoolExecutor(1, thread_name_prefix="engine-start") as starter:
+            self._llm = await asyncio.get_running_loop().run_in_executor(starter, build)
         self._recorder = recorders[0]
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
