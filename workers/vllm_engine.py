@@ -10,7 +10,6 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
 
@@ -59,6 +58,26 @@ class SchedulerStatsRecorder(StatLoggerBase):
         while self._generated and self._generated[0][0] < horizon:
             self._generated.popleft()
         return sum(n for _, n in self._generated) / RATE_WINDOW_S
+
+
+def renice_children(nice: int) -> None:
+    """Gives every thread of this process's children (vLLM's engine core) ``nice``.
+
+    Linux keeps niceness per thread, and a new thread takes its creator's: threads the
+    engine core starts later are niced too, while this process's own stay as they are.
+    Raising niceness needs no privilege; a child that has gone is skipped."""
+    me = os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_bytes()
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) != me:
+                continue
+            for task in (proc / "task").iterdir():
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+        except (OSError, ValueError):
+            continue
 
 
 class VllmEngine:
@@ -118,18 +137,13 @@ class VllmEngine:
             recorders.append(SchedulerStatsRecorder(config, engine_index))
             return recorders[-1]
 
-        def build() -> AsyncLLM:
-            # The engine core process inherits the niceness of the thread that starts it
-            # (Linux keeps niceness per thread): this thread's, not the event loop's.
-            if self._engine_nice:
-                os.setpriority(os.PRIO_PROCESS, 0, self._engine_nice)
-            return AsyncLLM.from_engine_args(self._args, stat_loggers=[make_recorder])
-
-        # Loading blocks for many seconds; a thread of its own keeps this loop (and its
-        # Kafka heartbeats) alive, and takes its niceness away with it. AsyncLLM starts
-        # its output handler on the first request.
-        with ThreadPoolExecutor(1, thread_name_prefix="engine-start") as starter:
-            self._llm = await asyncio.get_running_loop().run_in_executor(starter, build)
+        # Loading blocks for many seconds; a thread keeps this loop (and its Kafka
+        # heartbeats) alive. AsyncLLM starts its output handler on the first request.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, self._args, stat_loggers=[make_recorder]
+        )
+        if self._engine_nice:
+            renice_children(self._engine_nice)
         self._recorder = recorders[0]
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
