@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 import orjson
-from rich.progress import TaskID
 
 from bench.admission import print_profile
 from bench.common import (
@@ -38,6 +37,7 @@ from bench.common import (
     parse_overrides,
     print_table,
     progress,
+    progress_task,
 )
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
@@ -47,7 +47,7 @@ from bench.stats import summarize
 from bench.workload import prompt
 from tokenbus.tenants import hash_api_key
 
-WORKER_ID = "fake-0"
+PROCESSES = ("bridge", "stream_job", "workers", "broker")
 
 
 def api_key(i: int) -> str:
@@ -93,6 +93,7 @@ async def run_bridge(
     max_tokens: int,
     concurrency: int,
     num_tenants: int = 10,
+    num_workers: int = 1,
     prompt_tokens: int = 150,
     overrides: dict[str, Any] | None = None,
     profile_to: Path | None = None,
@@ -109,7 +110,9 @@ async def run_bridge(
     try:
         await services.start_broker()
         await services.start_job()
-        await services.start_fake_worker(WORKER_ID)
+        worker_ids = [f"fake-{i}" for i in range(num_workers)]
+        for worker_id in worker_ids:
+            await services.start_fake_worker(worker_id)
         await services.start_bridge()
         body = {
             "model": settings.served_model_name,
@@ -137,8 +140,12 @@ async def run_bridge(
         # The job starts routing once it has seen the worker's heartbeat: one request
         # before the clock starts, so the measured run is the steady state.
         await stream_one(http, api_key(0), {**body, "max_tokens": 1})
-        names = ["bridge", "stream_job", WORKER_ID, "broker"]
-        meter = CpuMeter({name: [services.pid(name)] for name in names})
+        meter = CpuMeter(
+            {
+                **{name: [services.pid(name)] for name in ("bridge", "stream_job", "broker")},
+                "workers": [services.pid(w) for w in worker_ids],
+            }
+        )
         profilers = []
         if profile_to is not None:
             profilers = [Profiler(services.pid("bridge"), profile_to.with_suffix(".bridge.txt"))]
@@ -161,6 +168,7 @@ async def run_bridge(
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "num_tenants": num_tenants,
+        "num_workers": num_workers,
         "prompt_tokens": prompt_tokens,
         "num_tokens": num_tokens,
         "num_events": num_events,
@@ -201,7 +209,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
                 str(r["concurrency"]),
                 f"{r['tokens_per_s']:.0f}",
                 f"{r['bridge_tokens_per_core_s']:.0f}",
-                *(f"{us[name]:.1f}" for name in ("bridge", "stream_job", WORKER_ID, "broker")),
+                # "fake-0": results from before the workers were counted together
+                *(f"{us.get(name, us.get('fake-0', 0.0)):.1f}" for name in PROCESSES),
                 f"{us['clients']:.1f}",
                 f"{r['ttft_ms']['p50']:.1f}",
                 f"{r['ttft_ms']['p99']:.1f}",
@@ -216,14 +225,11 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     with progress(make_console()) as bar:
         for event_loop in args.loops:
             for concurrency in args.concurrency:
-                task = bar.add_task(
+                advance = progress_task(
+                    bar,
                     f"bridge on {event_loop}, concurrency {concurrency}",
-                    total=args.requests * args.max_tokens,
+                    args.requests * args.max_tokens,
                 )
-
-                def advance(n: int, task: TaskID = task) -> None:
-                    bar.update(task, completed=n)
-
                 rows.append(
                     await run_bridge(
                         num_requests=args.requests,

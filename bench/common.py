@@ -6,7 +6,7 @@ import argparse
 import signal
 import socket
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,12 @@ def progress(console: Console) -> Progress:
         console=console,
         refresh_per_second=2,
     )
+
+
+def progress_task(bar: Progress, description: str, total: int) -> Callable[[int], None]:
+    """A task on ``bar``, and the callback that sets how much of it is done."""
+    task = bar.add_task(description, total=total)
+    return lambda done: bar.update(task, completed=done)
 
 
 def print_table(

@@ -1,12 +1,14 @@
 """Growth: how each stage's cost grows with tenants, workers and prompt length.
 
-    .venvs/stream/bin/python -m bench.growth [--stages admission relay billing]
+    .venvs/stream/bin/python -m bench.growth [--stages admission relay billing bridge]
 
 - admission (Faust job, pretend workers): tenants 10 -> 1,000; workers 1 -> 4;
   prompt 100 -> 8k tokens;
 - relay (worker loop on the pretend engine -> client): tenants 10 -> 1,000; workers
   1 -> 4; prompt 100 -> 8k tokens (the prompt rides in the request to the worker);
-- billing ingest: tenants 10 -> 1,000.
+- billing ingest: tenants 10 -> 1,000;
+- the SSE bridge (HTTP clients, the job, pretend workers): tenants 10 -> 1,000; workers
+  1 -> 4; prompt 100 -> 8k tokens.
 
 Cost is CPU per unit of work (ms per request, µs per token, µs per event), which the
 noisy shared machine disturbs far less than wall-clock rates; both are recorded.
@@ -26,6 +28,7 @@ from rich.table import Table
 
 from bench.admission import run_admission
 from bench.billing_ingest import run_ingest
+from bench.bridge import run_bridge
 from bench.common import exit_on_sigterm, make_console, progress
 from bench.relay import run_relay
 from bench.report import uptime_load, write_result
@@ -98,6 +101,14 @@ def plan(
                     partial(run_ingest, num_events=args.events, num_tenants=t),
                 )
             )
+    if "bridge" in args.stages:
+        bridge = partial(run_bridge, num_requests=64, max_tokens=256, concurrency=16)
+        for t in (10, 1_000):
+            points.append(("bridge", "tenants", t, partial(bridge, num_tenants=t)))
+        for w in WORKERS:
+            points.append(("bridge", "workers", w, partial(bridge, num_workers=w)))
+        for p in PROMPT_TOKENS:
+            points.append(("bridge", "prompt_tokens", p, partial(bridge, prompt_tokens=p)))
     return points
 
 
@@ -121,6 +132,17 @@ def cost(stage: str, row: dict[str, Any]) -> dict[str, Any]:
             "worker_us": us["worker_loop"],
             "broker_us": us["broker"],
             "client_us": us["client"],
+        }
+    if stage == "bridge":
+        us = row["us_per_token"]
+        return {
+            "unit": "token",
+            "rate": row["tokens_per_s"],
+            "per_core": row["bridge_tokens_per_core_s"],
+            "bridge_us": us["bridge"],
+            "job_us": us["stream_job"],
+            "workers_us": us["workers"],
+            "broker_us": us["broker"],
         }
     return {
         "unit": "event",
@@ -192,7 +214,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--stages", nargs="+", default=["admission", "relay", "billing"])
+    parser.add_argument("--stages", nargs="+", default=["admission", "relay", "billing", "bridge"])
     parser.add_argument("--requests", type=int, default=3_000, help="per admission point")
     parser.add_argument("--events", type=int, default=100_000, help="per billing point")
     parser.add_argument("--prototype", action="append", default=[], help="for admission points")

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import TaskID
 from rich.table import Table
 
 from bench.admission import print_profile
@@ -33,6 +32,7 @@ from bench.common import (
     make_console,
     parse_overrides,
     progress,
+    progress_task,
 )
 from bench.fake_engine import FakeEngine
 from bench.procstat import CpuMeter
@@ -223,12 +223,9 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     rows = []
     with progress(console) as bar:
         for tokens_per_step in args.tokens_per_step:
-            total = args.requests * args.max_tokens
-            task = bar.add_task(f"relay, {tokens_per_step} token(s) per step", total=total)
-
-            def advance(n: int, task: TaskID = task) -> None:
-                bar.update(task, completed=n)
-
+            advance = progress_task(
+                bar, f"relay, {tokens_per_step} token(s) per step", args.requests * args.max_tokens
+            )
             rows.append(
                 await run_relay(
                     num_requests=args.requests,
