@@ -112,6 +112,24 @@ def plan(
     return points
 
 
+PER_TOKEN: dict[str, tuple[str, dict[str, str]]] = {
+    # stage: (its per-core figure, {column: its process in us_per_token})
+    "relay": (
+        "tokens_per_core_s",
+        {"worker_us": "worker_loop", "broker_us": "broker", "client_us": "client"},
+    ),
+    "bridge": (
+        "bridge_tokens_per_core_s",
+        {
+            "bridge_us": "bridge",
+            "job_us": "stream_job",
+            "workers_us": "workers",
+            "broker_us": "broker",
+        },
+    ),
+}
+
+
 def cost(stage: str, row: dict[str, Any]) -> dict[str, Any]:
     """The per-unit figures the growth table compares."""
     if stage == "admission":
@@ -123,26 +141,14 @@ def cost(stage: str, row: dict[str, Any]) -> dict[str, Any]:
             "job_cpu_ms": round(1000 * row["cpu_s"]["stream_job"] / n, 3),
             "broker_cpu_ms": round(1000 * row["cpu_s"]["broker"] / n, 3),
         }
-    if stage == "relay":
+    if stage in PER_TOKEN:
+        per_core, parts = PER_TOKEN[stage]
         us = row["us_per_token"]
         return {
             "unit": "token",
             "rate": row["tokens_per_s"],
-            "per_core": row["tokens_per_core_s"],
-            "worker_us": us["worker_loop"],
-            "broker_us": us["broker"],
-            "client_us": us["client"],
-        }
-    if stage == "bridge":
-        us = row["us_per_token"]
-        return {
-            "unit": "token",
-            "rate": row["tokens_per_s"],
-            "per_core": row["bridge_tokens_per_core_s"],
-            "bridge_us": us["bridge"],
-            "job_us": us["stream_job"],
-            "workers_us": us["workers"],
-            "broker_us": us["broker"],
+            "per_core": row[per_core],
+            **{label: us[key] for label, key in parts.items()},
         }
     return {
         "unit": "event",
