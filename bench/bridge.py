@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -101,7 +100,6 @@ async def run_bridge(
 ) -> dict[str, Any]:
     settings = bench_settings(model_path=model_dir(), **(overrides or {}))
     tenants_file = settings.home / "tenants.json"
-    settings.home.mkdir(parents=True, exist_ok=True)
     write_tenants(tenants_file, num_tenants)
     settings = settings.model_copy(update={"tenants_file": tenants_file})
     services = Services(settings)
@@ -275,5 +273,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()

@@ -11,18 +11,19 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tokenbus.procfs import children, stat_fields
+
+__all__ = ["CpuMeter", "children", "cpu_seconds", "descendants", "runqueue_wait_seconds"]
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of one process (all its threads); 0.0 once it has gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            raw = stat.read()
+        fields = stat_fields(f"/proc/{pid}/stat")
     except OSError:
         return 0.0
-    # The command name may hold spaces and parentheses: split after the last ')'.
-    fields = raw[raw.rindex(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
@@ -44,22 +45,6 @@ def runqueue_wait_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total_ns / 1e9
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid``, found by scanning /proc (no psutil in the stream env)."""
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                raw = stat.read()
-        except OSError:
-            continue
-        if int(raw[raw.rindex(b")") + 2 :].split()[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def descendants(pid: int) -> list[int]:

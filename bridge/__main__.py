@@ -11,7 +11,6 @@ import sys
 import uvicorn
 
 from bridge.app import create_app
-from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.logs import setup_logging
 
@@ -25,7 +24,7 @@ def main() -> int:
         create_app(settings),
         host=settings.bridge_host,
         port=settings.bridge_port,
-        loop=loops.uvicorn_loop(settings),
+        loop=settings.event_loop,  # uvicorn's names for the same two loops
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -29,9 +29,9 @@ class Settings(BaseSettings):
     debug_loggers: list[str] = []
     """Loggers (e.g. ``workers.replies``) to log at DEBUG; the rest log at INFO."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    """Every service's event loop (tokenbus.loops). uvloop runs the same code on less
-    CPU, and on two cores that CPU is the engine's (BENCHMARKS.md); ``asyncio`` is the
-    standard loop, to compare or to debug."""
+    """Every service's event loop (tokenbus.loops; uvicorn takes the same names). uvloop
+    runs the same code on less CPU, and on two cores that CPU is the engine's
+    (BENCHMARKS.md); ``asyncio`` is the standard loop, to compare or to debug."""
 
     # -- Kafka ----------------------------------------------------------------------
     kafka_bootstrap: str | None = None

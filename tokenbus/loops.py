@@ -32,8 +32,3 @@ def install_policy(settings: Settings) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def uvicorn_loop(settings: Settings) -> str:
-    """uvicorn's ``loop`` option for the same choice."""
-    return "uvloop" if settings.event_loop == "uvloop" else "asyncio"

@@ -77,7 +77,6 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     ready_marker: str | None = None
     """A log line that says the service is ready, for services without a health URL."""
-    nice: int = 0
     session_nice: int = 0
 
     def log_tail(self, lines: int = 30) -> str:
@@ -219,20 +218,13 @@ class Stack:
         argv: list[str],
         *,
         env_extra: dict[str, str] | None = None,
-        nice: int = 0,
         session_nice: int = 0,
         **overrides: Any,
     ) -> Service:
         env = {**settings_env(self.settings, **overrides), **(env_extra or {})}
-        process = self._popen(name, argv, env, nice, session_nice)
+        process = self._popen(name, argv, env, session_nice)
         service = Service(
-            name,
-            process,
-            self.logs / f"{name}.log",
-            argv,
-            env,
-            nice=nice,
-            session_nice=session_nice,
+            name, process, self.logs / f"{name}.log", argv, env, session_nice=session_nice
         )
         self.services.append(service)
         return service
@@ -258,21 +250,21 @@ class Stack:
         name: str,
         argv: list[str],
         env: dict[str, str],
-        nice: int = 0,
         session_nice: int = 0,
     ) -> subprocess.Popen[bytes]:
-        """``nice``: the process's own niceness; its session's is the larger of the two."""
+        """``session_nice``: the niceness of the service's session; the process's own
+        stays as it is (a worker renices its engine itself)."""
         with (self.logs / f"{name}.log").open("ab") as log_file:
             process = subprocess.Popen(
-                ["nice", "-n", str(nice), *argv] if nice else argv,
+                argv,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=REPO_ROOT,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
             )
-        if max(nice, session_nice):
-            renice_session(process.pid, max(nice, session_nice))
+        if session_nice:
+            renice_session(process.pid, session_nice)
         return process
 
     async def restart(self, name: str, *, kill: bool = True, timeout_s: float = 120) -> None:
@@ -292,9 +284,7 @@ class Stack:
         """Starts a stopped service again, as it was, and waits until it is ready."""
         service = self.service(name)
         offset = service.log_path.stat().st_size
-        service.process = self._popen(
-            name, service.argv, service.env, service.nice, service.session_nice
-        )
+        service.process = self._popen(name, service.argv, service.env, service.session_nice)
         if service.ready_marker is not None:
             marker = service.ready_marker
             ready = lambda: marker in service.log_path.read_text(errors="replace")[offset:]  # noqa: E731

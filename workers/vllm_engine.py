@@ -6,6 +6,7 @@ Imported only in the worker environment, where vLLM is installed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from tokenbus.config import Settings
+from tokenbus.procfs import children, thread_ids
 from workers.interface import EngineDelta, EngineStats, GenerateParams
 
 GiB = 1 << 30
@@ -66,18 +68,10 @@ def renice_children(nice: int) -> None:
     Linux keeps niceness per thread, and a new thread takes its creator's: threads the
     engine core starts later are niced too, while this process's own stay as they are.
     Raising niceness needs no privilege; a child that has gone is skipped."""
-    me = os.getpid()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_bytes()
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) != me:
-                continue
-            for task in (proc / "task").iterdir():
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-        except (OSError, ValueError):
-            continue
+    for child in children(os.getpid()):
+        for tid in thread_ids(child):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 class VllmEngine:

@@ -5,29 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenbus.config import Settings
+from tokenbus.procfs import children, stat_fields, thread_ids
 from tokenbus.stack import Stack
 
 
 def thread_niceness(pid: int) -> set[int]:
     """The niceness of every thread of ``pid`` (Linux keeps it per thread)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_bytes()
-        found.add(int(stat[stat.rindex(b")") + 2 :].split()[16]))
-    return found
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+    return {int(stat_fields(f"/proc/{pid}/task/{tid}/stat")[16]) for tid in thread_ids(pid)}
 
 
 def test_the_engine_core_is_niced_and_the_worker_loop_is_not(
