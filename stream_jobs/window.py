@@ -27,7 +27,9 @@ BUCKETS_PER_S = 10
 
 
 def _bucket(now: float) -> int:
-    return math.floor(now * BUCKETS_PER_S)
+    # A float's width of slack: a time computed as a boundary (``now + retry_after``) can
+    # land a hair short of it, and must count as the next bucket, as it was meant.
+    return math.floor(now * BUCKETS_PER_S + 1e-6)
 
 
 def _oldest(now: float) -> int:
