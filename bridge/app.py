@@ -37,6 +37,7 @@ from bridge.sessions import SessionIssuer
 from bridge.throttle import KeyThrottle
 from producers import TokenbusClient
 from schemas import SchemaError, WorkerStatus, decode
+from tokenbus.auth import ServiceTokens
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer
@@ -84,14 +85,22 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     """The bridge; ``bus`` defaults to a TokenbusClient started with the app."""
     metrics = BridgeMetrics()
     served = ServedModels(settings.served_model_name, dead_after_s=settings.worker_dead_after_s)
-    client = bus or TokenbusClient(settings)
+    if not settings.bus_service_secret:
+        raise SystemExit(
+            "the bridge needs TOKENBUS_BUS_SERVICE_SECRET (shared with the Faust job): "
+            "it vouches with it for the tenants it authenticates"
+        )
     directory = settings.tenant_directory()
+    tokens = ServiceTokens(settings.bus_service_secret)
+    client = bus or TokenbusClient(settings)  # its cancels carry service tokens
     authenticator = Authenticator(
         directory,
-        audience=settings.bridge_jwt_audience,
-        hs256_secret=settings.bridge_jwt_hs256_secret,
-        rs256_public_key=settings.bridge_jwt_rs256_public_key,
-        leeway_s=settings.bridge_jwt_leeway_s,
+        audience=settings.jwt_audience,
+        hs256_secret=settings.jwt_hs256_secret,
+        rs256_public_key=settings.jwt_rs256_public_key,
+        allow_unlisted_tenants=settings.allow_unlisted_tenants,
+        leeway_s=settings.jwt_leeway_s,
+        topics=Topics(settings.topic_prefix),
     )
     gateway = Gateway(
         settings,
@@ -107,6 +116,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
             max_prompt_chars=settings.bridge_max_prompt_chars,
         ),
         metrics,
+        tokens,
     )
     spec = build_spec(settings.served_model_name)
 

@@ -3,7 +3,8 @@
 # Authorization --> Authenticator --> Caller (tenant config narrowed by claims)
 # credential --> KeyThrottle (429) ; body --> size limit (413) --> parse (400)
 # body + Caller --> Planner --> Plan (403 / 413 / 400 / 429, flags)
-# Plan --> TokenbusClient.submit --> ChunkFeed --> Relay --> JSON or SSE events
+# Plan + a service token for the Caller's tenant --> TokenbusClient.submit
+# --> ChunkFeed --> Relay --> JSON or SSE events
 # disconnect, or giving up on the bus --> TokenbusClient.cancel
 
 A request's HTTP status waits for its first chunk (at most ``bridge_first_chunk_wait_s``
@@ -42,6 +43,7 @@ from bridge.sse import EventStreamResponse
 from bridge.throttle import KeyThrottle
 from producers import TokenbusTimeout
 from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams, TokenChunk
+from tokenbus.auth import ServiceTokens
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
 
@@ -70,7 +72,7 @@ class Bus(Protocol):
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
-        flags: list[str] | None = None,
+        credential: str | None = None,
     ) -> InferenceRequest: ...
 
     def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]: ...
@@ -92,6 +94,7 @@ class Gateway:
         sessions: SessionIssuer,
         planner: Planner,
         metrics: BridgeMetrics,
+        tokens: ServiceTokens,
     ) -> None:
         self._settings = settings
         self._bus = bus
@@ -100,6 +103,7 @@ class Gateway:
         self._sessions = sessions
         self._planner = planner
         self._metrics = metrics
+        self._tokens = tokens
 
     # -- shared steps ---------------------------------------------------------------------
     def authenticate(self, http: Request) -> Caller:
@@ -160,6 +164,15 @@ class Gateway:
         for flag in plan.flags:
             self._metrics.flags.labels(flag).inc()
         received = time.monotonic()
+        # The job believes this token for the tenant authenticated here, with its
+        # narrowed class, models and balance, and the flags the screening raised.
+        credential = self._tokens.token(
+            caller.tenant.tenant_id,
+            self._bus.reply_topic,
+            narrowed=caller.tenant,
+            quota_balance=caller.quota_balance,
+            flags=tuple(plan.flags),
+        )
         request = await self._bus.submit(
             tenant_id=caller.tenant.tenant_id,
             prompt=plan.prompt,
@@ -169,9 +182,9 @@ class Gateway:
             sampling=plan.sampling,
             session_id=ids["X-Session-ID"],
             request_id=ids["X-Request-ID"],
-            flags=plan.flags,
+            credential=credential,
         )
-        feed = ChunkFeed(self._bus.stream(request), request.tenant_id)
+        feed = ChunkFeed(self._bus.stream(request), caller.tenant.tenant_id)
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
         try:
             wait = self._settings.bridge_first_chunk_wait_s if plan.stream else None

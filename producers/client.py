@@ -1,19 +1,27 @@
 """``TokenbusClient``: produce an InferenceRequest, iterate over its TokenChunks.
 
-# InferenceRequest --> requests.p{priority} (keyed by tenant)
+# InferenceRequest + credential (``authorization`` header) --> requests.p{priority}, keyed by tenant
 # replies.{client_id} --> TokenChunkBatch --> per-request queues --> ``stream()`` iterators
 # ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
 Each client owns one reply topic and reads it without a consumer group from the end,
 positioned before the first request is sent, so no reply can be missed. Nothing is
 committed: a reply stream is live, and a client that restarts asks again.
+
+Credentials: a client of one tenant (``tenant_id=``, with its API key or JWT as
+``credential``) names its reply topic ``<prefix>.replies.<tenant>.<client_id>``, which
+every credential of that tenant owns. A client for many tenants (the bridge, tools)
+gives a function ``(tenant_id, reply_topic) -> token`` that mints tokens carrying its
+reply topic as ``reply_prefix``. A chunk reaches a stream only if both its tenant and
+its request id are the stream's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Self
 
@@ -54,18 +62,45 @@ class RequestFailed(RuntimeError):
         self.error = error
 
 
+Credential = str | Callable[[str, str], str]
+"""A tenant's API key or JWT, or ``(tenant_id, reply_topic) -> token`` for many tenants."""
+StreamKey = tuple[str, str]
+"""(tenant, request_id)."""
+
+
 class TokenbusClient:
     """An async client for programs that produce requests; one reply topic per client."""
 
-    def __init__(self, settings: Settings, client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client_id: str | None = None,
+        *,
+        credential: Credential | None = None,
+        tenant_id: str | None = None,
+    ) -> None:
+        if isinstance(credential, str) and tenant_id is None:
+            raise ValueError(
+                "a client with one tenant's key or token needs tenant_id=: its reply "
+                "topic is named for the tenant"
+            )
         self._settings = settings
         self._topics = Topics(settings.topic_prefix)
         self.client_id = client_id or ulid().lower()
-        self.reply_topic = self._topics.replies(self.client_id)
+        self.tenant_id = tenant_id
+        if credential is None and settings.bus_service_secret:
+            # A tool of tokenbus's own (the local stack, tests, benchmarks) holds the
+            # service secret, and vouches for the tenants it names.
+            credential = _service_credential(settings.bus_service_secret)
+        self.credential = credential
+        self.reply_topic = self._topics.replies(
+            f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id
+        )
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._streams: dict[str, asyncio.Queue[TokenChunk]] = {}
+        self._streams: dict[StreamKey, asyncio.Queue[TokenChunk]] = {}
+        self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
 
     async def __aenter__(self) -> Self:
@@ -104,10 +139,20 @@ class TokenbusClient:
             await self._producer.stop()
         await delete_topics(self._settings, [self.reply_topic])
 
+    def headers(self, tenant_id: str, credential: str | None = None) -> list[tuple[str, bytes]]:
+        """The record headers that carry the credential for ``tenant_id``."""
+        token = credential
+        if token is None:
+            if callable(self.credential):
+                token = self.credential(tenant_id, self.reply_topic)
+            else:
+                token = self.credential
+        return [("authorization", f"Bearer {token}".encode())] if token else []
+
     async def submit(
         self,
         *,
-        tenant_id: str,
+        tenant_id: str | None = None,
         prompt: str | None = None,
         messages: list[ChatMessage] | None = None,
         model: str | None = None,
@@ -115,25 +160,37 @@ class TokenbusClient:
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
-        flags: list[str] | None = None,
+        credential: str | None = None,
     ) -> InferenceRequest:
-        """Produces the request; read its chunks with ``stream(request)``."""
+        """Produces the request; read its chunks with ``stream(request)``.
+
+        ``credential``: this request's token, instead of the client's."""
         assert self._producer is not None, "call start() first"
-        request = InferenceRequest(
-            request_id=request_id or new_request_id(),
-            session_id=session_id or new_session_id(),
-            tenant_id=tenant_id,
-            priority=priority,
-            model=model or self._settings.served_model_name,
-            prompt=prompt,
-            messages=messages,
-            sampling=sampling or SamplingParams(),
-            reply_to=self.reply_topic,
-            flags=flags or [],
+        tenant = tenant_id or self.tenant_id
+        if tenant is None:
+            raise ValueError("submit needs tenant_id= (this client serves many tenants)")
+        created = datetime.now(UTC)
+        text = {"prompt": prompt} if prompt is not None else {"messages": messages}
+        request = InferenceRequest.model_validate(
+            {
+                "request_id": request_id or new_request_id(),
+                "session_id": session_id or new_session_id(),
+                "tenant_id": tenant,
+                "priority": priority,
+                "model": model or self._settings.served_model_name,
+                **text,
+                "sampling": sampling or SamplingParams(),
+                "reply_to": self.reply_topic,
+                "created_at": created,
+            }
         )
-        self.watch(request.request_id)
+        self.watch(request.request_id, tenant)
+        self._created[(tenant, request.request_id)] = created
         await self._producer.send_and_wait(
-            self._topics.requests(priority), encode(request), key=tenant_id.encode()
+            self._topics.requests(priority),
+            encode(request),
+            key=tenant.encode(),
+            headers=self.headers(tenant, credential),
         )
         return request
 
@@ -144,19 +201,21 @@ class TokenbusClient:
         status ``cancelled``, billed for the tokens generated until then.
         """
         assert self._producer is not None, "call start() first"
-        cancel = CancelRequest(
-            request_id=request.request_id, tenant_id=request.tenant_id, reason=reason
-        )
+        tenant = _tenant_of(request)
+        cancel = CancelRequest(request_id=request.request_id, tenant_id=tenant, reason=reason)
         await self._producer.send_and_wait(
-            self._topics.cancels, encode(cancel), key=request.tenant_id.encode()
+            self._topics.cancels,
+            encode(cancel),
+            key=tenant.encode(),
+            headers=self.headers(tenant),
         )
 
-    def watch(self, request_id: str) -> None:
-        """Collects chunks for a request sent to this client's reply topic by any producer.
+    def watch(self, request_id: str, tenant_id: str) -> None:
+        """Collects chunks of ``tenant_id``'s request sent to this client's reply topic.
 
         Call it before the request is produced; ``submit`` does so itself.
         """
-        self._streams.setdefault(request_id, asyncio.Queue())
+        self._streams.setdefault((tenant_id, request_id), asyncio.Queue())
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]:
         """Yields the request's chunks in seq order, ending with the one that has
@@ -166,7 +225,8 @@ class TokenbusClient:
         nothing for ``client_quiet_s``), the stream reads its reply topic back from the
         request's start (``tokenbus.replies``) and delivers what the reply reader had
         not, logging it, rather than hanging."""
-        queue = self._streams.setdefault(request.request_id, asyncio.Queue())
+        key = (_tenant_of(request), request.request_id)
+        queue = self._streams.setdefault(key, asyncio.Queue())
         expected = 0
         ahead: dict[int, TokenChunk] = {}  # received, not yet yielded: seq >= expected
         read_back_for = -1  # the seq a gap was last read back for
@@ -205,7 +265,8 @@ class TokenbusClient:
                     if chunk.is_last:
                         return
         finally:
-            self._streams.pop(request.request_id, None)
+            self._streams.pop(key, None)
+            self._created.pop(key, None)
 
     async def _read_back(
         self,
@@ -220,7 +281,15 @@ class TokenbusClient:
         if self._reply_log is None:
             self._reply_log = KafkaReplyLog(self._settings)
         try:
-            chunks = await self._reply_log.read(request)
+            tenant = _tenant_of(request)
+            chunks = await self._reply_log.read(
+                reply_to=self.reply_topic,
+                tenant_id=tenant,
+                request_id=request.request_id,
+                since=self._created.get((tenant, request.request_id))
+                or request.created_at
+                or datetime.now(UTC),
+            )
         except Exception:
             log.exception("reading back the replies of %s failed", request.request_id)
             return
@@ -279,6 +348,19 @@ class TokenbusClient:
                     " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
                 )
             for chunk in batch.chunks:
-                queue = self._streams.get(chunk.request_id)
+                # The batch's tenant is every chunk's (the schema checks): a chunk that
+                # names another tenant's request id never reaches that stream.
+                queue = self._streams.get((batch.tenant_id, chunk.request_id))
                 if queue is not None:
                     queue.put_nowait(chunk)
+
+
+def _tenant_of(request: InferenceRequest) -> str:
+    assert request.tenant_id is not None, "submit always names the tenant"
+    return request.tenant_id
+
+
+def _service_credential(secret: str) -> Callable[[str, str], str]:
+    from tokenbus.auth import ServiceTokens  # PyJWT: the stream environment only
+
+    return ServiceTokens(secret).token

@@ -2,8 +2,10 @@
 
 from schemas.codec import SchemaError, decode, encode
 from schemas.messages import (
+    INTERNAL_FIELDS,
     REASSIGNED,
     SCHEMA_VERSION,
+    TENANT_ID_PATTERN,
     CancelRequest,
     ChatMessage,
     DeadLetter,
@@ -16,11 +18,14 @@ from schemas.messages import (
     UsageEvent,
     UsageStatus,
     WorkerStatus,
+    WorkItem,
 )
 
 __all__ = [
+    "INTERNAL_FIELDS",
     "REASSIGNED",
     "SCHEMA_VERSION",
+    "TENANT_ID_PATTERN",
     "CancelRequest",
     "ChatMessage",
     "DeadLetter",
@@ -33,6 +38,7 @@ __all__ = [
     "TokenChunkBatch",
     "UsageEvent",
     "UsageStatus",
+    "WorkItem",
     "WorkerStatus",
     "decode",
     "encode",

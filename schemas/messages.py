@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -46,24 +47,125 @@ class SamplingParams(BaseModel):
 Priority = Annotated[int, Field(ge=0, le=2)]
 """0 VIP, 1 standard, 2 batch."""
 
+TENANT_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,128}$"
+"""Letters, digits, ``_`` and ``-``: no dot, so a tenant's reply topics
+(``<prefix>.replies.<tenant>.<client>``) never fall under another tenant's prefix."""
+TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
+RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
+TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._\-]{1,249}$")]
+
+INTERNAL_FIELDS = frozenset(
+    {
+        "attempt",
+        "worker_id",
+        "worker_incarnation",
+        "dispatched_at",
+        "admitted_at",
+        "resume_token_ids",
+        "resume_seq",
+        "overload_tier",
+        "cache_salt",
+        "flags",
+    }
+)
+"""Fields of a ``WorkItem`` that tokenbus derives: a producer that writes one is refused."""
+
+
+def _no_nulls(schema: JsonDict) -> None:
+    """The published schema says what the code accepts: an optional field is left out,
+    never ``null`` (see ``InferenceRequest._refuse_nulls_and_internal_fields``)."""
+    properties = schema.get("properties")
+    assert isinstance(properties, dict)
+    for field in properties.values():
+        assert isinstance(field, dict)
+        options = field.get("anyOf")
+        if isinstance(options, list):
+            kept = [o for o in options if o != {"type": "null"}]
+            if len(kept) == 1 and isinstance(kept[0], dict):
+                del field["anyOf"]
+                field.update(kept[0])
+            else:
+                field["anyOf"] = kept
+        if field.get("default", 0) is None:
+            del field["default"]
+    schema["oneOf"] = [
+        {"required": ["prompt"], "not": {"required": ["messages"]}},
+        {"required": ["messages"], "not": {"required": ["prompt"]}},
+    ]
+
 
 class InferenceRequest(Message):
-    """A client's request, produced to ``requests.p{priority}`` keyed by tenant."""
+    """What a producer writes to ``requests.p{priority}``, keyed by its tenant, with its
+    credential in the record's ``authorization`` header (see the README).
+
+    The credential names the tenant: ``tenant_id``, if given, must be the same. The
+    public half of a request: everything tokenbus derives (attempt, cache salt, tier,
+    worker, times, flags) travels in the ``WorkItem`` the job hands a worker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_no_nulls)
+
+    request_id: RequestId
+    """Chosen by the producer, unique within its tenant: a request produced again under
+    the same id runs once (see the README's delivery guarantees)."""
+    session_id: RequestId | None = None
+    """Groups a conversation's turns (affinity, billing); left out: the request's id."""
+    tenant_id: TenantId | None = None
+    priority: Priority = 1
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    reply_to: TopicName
+    """A reply topic this credential owns (``<prefix>.replies.<tenant>.<anything>``, or
+    the prefix its token carries)."""
+    created_at: AwareDatetime | None = None
+    """When the producer made it, with its time zone: used only for latency figures,
+    bounded by the job."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_nulls_and_internal_fields(cls, data: object) -> object:
+        if isinstance(data, dict):
+            internal = sorted(INTERNAL_FIELDS.intersection(data))
+            if internal:
+                raise ValueError(
+                    f"{', '.join(internal)}: set by tokenbus, not by producers "
+                    "(the job derives it; leave it out)"
+                )
+            nulls = sorted(key for key, value in data.items() if value is None)
+            if nulls:
+                raise ValueError(f"{', '.join(nulls)}: null is not allowed; leave it out")
+        return data
+
+    @model_validator(mode="after")
+    def _one_input(self) -> InferenceRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        return self
+
+
+class WorkItem(Message):
+    """A request as the job hands it to a worker: the producer's request, with the
+    tenant its credential proved and every field tokenbus derives. Never produced by
+    anyone but the job (Kafka ACLs keep producers off worker topics)."""
 
     request_id: str
     session_id: str
-    tenant_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    tenant_id: str
     priority: Priority = 1
+    """The class the job admitted it in (never better than the tenant's)."""
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     reply_to: str
-    created_at: datetime = Field(default_factory=_now)
+    created_at: datetime
+    """The producer's time, bounded by the job: latency figures only."""
+    admitted_at: datetime
+    """The job's time of admission: prices, peak hours and windows use this."""
     attempt: int = 0
     """Incremented when the request is dispatched again after a worker loss."""
     worker_id: str | None = None
-    """Set by the dispatcher on the copy it forwards to a worker."""
     worker_incarnation: str | None = None
     """The run of that worker the dispatcher addressed; a restarted worker skips others'."""
     dispatched_at: datetime | None = None
@@ -72,17 +174,16 @@ class InferenceRequest(Message):
     resume_seq: int = 0
     """The ``seq`` of this attempt's first chunk, so the client sees one stream."""
     overload_tier: Annotated[int, Field(ge=0, le=2)] = 0
-    """0 normal, 1 above 120% of capacity, 2 above 150%; set by the dispatcher."""
-    cache_salt: str | None = None
-    """Prefix-cache isolation key; the dispatcher sets it from the tenant's sharing group."""
+    """0 normal, 1 above 120% of capacity, 2 above 150%."""
+    cache_salt: str
+    """Prefix-cache isolation key: the tenant, or its sharing group."""
     flags: list[str] = Field(default_factory=list)
     """Notes that travel to the UsageEvent: ``injection_suspected``, ``max_tokens_capped``."""
 
-    @model_validator(mode="after")
-    def _one_input(self) -> InferenceRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
-        return self
+    @property
+    def engine_request_id(self) -> str:
+        """Unique on a worker: request ids are unique only within a tenant."""
+        return f"{self.tenant_id}/{self.request_id}/{self.attempt}"
 
 
 class FinishReason(StrEnum):
@@ -172,7 +273,10 @@ class UsageEvent(Message):
     """Weights precision (fp32, fp16, bf16, int8), for the cost weights."""
     flags: list[str] = Field(default_factory=list)
     created_at: datetime
+    """When the job admitted the request: what prices and peak hours go by."""
     finished_at: datetime = Field(default_factory=_now)
+    last_seq: int | None = None
+    """The ``seq`` of the request's last chunk, so a duplicate's answer continues it."""
 
 
 class WorkerStatus(Message):

@@ -24,6 +24,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TableT
 
 from stream_jobs.dispatcher import Dispatcher
+from stream_jobs.ledger import Entry
 from stream_jobs.metrics import render_metrics
 from stream_jobs.window import Reservations, WindowState
 from tokenbus.config import Settings
@@ -121,6 +122,48 @@ class TableWindowStore:
         return self._recovered.pop(tenant_id, [])
 
 
+class TableLedger:
+    """The ledger of request ids (``stream_jobs.ledger``) in a Faust table keyed
+    ``tenant/request_id``, backed by its changelog, so a restarted job still knows what
+    ran. Expired entries are deleted as their tenant's requests come in, from an index
+    made in one pass over the table after each start or rebalance."""
+
+    def __init__(self, table: TableT[bytes, bytes]) -> None:
+        self._table = table
+        self._index: dict[str, dict[str, float]] | None = None
+
+    def get(self, tenant_id: str, request_id: str) -> Entry | None:
+        raw = self._table.get(f"{tenant_id}/{request_id}".encode())
+        return Entry.from_json(orjson.loads(raw)) if raw else None
+
+    def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
+        self._table[f"{tenant_id}/{request_id}".encode()] = orjson.dumps(entry.to_json())
+        self._indexed().setdefault(tenant_id, {})[request_id] = entry.expires_at
+
+    def drop(self, tenant_id: str, request_id: str) -> None:
+        self._table.pop(f"{tenant_id}/{request_id}".encode(), None)
+        self._indexed().get(tenant_id, {}).pop(request_id, None)
+
+    def sweep(self, tenant_id: str, now: float) -> None:
+        expiries = self._indexed().get(tenant_id)
+        if not expiries:
+            return
+        expired = [rid for rid, expires_at in expiries.items() if expires_at <= now]
+        for request_id in expired[:64]:  # a bounded share of work per request
+            self.drop(tenant_id, request_id)
+
+    def forget(self) -> None:
+        self._index = None
+
+    def _indexed(self) -> dict[str, dict[str, float]]:
+        if self._index is None:
+            self._index = defaultdict(dict)
+            for key, value in self._table.items():
+                tenant, _, request_id = key.decode().partition("/")
+                self._index[tenant][request_id] = Entry.from_json(orjson.loads(value)).expires_at
+        return self._index
+
+
 def create_app(settings: Settings) -> faust.App:
     _bounded_fetch_wait(settings.job_fetch_max_wait_ms)
     refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
@@ -164,9 +207,20 @@ def create_app(settings: Settings) -> faust.App:
         partitions=settings.num_partitions,
     )
     store = TableWindowStore(windows, reservations)
+    # One entry per request id per tenant: what ran, so a repeat does not run again.
+    ledger = TableLedger(
+        app.Table(
+            "request-ledger",
+            default=None,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=settings.num_partitions,
+        )
+    )
 
     def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         store.forget()
+        ledger.forget()
 
     # mode's handler type (mypy_extensions' NamedArg) matches no plain def.
     app.on_partitions_revoked.connect(on_partitions_moved)  # type: ignore[arg-type]
@@ -181,7 +235,9 @@ def create_app(settings: Settings) -> faust.App:
 
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
-            state["dispatcher"] = Dispatcher(settings, publish, store, KafkaReplyLog(settings))
+            state["dispatcher"] = Dispatcher(
+                settings, publish, store, KafkaReplyLog(settings), ledger
+            )
         return state["dispatcher"]
 
     def admit_agent(priority: int) -> None:
@@ -192,7 +248,12 @@ def create_app(settings: Settings) -> faust.App:
                 message = event.message
                 dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
                 await dispatcher().handle_request(
-                    message.topic, message.partition, message.offset, message.key, message.value
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.key,
+                    message.value,
+                    message.headers,
                 )
 
         app.agent(topic, name=f"admit_p{priority}", concurrency=settings.admit_concurrency)(admit)

@@ -1,6 +1,8 @@
 """Admission and dispatch: the thin shell around the job's policies.
 
-# raw request --> InferenceRequest --> tenant rules --> overload tier --> TPM/RPM window
+# record + authorization header --> InferenceRequest (public) --> Principal (tokenbus.auth)
+# --> reply topic owned? tenant and key its own? --> WorkItem --> ledger (one id, one run)
+# --> tenant rules --> overload tier --> TPM/RPM window
 # admitted request --> FairQueue (class, then VTC share) --> routing.choose --> worker topic
 # a worker run lost (registry.reap) --> its requests: usage written, or sent again resumed
 # UsageEvent --> settle the window, free the slot, correct the tenant's VTC counter
@@ -11,6 +13,14 @@ worker (acknowledged by the broker), answered with a chunk on its reply topic (a
 TokenChunkBatch of one), or dead-lettered. The Faust agent acks the event after that,
 and Faust commits only acked offsets, so a crash redelivers rather than loses. A
 redelivered request is not charged twice: its reservation is already in the window.
+
+Trust: nothing in a request record is believed that a producer could forge. The
+credential in its ``authorization`` header names the tenant, its class ceiling, models,
+balance and reply topics; the job derives every other field of the ``WorkItem`` it
+hands a worker (attempt, cache salt, tier, times). A refusal goes back as an error chunk
+only to a reply topic the producer owns; one whose producer is not known goes back only
+if its request id is not one the job holds (so no one can end another's stream), and
+is recorded as a rejected UsageEvent only then (so no one can shadow another's row).
 
 State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
 written only from the agent handling the tenant's partition. The queue, the in-flight
@@ -28,9 +38,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 from schemas import (
     REASSIGNED,
@@ -44,16 +56,19 @@ from schemas import (
     UsageEvent,
     UsageStatus,
     WorkerStatus,
+    WorkItem,
     decode,
     encode,
 )
 from stream_jobs.fair_queue import FairQueue
+from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
 from stream_jobs.routing import RoutingWeights, choose
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
+from tokenbus.auth import Authenticator, AuthError, Principal
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
@@ -61,6 +76,9 @@ from tokenbus.kafka import Publish
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.usage import usage_of
+
+Headers = Any
+"""A record's headers as Faust or aiokafka give them: (name, bytes) pairs or a mapping."""
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +105,22 @@ class MemoryWindowStore:
 class ReplyLog(Protocol):
     """Reads back the chunks a request's reply topic holds (see ``tokenbus.replies``)."""
 
-    def read(self, request: InferenceRequest) -> Awaitable[list[TokenChunk]]: ...
+    def read(
+        self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
+    ) -> Awaitable[list[TokenChunk]]: ...
+
+
+def header(headers: Headers, name: str) -> bytes | None:
+    """The first value of header ``name`` (case-insensitive), or None."""
+    if not headers:
+        return None
+    pairs = headers.items() if hasattr(headers, "items") else headers
+    for key, value in pairs:
+        if isinstance(key, bytes):
+            key = key.decode("latin-1")
+        if key.lower() == name:
+            return value if isinstance(value, bytes | None) else str(value).encode()
+    return None
 
 
 class Outcome(Enum):
@@ -98,20 +131,24 @@ class Outcome(Enum):
     """A redelivered request that already ran to completion: nothing to do."""
 
 
+Key = tuple[str, str]
+"""(tenant, request_id): request ids are unique only within a tenant."""
+
+
 @dataclass
 class _Waiting:
-    request: InferenceRequest
+    request: WorkItem
     done: asyncio.Future[Outcome]
     received_at: float
 
 
-_Picked = tuple[InferenceRequest, str]
+_Picked = tuple[WorkItem, str]
 """A request as forwarded to its worker, and that worker's topic."""
 
 
 @dataclass
 class _InFlight:
-    request: InferenceRequest
+    request: WorkItem
     """The copy forwarded to the worker."""
     cancelled: bool = False
 
@@ -125,6 +162,11 @@ class DispatchMetrics:
     num_admitted: int = 0
     num_rejected_quota: int = 0
     num_rejected_invalid: int = 0
+    num_unauthenticated: int = 0
+    """Requests refused for their credential: missing, invalid, expired, unknown tenant."""
+    num_forbidden: int = 0
+    """Requests whose credential may not do what they ask: another tenant, another's
+    reply topic, a key that is not their tenant."""
     num_shed: int = 0
     num_capped: int = 0
     num_no_worker: int = 0
@@ -160,21 +202,25 @@ class Dispatcher:
         publish: Publish,
         store: WindowStore,
         replies: ReplyLog,
+        ledger: Ledger,
         *,
+        authenticator: Authenticator | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._publish = publish
         self._store = store
         self._replies = replies
+        self._ledger = ledger
         self._clock = clock
         self._topics = Topics(settings.topic_prefix)
         self._tenants: TenantDirectory = settings.tenant_directory()
+        self._auth = authenticator or settings.authenticator()
         self._counter = PromptCounter(settings.model_dir / "tokenizer.json")
         self._registry = WorkerRegistry(dead_after_s=settings.worker_dead_after_s)
         self._queue: FairQueue[_Waiting] = FairQueue()
-        self._waiting: dict[str, _Waiting] = {}
-        self._in_flight: dict[str, _InFlight] = {}
+        self._waiting: dict[Key, _Waiting] = {}
+        self._in_flight: dict[Key, _InFlight] = {}
         self._routing = RoutingWeights(
             kv=settings.route_weight_kv,
             queue=settings.route_weight_queue,
@@ -200,41 +246,78 @@ class Dispatcher:
 
     # -- admission (runs in the request's agent: may write the tenant's window) --------
     async def handle_request(
-        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers = None,
     ) -> Outcome:
+        where = (topic, partition, offset, key, value)
         try:
             request = decode(InferenceRequest, value)
         except SchemaError as exc:
-            self.metrics.num_dead_letters += 1
-            await dead_letter(
-                self._publish,
-                self._topics,
-                consumer=self._settings.faust_app_id,
-                source_topic=topic,
-                partition=partition,
-                offset=offset,
-                key=key,
-                value=value,
-                reason=str(exc),
-            )
+            await self._refuse_unreadable(where, str(exc))
             return Outcome.REFUSED
 
-        tenant = self._tenants.get(request.tenant_id)
+        now = self._clock()
+        try:
+            principal = self._auth.authenticate(header(headers, "authorization"))
+        except AuthError as exc:
+            self.metrics.num_unauthenticated += 1
+            claimed = request.tenant_id or (key or b"").decode("utf-8", "replace")
+            await self._refuse_unproven(where, request, claimed, exc, now)
+            return Outcome.REFUSED
+        item = self._work_item(request, principal, now)
+        ident = (item.tenant_id, item.request_id)
+        owns_reply_topic = principal.owns_reply_topic(item.reply_to)
+        self._ledger.sweep(item.tenant_id, now)
+        entry = self._ledger.get(*ident)
+        in_memory = ident in self._waiting or ident in self._in_flight
+        verdict = judge(entry, item.reply_to, now, in_memory=in_memory)
+        if verdict in (Verdict.SAME_STREAM, Verdict.DUPLICATE):
+            # The id has its run (or its answer): this copy changes nothing, and writes
+            # no UsageEvent (its billing key would be the run's).
+            self.metrics.num_duplicates += 1
+            if not owns_reply_topic:
+                await self._dead_letter(where, self._not_owned(principal, item.reply_to))
+            elif verdict is Verdict.DUPLICATE:
+                assert entry is not None
+                done = entry.state is State.DONE
+                await self._answer_duplicate(item, entry.last_seq + 1 if done else 0, done)
+            return Outcome.DUPLICATE
+
+        if not owns_reply_topic:
+            # Not the producer's topic: no chunk goes there, whoever owns it.
+            self.metrics.num_forbidden += 1
+            await self._dead_letter(where, self._not_owned(principal, item.reply_to))
+            await self._publish_rejected(item, "reply_topic_forbidden")
+            self._remember(item, State.DONE, now)
+            return Outcome.REFUSED
+        problem = self._check_identity(request, principal, key)
+        if problem is not None:
+            self.metrics.num_forbidden += 1
+            await self._refuse(item, problem)
+            self._remember(item, State.DONE, now)
+            return Outcome.REFUSED
+
+        tenant = principal.tenant
         num_prompt = self._counter.count(request)
-        problem = self._check_tenant_rules(request, num_prompt)
+        problem = self._check_tenant_rules(item, principal, num_prompt)
         if problem is not None:
             self.metrics.num_rejected_invalid += 1
-            await self._refuse(request, problem)
+            await self._refuse(item, problem)
+            self._remember(item, State.DONE, now)
             return Outcome.REFUSED
 
-        # A tenant cannot buy a better class than its config gives it.
-        priority = max(request.priority, tenant.priority_class)
+        priority = item.priority
         self._update_tier(extra_waiting=1)
-        action = apply_tier(self._tiers, self._tier, priority, request.sampling.max_tokens)
+        action = apply_tier(self._tiers, self._tier, priority, item.sampling.max_tokens)
         if action.shed:
             self.metrics.num_shed += 1
             await self._refuse(
-                request,
+                item,
                 ErrorInfo(
                     code="overloaded",
                     message=f"the fleet is above {self._tiers.shed_above:.0%} of capacity; "
@@ -243,91 +326,280 @@ class Dispatcher:
                 ),
                 tier=self._tier,
             )
+            self._remember(item, State.DONE, now)
             return Outcome.REFUSED
-        updates: dict[str, object] = {"priority": priority, "overload_tier": int(self._tier)}
+        updates: dict[str, object] = {"overload_tier": int(self._tier)}
         if action.max_tokens is not None:
             self.metrics.num_capped += 1
-            updates["sampling"] = request.sampling.model_copy(
-                update={"max_tokens": action.max_tokens}
-            )
-            updates["flags"] = [*request.flags, "max_tokens_capped"]
-        if tenant.sharing_group is not None:
-            updates["cache_salt"] = f"group:{tenant.sharing_group}"
-        request = request.model_copy(update=updates)
+            updates["sampling"] = item.sampling.model_copy(update={"max_tokens": action.max_tokens})
+            updates["flags"] = [*item.flags, "max_tokens_capped"]
+        item = item.model_copy(update=updates)
 
-        now = self._clock()
-        state = self._store.load(request.tenant_id)
+        state = self._store.load(item.tenant_id)
         # The quota counts cost-weighted tokens, by the same rule billing prices with; the
         # precision is not known before a worker is picked, so settling corrects it.
-        weight = cost_weight(num_prompt, "", datetime.fromtimestamp(now, UTC), self._peak_hours)
+        weight = cost_weight(num_prompt, "", item.admitted_at, self._peak_hours)
         decision = reserve(
             state,
-            request.request_id,
-            math.ceil((num_prompt + request.sampling.max_tokens) * weight),
+            item.request_id,
+            math.ceil((num_prompt + item.sampling.max_tokens) * weight),
             Limits(tpm=tenant.tpm, rpm=tenant.rpm),
             now,
         )
         if not decision.admitted:
             self.metrics.num_rejected_quota += 1
             await self._refuse(
-                request,
+                item,
                 ErrorInfo(
                     code="quota_exceeded",
                     message=(
-                        f"tenant {request.tenant_id!r}: {decision.reason}; used "
+                        f"tenant {item.tenant_id!r}: {decision.reason}; used "
                         f"{decision.num_tokens_used} of {tenant.tpm} tokens and "
                         f"{decision.num_requests_used} of {tenant.rpm} requests in the last 60 s"
                     ),
                     retry_after_s=round(decision.retry_after_s, 3) or None,
                 ),
             )
+            self._remember(item, State.DONE, now)
             return Outcome.REFUSED
         if decision.duplicate:
+            # Ran and settled within the window, its ledger entry gone: still a repeat.
             self.metrics.num_duplicates += 1
+            await self._answer_duplicate(item, 0, False)
             return Outcome.DUPLICATE
-        self._store.save(request.tenant_id, state)
+        self._store.save(item.tenant_id, state)
+        self._remember(item, State.ADMITTED, now)
         self.metrics.num_admitted += 1
 
-        waiting = _Waiting(request, asyncio.get_running_loop().create_future(), time.monotonic())
-        self._waiting[request.request_id] = waiting
+        waiting = _Waiting(item, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._waiting[ident] = waiting
         self._queue.push(
-            request.request_id,
+            _queue_key(ident),
             waiting,
-            tenant=request.tenant_id,
+            tenant=item.tenant_id,
             priority=priority,
             weight=tenant.weight,
             num_input=num_prompt,
-            num_output=request.sampling.max_tokens,
+            num_output=item.sampling.max_tokens,
         )
         self._wake.set()
         outcome = await waiting.done
+        # Still in this agent's context: the table writes land on the tenant's partition.
+        if outcome is Outcome.FORWARDED:
+            self._remember(item, State.FORWARDED, self._clock())
+        else:  # cancelled while waiting, or refused (no worker): answered
+            self._remember(item, State.DONE, self._clock(), last_seq=item.resume_seq)
         if outcome is not Outcome.FORWARDED:
             # Never ran: give the tenant its reservation back (in this agent's context).
-            state = self._store.load(request.tenant_id)
-            release(state, request.request_id, self._clock())
-            self._store.save(request.tenant_id, state)
+            state = self._store.load(item.tenant_id)
+            release(state, item.request_id, self._clock())
+            self._store.save(item.tenant_id, state)
         return outcome
 
-    def _check_tenant_rules(self, request: InferenceRequest, num_prompt: int) -> ErrorInfo | None:
-        tenant = self._tenants.get(request.tenant_id)
-        if not tenant.may_use(request.model):
+    def _work_item(self, request: InferenceRequest, principal: Principal, now: float) -> WorkItem:
+        """The request as the job hands it on: every field a producer could forge is
+        derived here from the credential and the job's own clock."""
+        tenant = principal.tenant
+        admitted = datetime.fromtimestamp(now, UTC)
+        skew = timedelta(seconds=self._settings.created_at_skew_s)
+        created = min(max(request.created_at or admitted, admitted - skew), admitted)
+        salt = f"group:{tenant.sharing_group}" if tenant.sharing_group else tenant.tenant_id
+        return WorkItem(
+            request_id=request.request_id,
+            session_id=request.session_id or request.request_id,
+            tenant_id=tenant.tenant_id,
+            # A tenant cannot buy a better class than its config (or token) gives it.
+            priority=max(request.priority, tenant.priority_class),
+            model=request.model,
+            prompt=request.prompt,
+            messages=request.messages,
+            sampling=request.sampling,
+            reply_to=request.reply_to,
+            created_at=created,
+            admitted_at=admitted,
+            cache_salt=salt,
+            flags=list(principal.flags),
+        )
+
+    def _check_identity(
+        self, request: InferenceRequest, principal: Principal, key: bytes | None
+    ) -> ErrorInfo | None:
+        if request.tenant_id is not None and request.tenant_id != principal.tenant_id:
+            return ErrorInfo(
+                code="tenant_mismatch",
+                message=f"the credential is tenant {principal.tenant_id!r}'s; "
+                f"the request names {request.tenant_id!r}",
+            )
+        if key != principal.tenant_id.encode():
+            # Co-partitioning: a tenant's window lives on the partition of its key.
+            return ErrorInfo(
+                code="invalid_key",
+                message=f"request records are keyed by their tenant id "
+                f"({principal.tenant_id!r}); this one's key is {key!r}",
+            )
+        return None
+
+    def _check_tenant_rules(
+        self, item: WorkItem, principal: Principal, num_prompt: int
+    ) -> ErrorInfo | None:
+        tenant = principal.tenant
+        if not tenant.may_use(item.model):
             return ErrorInfo(
                 code="model_not_allowed",
-                message=f"tenant {request.tenant_id!r} may not use {request.model!r}",
+                message=f"tenant {item.tenant_id!r} may not use {item.model!r}",
             )
         if num_prompt > tenant.max_prompt_tokens:
             return ErrorInfo(
                 code="prompt_too_long",
                 message=f"prompt has {num_prompt} tokens; tenant "
-                f"{request.tenant_id!r} allows {tenant.max_prompt_tokens}",
+                f"{item.tenant_id!r} allows {tenant.max_prompt_tokens}",
             )
-        if request.sampling.max_tokens > tenant.max_output_tokens:
+        if item.sampling.max_tokens > tenant.max_output_tokens:
             return ErrorInfo(
                 code="invalid_request",
-                message=f"sampling.max_tokens {request.sampling.max_tokens} is above "
+                message=f"sampling.max_tokens {item.sampling.max_tokens} is above "
                 f"the tenant's max_output_tokens {tenant.max_output_tokens}",
             )
+        balance = principal.quota_balance
+        if balance is not None and num_prompt + item.sampling.max_tokens > balance:
+            return ErrorInfo(
+                code="insufficient_quota",
+                message=f"the credential's quota balance ({balance} tokens) does not cover "
+                f"{num_prompt} prompt tokens plus max_tokens {item.sampling.max_tokens}",
+            )
         return None
+
+    @staticmethod
+    def _not_owned(principal: Principal, reply_to: str) -> str:
+        return (
+            f"reply_to {reply_to!r} is not a reply topic of this credential: "
+            f"its reply topics start with {principal.reply_prefix!r}"
+        )
+
+    def _remember(self, item: WorkItem, state: State, now: float, last_seq: int = 0) -> None:
+        expires_at = now + self._settings.request_dedupe_s
+        entry = Entry(state, item.reply_to, expires_at, last_seq)
+        self._ledger.put(item.tenant_id, item.request_id, entry)
+
+    def _known(self, tenant_id: str, request_id: str) -> bool:
+        """Whether the job holds this request, or remembers it: nobody else may answer it."""
+        ident = (tenant_id, request_id)
+        if ident in self._waiting or ident in self._in_flight:
+            return True
+        entry = self._ledger.get(tenant_id, request_id)
+        return entry is not None and entry.expires_at > self._clock()
+
+    # -- refusals before a tenant is proven ------------------------------------------------
+    async def _dead_letter(
+        self, where: tuple[str, int, int, bytes | None, bytes | None], reason: str
+    ) -> None:
+        topic, partition, offset, key, value = where
+        self.metrics.num_dead_letters += 1
+        await dead_letter(
+            self._publish,
+            self._topics,
+            consumer=self._settings.faust_app_id,
+            source_topic=topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            value=value,
+            reason=reason,
+        )
+
+    async def _refuse_unreadable(
+        self, where: tuple[str, int, int, bytes | None, bytes | None], reason: str
+    ) -> None:
+        """Dead-lettered; and told on its reply topic, when the record names one and an
+        id (so its producer does not wait for its timeout), unless that id is taken."""
+        await self._dead_letter(where, reason)
+        try:
+            data = orjson.loads(where[4] or b"")
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(data, dict):
+            return
+        request_id, reply_to = data.get("request_id"), data.get("reply_to")
+        tenant_id = data.get("tenant_id")
+        if not isinstance(tenant_id, str):
+            tenant_id = (where[3] or b"").decode("utf-8", "replace")
+        if not (isinstance(request_id, str) and isinstance(reply_to, str)):
+            return
+        if not self._is_reply_topic(reply_to) or self._known(tenant_id, request_id):
+            return
+        error = ErrorInfo(code="invalid_request", message=reason)
+        chunk = TokenChunk(
+            request_id=request_id,
+            tenant_id=tenant_id,
+            seq=0,
+            finish_reason=FinishReason.REJECTED,
+            error=error,
+        )
+        batch = TokenChunkBatch(tenant_id=tenant_id, chunks=[chunk])
+        await self._publish(reply_to, reply_batch_key(tenant_id), encode(batch))
+
+    async def _refuse_unproven(
+        self,
+        where: tuple[str, int, int, bytes | None, bytes | None],
+        request: InferenceRequest,
+        claimed: str,
+        exc: AuthError,
+        now: float,
+    ) -> None:
+        """No credential proves who sent this. It is answered on its reply topic and
+        recorded as rejected under the tenant it claims, unless that tenant's request
+        id is one the job holds: then only the dead-letter topic hears of it."""
+        if self._known(claimed, request.request_id):
+            await self._dead_letter(
+                where,
+                f"{exc.code}: {exc.message} (not answered: the request id is in use)",
+            )
+            return
+        item = WorkItem(
+            request_id=request.request_id,
+            session_id=request.session_id or request.request_id,
+            tenant_id=claimed,
+            priority=request.priority,
+            model=request.model,
+            prompt=request.prompt,
+            messages=request.messages,
+            sampling=request.sampling,
+            reply_to=request.reply_to,
+            created_at=datetime.fromtimestamp(now, UTC),
+            admitted_at=datetime.fromtimestamp(now, UTC),
+            cache_salt=claimed,
+        )
+        error = ErrorInfo(code=exc.code, message=exc.message)
+        if self._is_reply_topic(request.reply_to):
+            await self._answer(item, FinishReason.REJECTED, UsageStatus.REJECTED, error)
+        else:
+            await self._publish_rejected(item, exc.code)
+
+    def _is_reply_topic(self, topic: str) -> bool:
+        replies = self._topics.replies("")
+        return topic.startswith(replies) and len(topic) > len(replies)
+
+    async def _publish_rejected(self, item: WorkItem, code: str) -> None:
+        usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)
+        await self._publish(self._topics.usage, item.tenant_id.encode(), encode(usage))
+
+    async def _answer_duplicate(self, item: WorkItem, seq: int, finished: bool) -> None:
+        """A repeat of a request that ran: one chunk, after the stream it repeats (so no
+        seq is repeated), and no UsageEvent (the run has its one)."""
+        status = "finished" if finished else "running for another reply topic"
+        chunk = TokenChunk(
+            request_id=item.request_id,
+            tenant_id=item.tenant_id,
+            seq=seq,
+            finish_reason=FinishReason.REJECTED,
+            error=ErrorInfo(
+                code="duplicate_request",
+                message=f"request {item.request_id!r} of tenant {item.tenant_id!r} has "
+                f"run already ({status}); it runs once per id",
+            ),
+        )
+        batch = TokenChunkBatch(tenant_id=item.tenant_id, chunks=[chunk])
+        await self._publish(item.reply_to, reply_batch_key(item.tenant_id), encode(batch))
 
     # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
     def note_lag(self, stream: str, since: float) -> None:
@@ -350,9 +622,22 @@ class Dispatcher:
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         if settle(state, usage.request_id, actual, self._clock()) is not None:
             self._store.save(usage.tenant_id, state)
-        flight = self._in_flight.get(usage.request_id)
+        ident = (usage.tenant_id, usage.request_id)
+        if usage.status is not UsageStatus.REJECTED:
+            # It ran (or was cancelled): the same id produced again is a duplicate. (The
+            # job marks its own refusals itself: a refusal of a producer it could not
+            # identify must not mark the id of the tenant that producer named.)
+            entry = self._ledger.get(*ident)
+            done = Entry(
+                State.DONE,
+                entry.reply_to if entry else "",
+                self._clock() + self._settings.request_dedupe_s,
+                usage.last_seq or 0,
+            )
+            self._ledger.put(*ident, done)
+        flight = self._in_flight.get(ident)
         if flight is not None and flight.request.attempt == usage.attempt:
-            del self._in_flight[usage.request_id]
+            del self._in_flight[ident]
             self._queue.correct(
                 flight.request.tenant_id,
                 flight.request.priority,
@@ -388,14 +673,15 @@ class Dispatcher:
             return
         if cancel.reason == REASSIGNED:
             return  # our own, to the worker we took the request from
-        flight = self._in_flight.get(cancel.request_id)
-        if flight is not None and flight.request.tenant_id == cancel.tenant_id:
+        ident = (cancel.tenant_id, cancel.request_id)
+        flight = self._in_flight.get(ident)
+        if flight is not None:
             flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
             return
-        waiting = self._waiting.pop(cancel.request_id, None)
-        if waiting is None or waiting.request.tenant_id != cancel.tenant_id:
+        waiting = self._waiting.pop(ident, None)
+        if waiting is None:
             return  # finished, or not this tenant's
-        self._queue.remove(cancel.request_id)
+        self._queue.remove(_queue_key(ident))
         self.metrics.num_cancelled_waiting += 1
         await self._answer(
             waiting.request,
@@ -425,7 +711,7 @@ class Dispatcher:
                     break
                 waiting = self._queue.pop(priority)
                 assert waiting is not None
-                self._waiting.pop(waiting.request.request_id, None)
+                self._waiting.pop((waiting.request.tenant_id, waiting.request.request_id), None)
                 # Picked and counted in flight now; the broker's ack is awaited in a
                 # task of its own, so the next pick (a class 0 request, say) does not
                 # wait one produce round trip per request picked before it.
@@ -479,7 +765,7 @@ class Dispatcher:
         try:
             await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded))
         except Exception:
-            self._in_flight.pop(forwarded.request_id, None)
+            self._in_flight.pop((forwarded.tenant_id, forwarded.request_id), None)
             raise
         self.metrics.num_dispatched += 1
         return Outcome.FORWARDED
@@ -506,7 +792,7 @@ class Dispatcher:
                 "dispatched_at": datetime.now(UTC),
             }
         )
-        self._in_flight[request.request_id] = _InFlight(forwarded)
+        self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(forwarded)
         self._registry.note_dispatch(worker.status.worker_id)
         self._affinity[session] = worker.status.worker_id
         self._affinity.move_to_end(session)
@@ -547,15 +833,20 @@ class Dispatcher:
         except Exception:
             log.exception("could not tell %s's old worker to drop it", request.request_id)
         try:
-            progress = delivered(
-                await self._replies.read(request), request.request_id, request.tenant_id
+            chunks = await self._replies.read(
+                reply_to=request.reply_to,
+                tenant_id=request.tenant_id,
+                request_id=request.request_id,
+                since=request.admitted_at,
             )
+            progress = delivered(chunks, request.request_id, request.tenant_id)
         except Exception:
             log.exception("could not read the replies of %s; it starts again", request.request_id)
             progress = Delivered()
-        if self._in_flight.get(request.request_id) is not flight:
+        ident = (request.tenant_id, request.request_id)
+        if self._in_flight.get(ident) is not flight:
             return  # its UsageEvent arrived meanwhile: the worker had finished it
-        del self._in_flight[request.request_id]
+        del self._in_flight[ident]
         if progress.last is not None:
             # It had finished, but its UsageEvent was lost with the worker: write it.
             self.metrics.num_recovered_finished += 1
@@ -586,7 +877,7 @@ class Dispatcher:
             await self._dispatch(waiting)
         except Exception:
             log.exception("could not send %s again", request.request_id)
-            self._in_flight.pop(request.request_id, None)
+            self._in_flight.pop(ident, None)
             await self._answer(
                 again,
                 FinishReason.ERROR,
@@ -595,7 +886,7 @@ class Dispatcher:
             )
         self._wake.set()
 
-    async def _publish_usage(self, request: InferenceRequest, progress: Delivered) -> None:
+    async def _publish_usage(self, request: WorkItem, progress: Delivered) -> None:
         last = progress.last
         assert last is not None and last.finish_reason is not None
         usage = usage_of(
@@ -606,6 +897,7 @@ class Dispatcher:
             num_completion_tokens=len(progress.token_ids),
             error_code=last.error.code if last.error else None,
             flags=[*request.flags, "usage_from_replies"],
+            last_seq=progress.next_seq - 1,
         )
         await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
 
@@ -624,9 +916,7 @@ class Dispatcher:
             self.metrics.tier_changed_at = time.time()
 
     # -- answers ------------------------------------------------------------------------------
-    async def _refuse(
-        self, request: InferenceRequest, error: ErrorInfo, tier: Tier = Tier.NORMAL
-    ) -> None:
+    async def _refuse(self, request: WorkItem, error: ErrorInfo, tier: Tier = Tier.NORMAL) -> None:
         await self._answer(
             request.model_copy(update={"overload_tier": int(tier)}),
             FinishReason.REJECTED,
@@ -635,7 +925,7 @@ class Dispatcher:
         )
 
     async def _answer(
-        self, request: InferenceRequest, finish: FinishReason, status: UsageStatus, error: ErrorInfo
+        self, request: WorkItem, finish: FinishReason, status: UsageStatus, error: ErrorInfo
     ) -> None:
         """Tells the client at once, and records the request for billing.
 
@@ -656,9 +946,14 @@ class Dispatcher:
             status=status,
             num_completion_tokens=len(request.resume_token_ids),
             error_code=error.code,
+            last_seq=request.resume_seq,
         )
         batch = TokenChunkBatch(tenant_id=request.tenant_id, chunks=[chunk])
         await asyncio.gather(
             self._publish(request.reply_to, reply_batch_key(request.tenant_id), encode(batch)),
             self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage)),
         )
+
+
+def _queue_key(ident: Key) -> str:
+    return f"{ident[0]}/{ident[1]}"

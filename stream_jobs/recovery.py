@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas import InferenceRequest, TokenChunk
+from schemas import TokenChunk, WorkItem
 
 RESUMED = "resumed"
 """Flag on a request (and its UsageEvent) sent again after its worker was lost."""
@@ -45,7 +45,7 @@ def delivered(chunks: Iterable[TokenChunk], request_id: str, tenant_id: str) -> 
     return Delivered(token_ids, seq, None, seq)
 
 
-def resume(request: InferenceRequest, progress: Delivered) -> InferenceRequest:
+def resume(request: WorkItem, progress: Delivered) -> WorkItem:
     """The next attempt of ``request``: it continues after what was delivered."""
     flags = list(request.flags)
     if progress.next_seq and RESUMED not in flags:

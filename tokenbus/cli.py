@@ -32,7 +32,7 @@ def up(model_path: Path | None, num_workers: int) -> None:
     """Start the broker, the Faust job, vLLM workers and the billing sink; Ctrl-C stops."""
     from rich.console import Console
 
-    from tokenbus.stack import Stack, StackError
+    from tokenbus.stack import DEV_TENANT, Stack, StackError, dev_api_key_path
 
     console = Console(stderr=True)
     settings = _settings(model_path=model_path)
@@ -47,10 +47,17 @@ def up(model_path: Path | None, num_workers: int) -> None:
 
             stack.on_progress = progress
             await stack.start()
+        key_file = dev_api_key_path(stack.settings)
+        dev = (
+            f"Tenant {DEV_TENANT!r}, API key in {key_file} "
+            f"(export TOKENBUS_API_KEY=$(cat {key_file})).\n"
+            if key_file.exists() and settings.tenants_file is None
+            else ""
+        )
         console.print(
             f"[bold green]tokenbus is up[/] (Kafka at {settings.bootstrap}, "
-            f"model {settings.served_model_name!r}, logs in {stack.logs}).\n"
-            f'Try: tokenbus ask "Hello there" --tenant demo\nCtrl-C stops everything.'
+            f"model {settings.served_model_name!r}, logs in {stack.logs}).\n{dev}"
+            f'Try: tokenbus ask "Hello there" --tenant {DEV_TENANT}\nCtrl-C stops everything.'
         )
         while True:
             stack.check()
@@ -81,6 +88,13 @@ def up(model_path: Path | None, num_workers: int) -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--model", default=None, help="Model name; default: the served tiny model.")
 @click.option("--session", "session_id", default=None, help="Continue a session (sess_...).")
+@click.option(
+    "--api-key",
+    envvar="TOKENBUS_API_KEY",
+    default=None,
+    help="The tenant's API key or JWT [env TOKENBUS_API_KEY]; "
+    "default: the development key `tokenbus up` wrote (<home>/dev-api-key).",
+)
 def ask(
     prompt: str,
     tenant: str,
@@ -88,6 +102,7 @@ def ask(
     max_tokens: int,
     model: str | None,
     session_id: str | None,
+    api_key: str | None,
 ) -> None:
     """Send PROMPT through tokenbus and stream the answer to the terminal."""
     from aiokafka.errors import KafkaError
@@ -97,7 +112,18 @@ def ask(
     from schemas import SamplingParams
     from tokenbus.kafka import wait_for_broker
 
+    from tokenbus.stack import dev_api_key_path
+
     settings = Settings()
+    if api_key is None and dev_api_key_path(settings).exists():
+        api_key = dev_api_key_path(settings).read_text().strip()
+    if api_key is None:
+        click.echo(
+            "error: no credential: pass --api-key (or set TOKENBUS_API_KEY) with the "
+            "tenant's API key or JWT",
+            err=True,
+        )
+        sys.exit(2)
 
     async def run() -> int:
         try:
@@ -108,9 +134,8 @@ def ask(
                 err=True,
             )
             return 2
-        async with TokenbusClient(settings) as client:
+        async with TokenbusClient(settings, tenant_id=tenant, credential=api_key) as client:
             request = await client.submit(
-                tenant_id=tenant,
                 prompt=prompt,
                 model=model,
                 priority=priority,

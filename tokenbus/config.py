@@ -7,12 +7,16 @@ tests override them through the constructor. Nothing reads the environment at im
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tokenbus.tenants import TenantConfig, TenantDirectory
+from tokenbus.topics import Topics
+
+if TYPE_CHECKING:
+    from tokenbus.auth import Authenticator
 
 
 def _default_home() -> Path:
@@ -82,9 +86,31 @@ class Settings(BaseSettings):
     admit_concurrency: int = 256
     """Requests per priority topic the job holds at once, waiting for capacity."""
 
-    # -- admission and scheduling ------------------------------------------------------
+    # -- who may produce (tokenbus.auth) ----------------------------------------------------
     tenants_file: Path | None = None
-    """TOML or JSON with a ``tenants`` table (see tokenbus.tenants); unset: defaults only."""
+    """TOML or JSON with a ``tenants`` table (see tokenbus.tenants): tenants, API keys."""
+    allow_unlisted_tenants: bool = False
+    """Whether a tenant that a trusted token names but the tenants file does not list is
+    served, on the ``default_*`` limits. Off: such a token is refused (``unknown_tenant``).
+    API keys always belong to a listed tenant."""
+    jwt_audience: str = "tokenbus"
+    jwt_hs256_secret: str | None = None
+    """Verifies tenant JWTs signed HS256, on the bridge and on the bus alike."""
+    jwt_rs256_public_key: str | None = None
+    """PEM text of the key that verifies RS256 tenant JWTs."""
+    jwt_leeway_s: float = 5.0
+    bus_service_secret: str | None = None
+    """Signs the service tokens tokenbus's own services (the bridge) put on the requests
+    they produce for a tenant they authenticated. Share it between the bridges and the
+    job, and with nothing else. Unset: no service token is accepted (or minted)."""
+    request_dedupe_s: float = 900.0
+    """How long the job remembers a finished request's id, per tenant: the same id
+    produced again within this answers ``duplicate_request`` instead of running again."""
+    created_at_skew_s: float = 300.0
+    """A producer's ``created_at`` is clamped into [admission - this, admission]: it only
+    feeds latency figures; prices and windows use the time of admission."""
+
+    # -- admission and scheduling ------------------------------------------------------
     default_tpm: int = 1_000_000
     default_rpm: int = 6_000
     default_priority_class: int = 1
@@ -194,11 +220,6 @@ class Settings(BaseSettings):
     """An SSE comment is sent when a stream has been quiet this long."""
     bridge_first_chunk_wait_s: float = 10.0
     """A stream's HTTP status waits this long for the first chunk, so rejections get 429/503."""
-    bridge_jwt_audience: str = "tokenbus"
-    bridge_jwt_hs256_secret: str | None = None
-    bridge_jwt_rs256_public_key: str | None = None
-    """PEM text of the key that verifies RS256 tokens."""
-    bridge_jwt_leeway_s: float = 5.0
     bridge_session_secret: str | None = None
     """Signs session IDs to their tenant; share it across bridge instances. Unset: random."""
     bridge_injection_patterns: list[str] | None = None
@@ -214,6 +235,21 @@ class Settings(BaseSettings):
     @property
     def model_dir(self) -> Path:
         return self.model_path or self.home / "models" / self.served_model_name
+
+    def authenticator(self) -> Authenticator:
+        """The one credential check, as the bridge and the job both make it."""
+        from tokenbus.auth import Authenticator  # PyJWT: the stream environment only
+
+        return Authenticator(
+            self.tenant_directory(),
+            Topics(self.topic_prefix),
+            audience=self.jwt_audience,
+            hs256_secret=self.jwt_hs256_secret,
+            rs256_public_key=self.jwt_rs256_public_key,
+            service_secret=self.bus_service_secret,
+            allow_unlisted_tenants=self.allow_unlisted_tenants,
+            leeway_s=self.jwt_leeway_s,
+        )
 
     @property
     def clickhouse(self) -> str:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import InferenceRequest, SchemaError, TokenChunk, TokenChunkBatch, decode
+from schemas import SchemaError, TokenChunk, TokenChunkBatch, decode
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import reply_batch_key
@@ -36,14 +36,18 @@ class KafkaReplyLog:
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
 
-    async def read(self, request: InferenceRequest) -> list[TokenChunk]:
+    async def read(
+        self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
+    ) -> list[TokenChunk]:
+        """The chunks of ``tenant_id``'s ``request_id`` on ``reply_to``, written since
+        ``since`` (the request's creation or admission)."""
         async with self._lock:  # one consumer, positioned for one read at a time
             consumer = await self._started()
             await consumer.topics()  # refreshes metadata: the reply topic may be new
-            partitions = consumer.partitions_for_topic(request.reply_to) or {0}
-            tps = [TopicPartition(request.reply_to, p) for p in sorted(partitions)]
+            partitions = consumer.partitions_for_topic(reply_to) or {0}
+            tps = [TopicPartition(reply_to, p) for p in sorted(partitions)]
             consumer.assign(tps)
-            since_ms = int((request.created_at - CLOCK_SKEW).timestamp() * 1000)
+            since_ms = int((since - CLOCK_SKEW).timestamp() * 1000)
             until_ms = int((time.time() + CLOCK_SKEW.total_seconds()) * 1000)
             starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
             chunks: list[TokenChunk] = []
@@ -52,7 +56,7 @@ class KafkaReplyLog:
                 if start is None:
                     continue  # nothing written since the request was created
                 consumer.seek(tp, start.offset)
-                chunks += await self._read_until(consumer, tp, until_ms, request)
+                chunks += await self._read_until(consumer, tp, until_ms, tenant_id, request_id)
             return chunks
 
     async def _read_until(
@@ -60,9 +64,10 @@ class KafkaReplyLog:
         consumer: AIOKafkaConsumer,
         tp: TopicPartition,
         until_ms: int,
-        request: InferenceRequest,
+        tenant_id: str,
+        request_id: str,
     ) -> list[TokenChunk]:
-        key = reply_batch_key(request.tenant_id)
+        key = reply_batch_key(tenant_id)
         chunks: list[TokenChunk] = []
         deadline = time.monotonic() + MAX_READ_S
         while time.monotonic() < deadline:
@@ -78,7 +83,8 @@ class KafkaReplyLog:
                     batch = decode(TokenChunkBatch, record.value)
                 except SchemaError:
                     continue  # not a batch of ours; the client dead-letters it
-                chunks += (c for c in batch.chunks if c.request_id == request.request_id)
+                if batch.tenant_id == tenant_id:
+                    chunks += (c for c in batch.chunks if c.request_id == request_id)
         raise TimeoutError(f"reading {tp.topic} took over {MAX_READ_S:.0f} s")
 
     async def _started(self) -> AIOKafkaConsumer:

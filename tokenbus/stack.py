@@ -58,6 +58,52 @@ def settings_env(settings: Settings, **overrides: Any) -> dict[str, str]:
     return env
 
 
+DEV_TENANT = "demo"
+PROBE_TENANT = "tokenbus-probe"
+
+
+def dev_api_key_path(settings: Settings) -> Path:
+    return settings.home / "dev-api-key"
+
+
+def with_credentials(settings: Settings) -> Settings:
+    """The settings with what a local stack needs to authenticate producers, made once
+    and kept in ``home`` (readable by this user only):
+
+    - a service secret, shared by the job, the bridge and this stack's own tools;
+    - when no tenants file is configured, one with a development tenant ``demo``, whose
+      API key is written to ``<home>/dev-api-key``, and the probe tenant."""
+    updates: dict[str, Any] = {}
+    if not settings.bus_service_secret:
+        updates["bus_service_secret"] = _kept_secret(settings.home / "bus-service-secret")
+    if settings.tenants_file is None:
+        from tokenbus.tenants import hash_api_key
+
+        key = _kept_secret(dev_api_key_path(settings), prefix="sk-dev-")
+        tenants_file = settings.home / "tenants.toml"
+        tenants_file.write_text(
+            "# Written by `tokenbus up`: a development tenant and the stack's probe.\n"
+            f"[tenants.{DEV_TENANT}]\n"
+            f'api_key_sha256 = ["{hash_api_key(key)}"]  # the key: {dev_api_key_path(settings)}\n'
+            'models = ["*"]\n\n'
+            f"[tenants.{PROBE_TENANT}]\n"
+            "rpm = 600\n"
+        )
+        updates["tenants_file"] = tenants_file
+    return settings.model_copy(update=updates) if updates else settings
+
+
+def _kept_secret(path: Path, prefix: str = "") -> str:
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    value = prefix + secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(value + "\n")
+    return value
+
+
 def stack_topics(settings: Settings) -> dict[str, int]:
     topics = Topics(settings.topic_prefix)
     partitions = {name: settings.num_partitions for name in topics.all_requests}
@@ -140,6 +186,7 @@ class Stack:
         self.settings.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         self._take_lock()
+        self.settings = with_credentials(self.settings)
         try:
             await self._start()
         except BaseException:
@@ -311,7 +358,7 @@ class Stack:
         async with TokenbusClient(self.settings) as client:
             while True:
                 request = await client.submit(
-                    tenant_id="tokenbus-probe",
+                    tenant_id=PROBE_TENANT,
                     prompt="probe",
                     sampling=SamplingParams(max_tokens=1),
                 )

@@ -25,6 +25,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from schemas import TENANT_ID_PATTERN
+
 
 class TenantConfigError(ValueError):
     """The tenants file is missing, unreadable or invalid; the message says where."""
@@ -33,7 +35,7 @@ class TenantConfigError(ValueError):
 class TenantConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant_id: str
+    tenant_id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)] | Literal["*"]
     rpm: Annotated[int, Field(ge=1)] = 600
     tpm: Annotated[int, Field(ge=1)] = 1_000_000
     priority_class: Annotated[int, Field(ge=0, le=2)] = 1
@@ -95,6 +97,10 @@ class TenantDirectory:
         if config is None:
             return self._default.model_copy(update={"tenant_id": tenant_id})
         return config
+
+    def __contains__(self, tenant_id: object) -> bool:
+        """Whether the tenants file lists this tenant."""
+        return tenant_id in self._tenants
 
     def by_api_key(self, key: str) -> TenantConfig | None:
         """The tenant owning ``key``, compared by hash in constant time."""

@@ -1,14 +1,15 @@
 """The UsageEvent of one request attempt, built the same way by the worker and the job.
 
-What identifies and classifies the attempt comes from the request; the caller adds the
-counts and timings it knows. The status follows the finish reason unless given.
+What identifies and classifies the attempt comes from the work item; the caller adds the
+counts and timings it knows. ``created_at`` is the job's time of admission, never the
+producer's: it is what billing prices by. The status follows the finish reason unless given.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from schemas import FinishReason, InferenceRequest, UsageEvent, UsageStatus
+from schemas import FinishReason, UsageEvent, UsageStatus, WorkItem
 
 _STATUS_OF_FINISH = {
     FinishReason.ERROR: UsageStatus.FAILED,
@@ -18,7 +19,7 @@ _STATUS_OF_FINISH = {
 
 
 def usage_of(
-    request: InferenceRequest,
+    request: WorkItem,
     finish: FinishReason,
     *,
     status: UsageStatus | None = None,
@@ -35,6 +36,6 @@ def usage_of(
         finish_reason=finish,
         overload_tier=request.overload_tier,
         flags=fields.pop("flags", request.flags),
-        created_at=request.created_at,
+        created_at=request.admitted_at,
         **fields,
     )

@@ -1,6 +1,6 @@
 """The worker loop: a thin shell between the worker's Kafka topic and the engine.
 
-# worker topic --> InferenceRequest --> Engine.generate (continuous batching)
+# worker topic --> WorkItem --> Engine.generate (continuous batching)
 # EngineDelta --> TokenChunk --> ReplyBatcher (one engine step's chunks)
 # one engine step --> one TokenChunkBatch per (reply_to topic, tenant), keyed by tenant
 # end of request --> exactly one UsageEvent on the usage topic
@@ -47,10 +47,10 @@ from schemas import (
     CancelRequest,
     ErrorInfo,
     FinishReason,
-    InferenceRequest,
     SchemaError,
     TokenChunk,
     WorkerStatus,
+    WorkItem,
     decode,
     encode,
 )
@@ -94,7 +94,8 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._cancel_consumer: AIOKafkaConsumer | None = None
         self._cancels = CancelBook()
-        self._running: dict[str, tuple[str, int]] = {}  # request_id -> (tenant, attempt)
+        # (tenant, request_id) -> the engine's id of the attempt running now
+        self._running: dict[tuple[str, str], str] = {}
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -155,7 +156,7 @@ class Worker:
     async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
         try:
             try:
-                request = decode(InferenceRequest, record.value)
+                request = decode(WorkItem, record.value)
             except SchemaError as exc:
                 assert self._producer is not None
                 await dead_letter_record(
@@ -171,6 +172,18 @@ class Worker:
                 # sent it again, to whichever worker it picked.
                 log.info("skipping %s: it was sent to an earlier run", request.request_id)
                 return
+            if not self._is_reply_topic(request.reply_to):
+                # Only the job writes here, and it checks; a record from anyone else
+                # never makes this worker write outside the reply topics.
+                assert self._producer is not None
+                await dead_letter_record(
+                    publisher(self._producer),
+                    self._topics,
+                    record,
+                    consumer=self.worker_id,
+                    reason=f"reply_to {request.reply_to!r} is not a reply topic",
+                )
+                return
             await self._serve(request)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
@@ -179,7 +192,7 @@ class Worker:
         finally:
             self._slots.release()
 
-    async def _serve(self, request: InferenceRequest) -> None:
+    async def _serve(self, request: WorkItem) -> None:
         assert self._replies is not None
         replies = self._replies
         started = datetime.now(UTC)
@@ -222,7 +235,8 @@ class Worker:
             await replies.add(request.reply_to, chunk("", [], FinishReason.ABORT))
             await self._report(request, FinishReason.ABORT, started, None, 0, 0, 0, None)
             return
-        self._running[request_id] = (tenant_id, attempt)
+        engine_id = request.engine_request_id
+        self._running[(tenant_id, request_id)] = engine_id
         abort_sent = False
         try:
             text = request.prompt
@@ -248,11 +262,11 @@ class Worker:
             )
             delta: EngineDelta
             async for delta in self._engine.generate(
-                request.request_id,
+                engine_id,
                 prompt,
                 params,
                 priority=request.priority,
-                cache_salt=request.cache_salt or request.tenant_id,
+                cache_salt=request.cache_salt,
             ):
                 cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
                 if cancelled == REASSIGNED:
@@ -268,7 +282,7 @@ class Worker:
                 if not abort_sent and cancelled is not None:
                     # The cancel came before the engine knew the request: abort it now.
                     abort_sent = True
-                    await self._engine.abort(request_id)
+                    await self._engine.abort(engine_id)
                 num_completion += len(delta.token_ids)
                 reason = _FINISH_REASONS.get(delta.finish_reason or "", None)
                 if delta.finish_reason is not None and reason is None:
@@ -297,15 +311,23 @@ class Worker:
                 finish = FinishReason.ERROR
                 sends.append(replies.add(request.reply_to, chunk("", [], finish, error)))
         finally:
-            self._running.pop(request_id, None)
+            self._running.pop((tenant_id, request_id), None)
         await asyncio.gather(*sends)
         await self._report(
-            request, finish, started, first_token_at, num_prompt, num_completion, num_cached, error
+            request,
+            finish,
+            started,
+            first_token_at,
+            num_prompt,
+            num_completion,
+            num_cached,
+            error,
+            last_seq=seq - 1,
         )
 
     async def _report(
         self,
-        request: InferenceRequest,
+        request: WorkItem,
         finish: FinishReason,
         started: datetime,
         first_token_at: datetime | None,
@@ -313,6 +335,7 @@ class Worker:
         num_completion: int,
         num_cached: int,
         error: ErrorInfo | None,
+        last_seq: int | None = None,
     ) -> None:
         """The request's one UsageEvent, sent after its last chunk was acknowledged."""
         assert self._producer is not None
@@ -330,10 +353,15 @@ class Worker:
             error_code=error.code if error else None,
             precision=self._settings.served_precision,
             finished_at=finished,
+            last_seq=request.resume_seq if last_seq is None else last_seq,
         )
         await self._producer.send_and_wait(
             self._topics.usage, encode(usage), key=request.tenant_id.encode()
         )
+
+    def _is_reply_topic(self, topic: str) -> bool:
+        replies = self._topics.replies("")
+        return topic.startswith(replies) and len(topic) > len(replies)
 
     # -- cancels ---------------------------------------------------------------------------
     async def _follow_cancels(self) -> AIOKafkaConsumer:
@@ -367,8 +395,8 @@ class Worker:
             if cancel.reason == REASSIGNED:
                 continue  # its stream ends silently at its next step; no abort chunk
             # Tenant and request must both match: a request ID alone is no capability.
-            running = self._running.get(cancel.request_id)
-            if running is not None and running[0] == cancel.tenant_id:
+            running = self._running.get((cancel.tenant_id, cancel.request_id))
+            if running is not None:
                 log.info(
                     "aborting %s: %s, sent %.0f ms ago",
                     cancel.request_id,
@@ -376,7 +404,7 @@ class Worker:
                     time.time() * 1000 - record.timestamp,
                 )
                 try:
-                    await self._engine.abort(cancel.request_id)
+                    await self._engine.abort(running)
                 except Exception:
                     log.exception("abort of %s failed", cancel.request_id)
 

@@ -23,7 +23,12 @@ def planner(max_prompt_chars: int = 10_000) -> Planner:
 
 
 def caller(tenant: TenantConfig = TENANT, balance: int | None = None) -> Caller:
-    return Caller(tenant=tenant, credential_id="k", quota_balance=balance)
+    return Caller(
+        tenant=tenant,
+        credential_id="k",
+        reply_prefix=f"tokenbus.replies.{tenant.tenant_id}.",
+        quota_balance=balance,
+    )
 
 
 def completion(**fields: object) -> CompletionRequest:

@@ -31,10 +31,14 @@ ACME = TenantConfig(
 )
 
 
-def authenticator() -> Authenticator:
+def authenticator(*, allow_unlisted_tenants: bool = False) -> Authenticator:
     directory = TenantDirectory({"acme": ACME}, TenantConfig(tenant_id="*"))
     return Authenticator(
-        directory, audience="tokenbus", hs256_secret=SECRET, rs256_public_key=RSA_PUBLIC
+        directory,
+        audience="tokenbus",
+        hs256_secret=SECRET,
+        rs256_public_key=RSA_PUBLIC,
+        allow_unlisted_tenants=allow_unlisted_tenants,
     )
 
 
@@ -64,8 +68,13 @@ def test_hs256_and_rs256_tokens_with_claims() -> None:
     assert rs.tenant.tenant_id == "acme"
 
 
-def test_a_tenant_not_in_the_file_gets_the_defaults_under_its_own_id() -> None:
-    caller = authenticator().authenticate(f"Bearer {token({'tenant': 'newco'})}")
+def test_a_tenant_not_in_the_file_is_refused_unless_unlisted_tenants_are_allowed() -> None:
+    with pytest.raises(ApiError) as refused:
+        authenticator().authenticate(f"Bearer {token({'tenant': 'newco'})}")
+    assert refused.value.status == 401
+    assert "not configured" in refused.value.message
+    allowed = authenticator(allow_unlisted_tenants=True)
+    caller = allowed.authenticate(f"Bearer {token({'tenant': 'newco'})}")
     assert caller.tenant.tenant_id == "newco"
 
 

@@ -8,9 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pytest
 
 from producers import TokenbusClient
-from schemas import DeadLetter, InferenceRequest, TokenChunk, TokenChunkBatch, decode, encode
+from schemas import (
+    DeadLetter,
+    FinishReason,
+    InferenceRequest,
+    TokenChunk,
+    TokenChunkBatch,
+    decode,
+    encode,
+)
 from tokenbus.config import Settings
 from tokenbus.topics import Topics, reply_batch_key
 
@@ -36,9 +45,13 @@ class Consumer:
 class Producer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        self.records: list[tuple[str, bytes, bytes, object]] = []
 
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> None:
+    async def send_and_wait(
+        self, topic: str, value: bytes, key: bytes, headers: object = None
+    ) -> None:
         self.sent.append((topic, value))
+        self.records.append((topic, value, key, headers))
 
 
 def chunk(request_id: str, seq: int, finish: str | None = None) -> TokenChunk:
@@ -79,8 +92,8 @@ async def test_a_batch_is_fanned_out_to_its_requests_streams(tmp_path: Path) -> 
         ]
     )
     r1, r2 = request("r1"), request("r2")
-    client.watch("r1")
-    client.watch("r2")
+    client.watch("r1", "t")
+    client.watch("r2", "t")
     await client._route_replies()
 
     async def texts(req: InferenceRequest) -> list[str]:
@@ -96,7 +109,7 @@ async def test_a_record_that_is_not_a_batch_is_dead_lettered(tmp_path: Path) -> 
     client._producer = producer
     bare = Record(encode(chunk("r1", 0)), b"t/r1", offset=4)  # a chunk outside a batch
     client._consumer = Consumer([bare, batch(chunk("r1", 0, finish="stop"))])
-    client.watch("r1")
+    client.watch("r1", "t")
     await client._route_replies()
 
     ((topic, value),) = producer.sent
@@ -105,3 +118,28 @@ async def test_a_record_that_is_not_a_batch_is_dead_lettered(tmp_path: Path) -> 
     assert "invalid TokenChunkBatch" in letter.reason and "chunks: Field required" in letter.reason
     assert orjson.loads(letter.payload)["request_id"] == "r1"
     assert [c.seq async for c in client.stream(request("r1"))] == [0]
+
+
+async def test_a_chunk_reaches_a_stream_only_from_a_batch_of_its_tenant(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    client._producer = Producer()
+    other = TokenChunk(
+        request_id="r1", tenant_id="u", seq=0, text="u.r1.0", finish_reason=FinishReason.STOP
+    )
+    spoofed = Record(encode(TokenChunkBatch(tenant_id="u", chunks=[other])), reply_batch_key("u"))
+    client._consumer = Consumer([spoofed, batch(chunk("r1", 0), chunk("r1", 1, finish="stop"))])
+    client.watch("r1", "t")
+    await client._route_replies()
+    assert [c.text async for c in client.stream(request("r1"))] == ["r1.0", "r1.1"]
+
+
+async def test_submit_sends_the_credential_and_keys_by_tenant(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path), "c1", credential="sk-t", tenant_id="t")
+    producer = Producer()
+    client._producer = producer
+    sent = await client.submit(prompt="hi")
+    ((topic, value, key, headers),) = producer.records
+    assert topic == Topics().requests(1) and key == b"t"
+    assert headers == [("authorization", b"Bearer sk-t")]
+    assert decode(InferenceRequest, value) == sent
+    assert sent.reply_to == "tokenbus.replies.t.c1" and sent.tenant_id == "t"

@@ -19,36 +19,24 @@ from schemas import (
     TokenChunkBatch,
     UsageEvent,
     WorkerStatus,
+    WorkItem,
     decode,
     encode,
 )
 from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
 from stream_jobs.metrics import render_metrics
+from tests.unit.fakes import (
+    TOPICS,
+    MemoryLedger,
+    Recorder,
+    Replies,
+    bus_authenticator,
+    reply_topic,
+    service_headers,
+)
 from tokenbus.config import Settings
-from tokenbus.topics import Topics
 
-TOPICS = Topics()
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes]] = []
-
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
-        self.sent.append((topic, key, value))
-
-    def on(self, topic: str) -> list[bytes]:
-        return [value for t, _, value in self.sent if t == topic]
-
-    def chunks_on(self, topic: str) -> list[TokenChunk]:
-        """Every chunk of every reply record on ``topic``, in order; keys are the tenant."""
-        chunks: list[TokenChunk] = []
-        for t, key, value in self.sent:
-            if t == topic:
-                batch = decode(TokenChunkBatch, value)
-                assert key == batch.tenant_id.encode()
-                chunks += batch.chunks
-        return chunks
+REPLIES = reply_topic("t")
 
 
 def request(n: int, tenant: str = "t", priority: int = 1, max_tokens: int = 10) -> InferenceRequest:
@@ -60,18 +48,19 @@ def request(n: int, tenant: str = "t", priority: int = 1, max_tokens: int = 10) 
         model="m",
         prompt="hello",
         sampling=SamplingParams(max_tokens=max_tokens),
-        reply_to="replies",
+        reply_to=reply_topic(tenant),
     )
 
 
-class Replies:
-    """The reply topics, as the dispatcher reads them back on failover: what was recorded."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-
-    async def read(self, request: InferenceRequest) -> list[TokenChunk]:
-        return self._recorder.chunks_on(request.reply_to)
+def dispatcher_for(settings: Settings, recorder: Recorder) -> Dispatcher:
+    return Dispatcher(
+        settings,
+        recorder,
+        MemoryWindowStore(),
+        Replies(recorder),
+        MemoryLedger(),
+        authenticator=bus_authenticator(settings.tenant_directory()),
+    )
 
 
 @pytest.fixture
@@ -88,7 +77,7 @@ def dispatcher(recorder: Recorder, tmp_path: Path) -> Dispatcher:
         worker_dead_after_s=0.3,
         vip_reserve=0.1,
     )
-    return Dispatcher(settings, recorder, MemoryWindowStore(), Replies(recorder))
+    return dispatcher_for(settings, recorder)
 
 
 def heartbeat(
@@ -107,8 +96,10 @@ def heartbeat(
 
 
 async def admit(dispatcher: Dispatcher, req: InferenceRequest) -> asyncio.Task[Outcome]:
+    tenant = req.tenant_id
+    assert tenant is not None
     task = asyncio.create_task(
-        dispatcher.handle_request("p", 0, 0, req.tenant_id.encode(), encode(req))
+        dispatcher.handle_request("p", 0, 0, tenant.encode(), encode(req), service_headers(tenant))
     )
     await asyncio.sleep(0)
     return task
@@ -119,12 +110,12 @@ async def test_forwards_to_a_live_worker_and_refuses_without_one(
 ) -> None:
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.REFUSED
-    (chunk,) = recorder.chunks_on("replies")
+    (chunk,) = recorder.chunks_on(REPLIES)
     assert chunk.error is not None and chunk.error.code == "no_worker"
 
     dispatcher.observe_heartbeat(heartbeat())
     assert await (await admit(dispatcher, request(2))) is Outcome.FORWARDED
-    (forwarded,) = [decode(InferenceRequest, v) for v in recorder.on("w-topic")]
+    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("w-topic")]
     assert forwarded.worker_id == "w" and forwarded.request_id == "r2"
     loop.cancel()
 
@@ -139,7 +130,7 @@ def usage_of(n: int) -> bytes:
             status="ok",
             num_prompt_tokens=2,
             num_completion_tokens=10,
-            created_at=request(n).created_at,
+            created_at=datetime.now(UTC),
         )
     )
 
@@ -173,7 +164,7 @@ async def test_waits_when_saturated_but_class_zero_has_reserved_seats(
     assert not standard.done()
     finish(2)
     assert await asyncio.wait_for(standard, 1) is Outcome.FORWARDED
-    order = [decode(InferenceRequest, v).request_id for v in recorder.on("w-topic")]
+    order = [decode(WorkItem, v).request_id for v in recorder.on("w-topic")]
     assert order == [f"r{n}" for n in range(9)] + ["r11", "r12", "r10"]
     loop.cancel()
 
@@ -191,7 +182,7 @@ async def test_over_quota_is_refused_with_retry_after(
         await (await admit(dispatcher, request(2, tenant="small", max_tokens=30)))
         is Outcome.REFUSED
     )
-    chunk = recorder.chunks_on("replies")[-1]
+    chunk = recorder.chunks_on(reply_topic("small"))[-1]
     assert chunk.error is not None and chunk.error.code == "quota_exceeded"
     assert chunk.error.retry_after_s is not None and 59 < chunk.error.retry_after_s <= 60
     usage = decode(UsageEvent, recorder.on(TOPICS.usage)[-1])
@@ -211,7 +202,7 @@ async def test_a_cancelled_waiting_request_never_runs_and_is_refunded(
     waiting = await admit(dispatcher, request(2, tenant="small", max_tokens=10))
     await dispatcher.handle_cancel(encode(CancelRequest(request_id="r2", tenant_id="small")))
     assert await waiting is Outcome.CANCELLED
-    assert [decode(InferenceRequest, v).request_id for v in recorder.on("w-topic")] == ["r1"]
+    assert [decode(WorkItem, v).request_id for v in recorder.on("w-topic")] == ["r1"]
     # Refunded: another request of the same size fits in the 40-token window again.
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     assert (
@@ -233,7 +224,7 @@ async def test_the_quota_charges_cost_weighted_tokens(recorder: Recorder, tmp_pa
     long = request(1, tenant="w", max_tokens=10).model_copy(update={"prompt": "a" * 3000})
     for tpm, expected in ((3613, Outcome.REFUSED), (3614, Outcome.FORWARDED)):
         settings = Settings(home=tmp_path, tenant_tpm={"w": tpm}, worker_dead_after_s=0.3)
-        dispatcher = Dispatcher(settings, recorder, MemoryWindowStore(), Replies(recorder))
+        dispatcher = dispatcher_for(settings, recorder)
         dispatcher.observe_heartbeat(heartbeat())
         loop = asyncio.create_task(dispatcher.run())
         assert await (await admit(dispatcher, long)) is expected
@@ -299,11 +290,11 @@ async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
     # The worker streamed two chunks, then restarted: a heartbeat of a new run.
-    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
-    await recorder("replies", b"t", chunk(1, 1, [13]))
+    await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
+    await recorder(REPLIES, b"t", chunk(1, 1, [13]))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: len(recorder.on("w-topic")) == 2)
-    first, again = [decode(InferenceRequest, v) for v in recorder.on("w-topic")]
+    first, again = [decode(WorkItem, v) for v in recorder.on("w-topic")]
     assert first.worker_incarnation == "run-1" and first.attempt == 0
     assert again.worker_incarnation == "run-2" and again.attempt == 1
     assert again.resume_token_ids == [11, 12, 13] and again.resume_seq == 2
@@ -325,8 +316,8 @@ async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
-    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
-    await recorder("replies", b"t", chunk(1, 1, [13], finish="stop"))
+    await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
+    await recorder(REPLIES, b"t", chunk(1, 1, [13], finish="stop"))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
@@ -342,11 +333,11 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
-    await recorder("replies", b"t", chunk(1, 0, [11, 12]))
+    await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
     await dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="t")))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
-    last = recorder.chunks_on("replies")[-1]
+    last = recorder.chunks_on(REPLIES)[-1]
     assert last.seq == 1 and last.finish_reason == "abort"
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert usage.status == "cancelled" and usage.num_completion_tokens == 2

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import FinishReason, InferenceRequest, TokenChunk
+from schemas import FinishReason, TokenChunk, WorkItem
 from stream_jobs.recovery import RESUMED, Delivered, delivered, resume
 
 
@@ -27,14 +27,17 @@ def chunk(
     )
 
 
-def request(**update: object) -> InferenceRequest:
-    base = InferenceRequest(
+def request(**update: object) -> WorkItem:
+    base = WorkItem(
         request_id="r1",
         session_id="s1",
         tenant_id="t1",
         model="m",
         prompt="hello",
         reply_to="replies.t1",
+        created_at=datetime(2024, 1, 1, tzinfo=UTC),
+        admitted_at=datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC),
+        cache_salt="t1",
         worker_id="w1",
         worker_incarnation="inc-1",
         dispatched_at=datetime(2024, 1, 1, tzinfo=UTC),
@@ -123,6 +126,7 @@ def test_resume_after_partial_delivery() -> None:
     assert again.request_id == original.request_id
     assert again.prompt == original.prompt
     assert again.created_at == original.created_at
+    assert again.admitted_at == original.admitted_at
     # The original is untouched.
     assert original.attempt == 0 and original.worker_id == "w1"
     assert original.flags == ["max_tokens_capped"]

@@ -1,0 +1,106 @@
+"""In-memory stand-ins for the dispatcher's I/O: a recording publisher, the reply log it
+reads back, the request ledger, and credentials the bus believes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from schemas import TokenChunk, TokenChunkBatch, decode
+from stream_jobs.ledger import Entry
+from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
+from tokenbus.tenants import TenantDirectory
+from tokenbus.topics import Topics
+
+TOPICS = Topics()
+SERVICE_SECRET = "unit-test-bus-service-secret-0123456789"
+
+
+class Recorder:
+    """The publisher: every (topic, key, value) produced, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        self.sent.append((topic, key, value))
+
+    def on(self, topic: str) -> list[bytes]:
+        return [value for t, _, value in self.sent if t == topic]
+
+    def chunks_on(self, topic: str) -> list[TokenChunk]:
+        """Every chunk of every reply record on ``topic``, in order; keys are the tenant."""
+        chunks: list[TokenChunk] = []
+        for t, key, value in self.sent:
+            if t == topic:
+                batch = decode(TokenChunkBatch, value)
+                assert key == batch.tenant_id.encode()
+                chunks += batch.chunks
+        return chunks
+
+
+class Replies:
+    """The reply topics, as the dispatcher reads them back on failover: what was recorded."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    async def read(
+        self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
+    ) -> list[TokenChunk]:
+        return [
+            c
+            for c in self._recorder.chunks_on(reply_to)
+            if c.tenant_id == tenant_id and c.request_id == request_id
+        ]
+
+
+class MemoryLedger:
+    """``stream_jobs.ledger.Ledger`` in a dict keyed (tenant, request_id)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], Entry] = {}
+
+    def get(self, tenant_id: str, request_id: str) -> Entry | None:
+        return self.entries.get((tenant_id, request_id))
+
+    def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
+        self.entries[(tenant_id, request_id)] = entry
+
+    def drop(self, tenant_id: str, request_id: str) -> None:
+        self.entries.pop((tenant_id, request_id), None)
+
+    def sweep(self, tenant_id: str, now: float) -> None:
+        for key, entry in list(self.entries.items()):
+            if key[0] == tenant_id and entry.expires_at <= now:
+                del self.entries[key]
+
+
+def reply_topic(tenant_id: str, client: str = "c1") -> str:
+    """A reply topic every credential of ``tenant_id`` owns."""
+    return TOPICS.replies(f"{tenant_id}.{client}")
+
+
+def bus_authenticator(directory: TenantDirectory, *, allow_unlisted: bool = True) -> Authenticator:
+    """The job's credential check: service tokens under ``SERVICE_SECRET``, API keys."""
+    return Authenticator(
+        directory,
+        TOPICS,
+        audience="tokenbus",
+        service_secret=SERVICE_SECRET,
+        allow_unlisted_tenants=allow_unlisted,
+    )
+
+
+def service_headers(tenant_id: str, **claims: object) -> list[tuple[str, bytes]]:
+    """The ``authorization`` header a tokenbus service puts on ``tenant_id``'s request."""
+    token = mint_service_token(
+        SERVICE_SECRET,
+        tenant_id,
+        reply_prefix=tenant_reply_prefix(TOPICS, tenant_id),
+        claims=dict(claims),
+    )
+    return [("authorization", f"Bearer {token}".encode())]
+
+
+def bearer(credential: str) -> list[tuple[str, bytes]]:
+    return [("authorization", f"Bearer {credential}".encode())]

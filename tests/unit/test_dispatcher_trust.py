@@ -1,0 +1,383 @@
+"""The job's trust boundary: what a hostile or careless producer gets published.
+
+Pure: a recording publisher, a memory ledger and window store, real credentials (API
+keys from a tenants file, service tokens) checked by ``tokenbus.auth``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from schemas import (
+    CancelRequest,
+    DeadLetter,
+    TokenChunk,
+    UsageEvent,
+    UsageStatus,
+    WorkerStatus,
+    WorkItem,
+    decode,
+    encode,
+)
+from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
+from tests.unit.fakes import (
+    TOPICS,
+    MemoryLedger,
+    Recorder,
+    Replies,
+    bearer,
+    bus_authenticator,
+    reply_topic,
+    service_headers,
+)
+from tokenbus.config import Settings
+from tokenbus.tenants import hash_api_key
+
+NOW = float(int(datetime(2026, 3, 2, 10, 0, tzinfo=UTC).timestamp()))
+ADMITTED = datetime.fromtimestamp(NOW, UTC)
+ACME_KEY, BETA_KEY, SOLO_KEY = "sk-acme-key", "sk-beta-key", "sk-solo-key"
+ACME, BETA = reply_topic("acme"), reply_topic("beta")
+WORKER = "w-topic"
+TENANTS = f"""
+[tenants.acme]
+priority_class = 1
+models = ["m"]
+sharing_group = "team"
+api_key_sha256 = ["{hash_api_key(ACME_KEY)}"]
+
+[tenants.beta]
+priority_class = 2
+api_key_sha256 = ["{hash_api_key(BETA_KEY)}"]
+
+[tenants.solo]
+priority_class = 0
+api_key_sha256 = ["{hash_api_key(SOLO_KEY)}"]
+"""
+
+
+class Bus:
+    """A dispatcher on a fixed clock, with one live worker, and what it published."""
+
+    def __init__(self, dispatcher: Dispatcher, recorder: Recorder) -> None:
+        self.dispatcher = dispatcher
+        self.recorder = recorder
+
+    async def produce(
+        self,
+        body: dict[str, Any],
+        *,
+        headers: list[tuple[str, bytes]] | None,
+        key: bytes | None = b"acme",
+        raw: bytes | None = None,
+    ) -> Outcome:
+        value = raw if raw is not None else orjson.dumps(body)
+        handled = self.dispatcher.handle_request("p", 0, 0, key, value, headers)
+        return await asyncio.wait_for(handled, 2)
+
+    def chunks(self, topic: str) -> list[TokenChunk]:
+        return self.recorder.chunks_on(topic)
+
+    def usage(self) -> list[UsageEvent]:
+        return [decode(UsageEvent, v) for v in self.recorder.on(TOPICS.usage)]
+
+    def forwarded(self) -> list[WorkItem]:
+        return [decode(WorkItem, v) for v in self.recorder.on(WORKER)]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return [decode(DeadLetter, v) for v in self.recorder.on(TOPICS.dead_letters)]
+
+    def topics(self) -> set[str]:
+        return {topic for topic, _, _ in self.recorder.sent}
+
+    def finish(self, tenant: str, request_id: str, last_seq: int) -> None:
+        """The worker's UsageEvent for a request that ran to its end."""
+        usage = UsageEvent(
+            request_id=request_id,
+            session_id=request_id,
+            tenant_id=tenant,
+            model="m",
+            status=UsageStatus.OK,
+            num_prompt_tokens=2,
+            num_completion_tokens=last_seq + 1,
+            created_at=ADMITTED,
+            last_seq=last_seq,
+        )
+        self.dispatcher.observe_usage(encode(usage))
+
+
+def body(request_id: str = "r1", tenant: str | None = "acme", **fields: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "request_id": request_id,
+        "model": "m",
+        "prompt": "hello",
+        "reply_to": reply_topic(tenant or "acme"),
+        "sampling": {"max_tokens": 8},
+    }
+    if tenant is not None:
+        data["tenant_id"] = tenant
+    return data | fields
+
+
+def heartbeat() -> bytes:
+    return encode(
+        WorkerStatus(
+            worker_id="w",
+            model="m",
+            request_topic=WORKER,
+            max_num_seqs=8,
+            num_running=0,
+            incarnation="run-1",
+        )
+    )
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    settings = Settings(
+        home=tmp_path, tenants_file=tenants, worker_dead_after_s=0.3, vip_reserve=0.0
+    )
+    recorder = Recorder()
+    dispatcher = Dispatcher(
+        settings,
+        recorder,
+        MemoryWindowStore(),
+        Replies(recorder),
+        MemoryLedger(),
+        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
+        clock=lambda: NOW,
+    )
+    dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    yield Bus(dispatcher, recorder)
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+
+
+def only(items: list[Any]) -> Any:
+    assert len(items) == 1, items
+    return items[0]
+
+
+# -- who is producing ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        (None, "missing_credential"),
+        ([("authorization", b"Basic abc")], "missing_credential"),
+        (bearer("sk-stolen"), "invalid_api_key"),
+        (bearer("eyJhbGciOiJIUzI1NiJ9.eyJ0ZW5hbnQiOiJhY21lIn0.c2ln"), "invalid_credential"),
+    ],
+)
+async def test_no_credential_is_answered_and_recorded_under_the_claimed_tenant(
+    bus: Bus, headers: list[tuple[str, bytes]] | None, code: str
+) -> None:
+    assert await bus.produce(body(), headers=headers) is Outcome.REFUSED
+    chunk = only(bus.chunks(ACME))
+    assert chunk.error.code == code and chunk.finish_reason == "rejected"
+    usage = only(bus.usage())
+    assert (usage.tenant_id, usage.status, usage.error_code) == ("acme", "rejected", code)
+    assert bus.topics() == {ACME, TOPICS.usage}  # not forwarded, not dead-lettered
+    assert bus.dispatcher.metrics.num_unauthenticated == 1
+
+
+async def test_a_key_of_one_tenant_cannot_claim_another(bus: Bus) -> None:
+    claim = body(tenant="beta", reply_to=ACME)
+    assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"beta") is Outcome.REFUSED
+    chunk = only(bus.chunks(ACME))
+    assert chunk.error.code == "tenant_mismatch" and chunk.tenant_id == "acme"
+    usage = only(bus.usage())
+    assert (usage.tenant_id, usage.error_code) == ("acme", "tenant_mismatch")
+    assert bus.topics() == {ACME, TOPICS.usage}
+    assert bus.dispatcher.metrics.num_forbidden == 1
+
+
+@pytest.mark.parametrize("key", [b"beta", b"", None, b"acme "])
+async def test_a_record_must_be_keyed_by_its_tenant(bus: Bus, key: bytes | None) -> None:
+    assert await bus.produce(body(), headers=bearer(ACME_KEY), key=key) is Outcome.REFUSED
+    chunk = only(bus.chunks(ACME))
+    assert chunk.error.code == "invalid_key"
+    usage = only(bus.usage())
+    assert (usage.tenant_id, usage.error_code) == ("acme", "invalid_key")
+    assert bus.topics() == {ACME, TOPICS.usage}
+
+
+async def test_a_body_without_tenant_id_is_the_credential_s_tenant(bus: Bus) -> None:
+    assert await bus.produce(body(tenant=None), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    assert only(bus.forwarded()).tenant_id == "acme"
+
+
+# -- where answers go --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "reply_to", [BETA, TOPICS.heartbeats, TOPICS.usage, TOPICS.replies("acme"), "elsewhere"]
+)
+async def test_a_reply_topic_the_credential_does_not_own_hears_nothing(
+    bus: Bus, reply_to: str
+) -> None:
+    request = body(reply_to=reply_to)
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    assert not [v for t, _, v in bus.recorder.sent if t == reply_to and t != TOPICS.usage]
+    letter = only(bus.dead_letters())
+    assert "reply_to" in letter.reason and "tokenbus.replies.acme." in letter.reason
+    usage = only(bus.usage())
+    assert (usage.tenant_id, usage.status) == ("acme", "rejected")
+    assert usage.error_code == "reply_topic_forbidden"
+    assert bus.topics() == {TOPICS.dead_letters, TOPICS.usage}
+
+
+async def test_claiming_another_tenant_and_its_reply_topic_reaches_neither(bus: Bus) -> None:
+    claim = body(tenant="beta")  # beta's id, beta's reply topic, acme's key
+    assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"beta") is Outcome.REFUSED
+    assert not bus.chunks(BETA)
+    assert only(bus.usage()).tenant_id == "acme"
+
+
+# -- what a producer may not set ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"), [("cache_salt", "group:other"), ("attempt", 3), ("flags", ["vip"])]
+)
+async def test_an_internal_field_is_dead_lettered_and_named(
+    bus: Bus, field: str, value: Any
+) -> None:
+    request = body() | {field: value}
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    assert field in only(bus.dead_letters()).reason
+    chunk = only(bus.chunks(ACME))  # best effort: its producer need not wait for a timeout
+    assert chunk.error.code == "invalid_request" and field in chunk.error.message
+    assert not bus.forwarded() and not bus.usage()
+
+
+async def test_an_old_created_at_is_clamped_and_prices_go_by_admission(bus: Bus) -> None:
+    old = body(created_at="2001-01-01T00:00:00Z")
+    assert await bus.produce(old, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    item = only(bus.forwarded())
+    skew = timedelta(seconds=Settings().created_at_skew_s)
+    assert item.admitted_at == ADMITTED
+    assert item.created_at == ADMITTED - skew
+    # A refusal's UsageEvent is dated by admission, not by the producer.
+    refused = body("r2", model="not-allowed", created_at="2001-01-01T00:00:00Z")
+    assert await bus.produce(refused, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    usage = only(bus.usage())
+    assert usage.error_code == "model_not_allowed" and usage.created_at == ADMITTED
+
+
+async def test_a_created_at_in_the_future_is_clamped_to_admission(bus: Bus) -> None:
+    future = body(created_at="2099-01-01T00:00:00Z")
+    assert await bus.produce(future, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    assert only(bus.forwarded()).created_at == ADMITTED
+
+
+async def test_a_created_at_without_a_timezone_does_not_crash_the_job(bus: Bus) -> None:
+    naive = body(created_at="2026-03-02T09:59:00")
+    outcome = await bus.produce(naive, headers=bearer(ACME_KEY))
+    assert outcome in (Outcome.FORWARDED, Outcome.REFUSED)
+
+
+@pytest.mark.parametrize(
+    ("key", "tenant", "expected"), [(BETA_KEY, "beta", 2), (ACME_KEY, "acme", 1)]
+)
+async def test_a_priority_better_than_the_tenant_s_class_is_clamped(
+    bus: Bus, key: str, tenant: str, expected: int
+) -> None:
+    vip = body(tenant=tenant, priority=0)
+    assert await bus.produce(vip, headers=bearer(key), key=tenant.encode()) is Outcome.FORWARDED
+    assert only(bus.forwarded()).priority == expected
+
+
+async def test_a_class_0_tenant_keeps_class_0(bus: Bus) -> None:
+    vip = body(tenant="solo", priority=0)
+    assert await bus.produce(vip, headers=bearer(SOLO_KEY), key=b"solo") is Outcome.FORWARDED
+    assert only(bus.forwarded()).priority == 0
+
+
+async def test_the_cache_salt_comes_from_the_tenant_or_its_sharing_group(bus: Bus) -> None:
+    assert await bus.produce(body(), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    solo = body(tenant="solo")
+    assert await bus.produce(solo, headers=bearer(SOLO_KEY), key=b"solo") is Outcome.FORWARDED
+    salts = {item.tenant_id: item.cache_salt for item in bus.forwarded()}
+    assert salts == {"acme": "group:team", "solo": "solo"}
+
+
+async def test_flags_come_only_from_a_service_token(bus: Bus) -> None:
+    flagged = service_headers("acme", flags=["injection_suspected"])
+    assert await bus.produce(body(), headers=flagged) is Outcome.FORWARDED
+    assert only(bus.forwarded()).flags == ["injection_suspected"]
+
+
+# -- one request id, one run -------------------------------------------------------------
+async def test_the_same_request_three_times_runs_once(bus: Bus) -> None:
+    request = body()
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    # Running, same reply topic: its producer already has the one stream.
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    assert len(bus.forwarded()) == 1 and not bus.chunks(ACME) and not bus.usage()
+    bus.finish("acme", "r1", last_seq=4)
+    # Finished: one duplicate_request chunk after its stream, and no UsageEvent.
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    chunk = only(bus.chunks(ACME))
+    assert chunk.error.code == "duplicate_request" and chunk.seq == 5
+    assert chunk.finish_reason == "rejected"
+    assert len(bus.forwarded()) == 1 and not bus.usage()
+    assert bus.dispatcher.metrics.num_duplicates == 2
+
+
+async def test_a_running_request_asked_for_on_another_reply_topic_is_a_duplicate(
+    bus: Bus,
+) -> None:
+    assert await bus.produce(body(), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    other = reply_topic("acme", "c2")
+    again = body(reply_to=other)
+    assert await bus.produce(again, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    chunk = only(bus.chunks(other))
+    assert chunk.error.code == "duplicate_request" and chunk.seq == 0
+    assert len(bus.forwarded()) == 1 and not bus.usage() and not bus.chunks(ACME)
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["running", "finished"])
+async def test_an_unproven_record_reusing_a_known_id_is_only_dead_lettered(
+    bus: Bus, finished: bool
+) -> None:
+    assert await bus.produce(body(), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    if finished:
+        bus.finish("acme", "r1", last_seq=2)
+    before = list(bus.recorder.sent)
+    assert await bus.produce(body(), headers=None) is Outcome.REFUSED
+    assert await bus.produce(body(), headers=bearer("sk-stolen")) is Outcome.REFUSED
+    new = bus.recorder.sent[len(before) :]
+    assert {topic for topic, _, _ in new} == {TOPICS.dead_letters}
+    assert len(new) == 2 and "request id is in use" in bus.dead_letters()[-1].reason
+
+
+async def test_an_unreadable_record_reusing_a_known_id_is_only_dead_lettered(bus: Bus) -> None:
+    assert await bus.produce(body(), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    before = len(bus.recorder.sent)
+    forged = body(cache_salt="x")  # unreadable: no chunk may end acme's running stream
+    assert await bus.produce(forged, headers=None) is Outcome.REFUSED
+    assert {t for t, _, _ in bus.recorder.sent[before:]} == {TOPICS.dead_letters}
+
+
+async def test_two_tenants_may_use_the_same_request_id_at_once(bus: Bus) -> None:
+    acme, beta = body(), body(tenant="beta")
+    assert await bus.produce(acme, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    assert await bus.produce(beta, headers=bearer(BETA_KEY), key=b"beta") is Outcome.FORWARDED
+    items = bus.forwarded()
+    assert sorted(i.tenant_id for i in items) == ["acme", "beta"]
+    assert len({i.engine_request_id for i in items}) == 2
+    assert bus.dispatcher.metrics.num_duplicates == 0
+    # Each tenant's usage and cancel touch its own request only.
+    bus.finish("acme", "r1", last_seq=0)
+    assert list(bus.dispatcher._in_flight) == [("beta", "r1")]
+    await bus.dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="acme")))
+    assert not bus.dispatcher._in_flight[("beta", "r1")].cancelled
+    # acme's id is done; beta's still runs: a copy of each gets its own answer.
+    assert await bus.produce(acme, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    assert await bus.produce(beta, headers=bearer(BETA_KEY), key=b"beta") is Outcome.DUPLICATE
+    assert only(bus.chunks(ACME)).error.code == "duplicate_request"
+    assert not bus.chunks(BETA)  # running, same reply topic: nothing more is sent

@@ -1,0 +1,70 @@
+"""``judge``: what the job does with a (tenant, request_id) it may have seen before."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from stream_jobs.ledger import Entry, State, Verdict, judge
+
+NOW = 1_000.0
+MINE = "tokenbus.replies.t.c1"
+OTHER = "tokenbus.replies.t.c2"
+
+# (state, in_memory, same reply_to) -> verdict, for an entry that has not expired.
+# Written out in full, not derived: this is the table the README's guarantees rest on.
+LIVE: dict[tuple[State, bool, bool], Verdict] = {
+    # Admitted, not yet forwarded, and this instance holds it: one stream per reply topic.
+    (State.ADMITTED, True, True): Verdict.SAME_STREAM,
+    (State.ADMITTED, True, False): Verdict.DUPLICATE,
+    # Admitted before a restart, never forwarded: admit it again, whoever asks.
+    (State.ADMITTED, False, True): Verdict.RUN,
+    (State.ADMITTED, False, False): Verdict.RUN,
+    # On a worker (here or before a restart): it streams to the topic it named.
+    (State.FORWARDED, True, True): Verdict.SAME_STREAM,
+    (State.FORWARDED, True, False): Verdict.DUPLICATE,
+    (State.FORWARDED, False, True): Verdict.SAME_STREAM,
+    (State.FORWARDED, False, False): Verdict.DUPLICATE,
+    # Finished: every copy is a duplicate.
+    (State.DONE, True, True): Verdict.DUPLICATE,
+    (State.DONE, True, False): Verdict.DUPLICATE,
+    (State.DONE, False, True): Verdict.DUPLICATE,
+    (State.DONE, False, False): Verdict.DUPLICATE,
+}
+
+
+def test_the_table_covers_every_state() -> None:
+    assert set(LIVE) == set(itertools.product(State, (True, False), (True, False)))
+
+
+@pytest.mark.parametrize(("state", "in_memory", "same"), sorted(LIVE, key=str))
+def test_a_live_entry(state: State, in_memory: bool, same: bool) -> None:
+    entry = Entry(state, MINE, expires_at=NOW + 1, last_seq=7)
+    reply_to = MINE if same else OTHER
+    assert judge(entry, reply_to, NOW, in_memory=in_memory) is LIVE[(state, in_memory, same)]
+
+
+@pytest.mark.parametrize(("state", "in_memory", "same"), sorted(LIVE, key=str))
+@pytest.mark.parametrize("expires_at", [NOW, NOW - 1], ids=["at-now", "before-now"])
+def test_an_expired_entry_counts_as_none(
+    state: State, in_memory: bool, same: bool, expires_at: float
+) -> None:
+    entry = Entry(state, MINE, expires_at=expires_at)
+    reply_to = MINE if same else OTHER
+    expected = Verdict.SAME_STREAM if in_memory else Verdict.NEW
+    assert judge(entry, reply_to, NOW, in_memory=in_memory) is expected
+
+
+@pytest.mark.parametrize(
+    ("in_memory", "expected"), [(False, Verdict.NEW), (True, Verdict.SAME_STREAM)]
+)
+@pytest.mark.parametrize("reply_to", [MINE, OTHER])
+def test_no_entry(in_memory: bool, expected: Verdict, reply_to: str) -> None:
+    assert judge(None, reply_to, NOW, in_memory=in_memory) is expected
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_an_entry_round_trips_through_its_table_form(state: State) -> None:
+    entry = Entry(state, MINE, expires_at=NOW + 0.5, last_seq=12)
+    assert Entry.from_json(entry.to_json()) == entry
