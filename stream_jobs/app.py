@@ -274,7 +274,15 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(cancels_topic, name="cancel_waiting")
     async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            await dispatcher().handle_cancel(event.message.value)
+            message = event.message
+            await dispatcher().handle_cancel(
+                message.topic,
+                message.partition,
+                message.offset,
+                message.key,
+                message.value,
+                message.headers,
+            )
 
     @app.task
     async def dispatch_loop() -> None:

@@ -6,7 +6,7 @@
 # admitted request --> FairQueue (class, then VTC share) --> routing.choose --> worker topic
 # a worker run lost (registry.reap) --> its requests: usage written, or sent again resumed
 # UsageEvent --> settle the window, free the slot, correct the tenant's VTC counter
-# CancelRequest --> drop the request if it is still waiting
+# CancelRequest + credential --> drop the request if it is still waiting, else --> aborts
 
 Delivery: ``handle_request`` returns only once its request has been forwarded to a
 worker (acknowledged by the broker), answered with a chunk on its reply topic (a
@@ -665,22 +665,42 @@ class Dispatcher:
         }
         self._wake.set()
 
-    async def handle_cancel(self, value: bytes | None) -> None:
+    async def handle_cancel(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers = None,
+    ) -> None:
+        """A producer's cancel, checked like its requests: its credential must be the
+        tenant's, and ``reassigned`` is the job's own word. A good one drops the request
+        if it waits here, and goes on to the workers on the aborts topic, which only the
+        job writes; a bad one goes to the dead-letter topic."""
+        where = (topic, partition, offset, key, value)
         try:
             cancel = decode(CancelRequest, value)
-        except SchemaError as exc:
-            log.warning("ignoring a malformed cancel: %s", exc)
+            principal = self._auth.authenticate(header(headers, "authorization"))
+        except (SchemaError, AuthError) as exc:
+            await self._dead_letter(where, f"cancel refused: {exc}")
             return
-        if cancel.reason == REASSIGNED:
-            return  # our own, to the worker we took the request from
+        if cancel.tenant_id != principal.tenant_id or cancel.reason == REASSIGNED:
+            await self._dead_letter(
+                where,
+                f"cancel refused: the credential is tenant {principal.tenant_id!r}'s, and "
+                f"may cancel only its own requests, with any reason but {REASSIGNED!r}",
+            )
+            return
         ident = (cancel.tenant_id, cancel.request_id)
-        flight = self._in_flight.get(ident)
-        if flight is not None:
-            flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
-            return
         waiting = self._waiting.pop(ident, None)
         if waiting is None:
-            return  # finished, or not this tenant's
+            flight = self._in_flight.get(ident)
+            if flight is not None:
+                flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
+            # Running (or held by an earlier run of this job): its worker aborts it.
+            await self._publish(self._topics.aborts, key or b"", encode(cancel))
+            return
         self._queue.remove(_queue_key(ident))
         self.metrics.num_cancelled_waiting += 1
         await self._answer(
@@ -829,7 +849,7 @@ class Dispatcher:
         )
         try:
             key = request.tenant_id.encode()
-            await self._publish(self._topics.cancels, key, encode(reassigned))
+            await self._publish(self._topics.aborts, key, encode(reassigned))
         except Exception:
             log.exception("could not tell %s's old worker to drop it", request.request_id)
         try:

@@ -74,7 +74,11 @@ class Principal:
         return self.tenant.tenant_id
 
     def owns_reply_topic(self, topic: str) -> bool:
-        return topic.startswith(self.reply_prefix) and len(topic) > len(self.reply_prefix)
+        """A prefix that ends in ``.`` owns the topics below it (a tenant's); any other
+        names one topic (a bridge's, a tool's)."""
+        if self.reply_prefix.endswith("."):
+            return topic.startswith(self.reply_prefix) and len(topic) > len(self.reply_prefix)
+        return topic == self.reply_prefix
 
 
 def narrow(tenant: TenantConfig, claims: dict[str, Any]) -> TenantConfig:

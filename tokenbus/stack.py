@@ -109,6 +109,7 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions = {name: settings.num_partitions for name in topics.all_requests}
     partitions[topics.usage] = settings.num_partitions
     partitions[topics.cancels] = settings.num_partitions
+    partitions[topics.aborts] = settings.num_partitions
     partitions[topics.heartbeats] = 1
     partitions[topics.dead_letters] = 1
     return partitions

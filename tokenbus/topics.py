@@ -32,8 +32,15 @@ class Topics:
 
     @property
     def cancels(self) -> str:
-        """CancelRequests, keyed by tenant; read by the job and by every worker."""
+        """Producers' CancelRequests, with a credential header, keyed by tenant; read by
+        the job, which checks them."""
         return f"{self.prefix}.cancels"
+
+    @property
+    def aborts(self) -> str:
+        """CancelRequests the job checked (and its own ``reassigned``), keyed by tenant;
+        only the job writes it, every worker reads it."""
+        return f"{self.prefix}.aborts"
 
     @property
     def heartbeats(self) -> str:

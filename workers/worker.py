@@ -5,7 +5,7 @@
 # one engine step --> one TokenChunkBatch per (reply_to topic, tenant), keyed by tenant
 # end of request --> exactly one UsageEvent on the usage topic
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
-# cancels topic (every partition, no group) --> CancelBook --> Engine.abort
+# aborts topic (every partition, no group): cancels the job checked --> CancelBook --> Engine.abort
 
 Delivery: the dispatcher, not this consumer's offsets, owns every request until its
 UsageEvent arrives. Each run of a worker has its own incarnation id, sent in every
@@ -24,8 +24,10 @@ declared lost, its requests sent elsewhere. The dispatcher then sends a ``reassi
 cancel for each such attempt, and this run drops it without a word more: no chunk, no
 UsageEvent. Its later heartbeats make it live again, for new work.
 
-Cancels: every worker reads every cancel, from the end and with no group, and commits
-nothing: a cancel is advice. A cancelled request still ends the normal way (its last
+Cancels: producers' cancels reach the job, which checks their credential; it passes
+the good ones, and its own ``reassigned``, to the aborts topic, which only it writes.
+Every worker reads every abort, from the end and with no group, and commits nothing:
+an abort is advice. A cancelled request still ends the normal way (its last
 chunk with finish_reason ``abort``, then one UsageEvent with status ``cancelled`` and
 the tokens generated until the abort), so the commit rule above is unchanged. A cancel
 missed while a worker restarts only costs the tokens of a run to completion.
@@ -368,7 +370,7 @@ class Worker:
         consumer = make_consumer(self._settings, group_id=None, auto_offset_reset="latest")
         await consumer.start()
         await consumer.topics()  # loads metadata, so the partitions below are known
-        topic = self._topics.cancels
+        topic = self._topics.aborts
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or {0}]
         consumer.assign(partitions)
         await consumer.seek_to_end(*partitions)
@@ -381,9 +383,8 @@ class Worker:
             try:
                 cancel = decode(CancelRequest, record.value)
             except SchemaError as exc:
-                # Every worker reads every cancel; the job's grouped consumer dead-letters
-                # bad ones, so that one copy (not one per worker) reaches the DLQ.
-                log.warning("ignoring a malformed cancel at offset %d: %s", record.offset, exc)
+                # Only the job writes aborts, and it dead-letters bad cancels itself.
+                log.warning("ignoring a malformed abort at offset %d: %s", record.offset, exc)
                 continue
             self._cancels.note(
                 cancel.tenant_id,

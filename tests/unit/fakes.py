@@ -4,6 +4,7 @@ reads back, the request ledger, and credentials the bus believes."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from schemas import TokenChunk, TokenChunkBatch, decode
 from stream_jobs.ledger import Entry
@@ -104,3 +105,13 @@ def service_headers(tenant_id: str, **claims: object) -> list[tuple[str, bytes]]
 
 def bearer(credential: str) -> list[tuple[str, bytes]]:
     return [("authorization", f"Bearer {credential}".encode())]
+
+
+async def cancel(dispatcher: Any, tenant_id: str, request_id: str, **fields: Any) -> None:
+    """A producer's cancel, with the tenant's service token, as the cancel agent hands it."""
+    from schemas import CancelRequest, encode
+
+    message = CancelRequest(request_id=request_id, tenant_id=tenant_id, **fields)
+    await dispatcher.handle_cancel(
+        TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
+    )

@@ -128,8 +128,16 @@ def test_a_reply_prefix_claim_names_the_topics_the_token_owns() -> None:
     claims = {"tenant": "acme", "reply_prefix": "tokenbus.replies.bridge-1"}
     caller = authenticator().authenticate(f"Bearer {tenant_token(claims)}")
     assert caller.reply_prefix == "tokenbus.replies.bridge-1"
-    assert caller.owns_reply_topic("tokenbus.replies.bridge-1.x")
+    # Without a trailing dot it names one topic: that one, and no other.
+    assert caller.owns_reply_topic("tokenbus.replies.bridge-1")
+    assert not caller.owns_reply_topic("tokenbus.replies.bridge-10")
+    assert not caller.owns_reply_topic("tokenbus.replies.bridge-1.x")
     assert not caller.owns_reply_topic("tokenbus.replies.acme.c1")
+    # With one, the topics below it.
+    claims = {"tenant": "acme", "reply_prefix": "tokenbus.replies.team-x."}
+    below = authenticator().authenticate(f"Bearer {tenant_token(claims)}")
+    assert below.owns_reply_topic("tokenbus.replies.team-x.c1")
+    assert not below.owns_reply_topic("tokenbus.replies.team-x.")
 
 
 @pytest.mark.parametrize(

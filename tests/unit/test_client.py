@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-import pytest
 
 from producers import TokenbusClient
 from schemas import (

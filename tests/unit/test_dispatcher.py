@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from schemas import (
-    CancelRequest,
     InferenceRequest,
     SamplingParams,
     TokenChunk,
@@ -31,6 +30,7 @@ from tests.unit.fakes import (
     Recorder,
     Replies,
     bus_authenticator,
+    cancel,
     reply_topic,
     service_headers,
 )
@@ -200,7 +200,7 @@ async def test_a_cancelled_waiting_request_never_runs_and_is_refunded(
         is Outcome.FORWARDED
     )
     waiting = await admit(dispatcher, request(2, tenant="small", max_tokens=10))
-    await dispatcher.handle_cancel(encode(CancelRequest(request_id="r2", tenant_id="small")))
+    await cancel(dispatcher, "small", "r2")
     assert await waiting is Outcome.CANCELLED
     assert [decode(WorkItem, v).request_id for v in recorder.on("w-topic")] == ["r1"]
     # Refunded: another request of the same size fits in the 40-token window again.
@@ -334,7 +334,7 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
     await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
-    await dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="t")))
+    await cancel(dispatcher, "t", "r1")
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
     last = recorder.chunks_on(REPLIES)[-1]

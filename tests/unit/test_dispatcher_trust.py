@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from schemas import (
-    CancelRequest,
     DeadLetter,
     TokenChunk,
     UsageEvent,
@@ -33,6 +32,7 @@ from tests.unit.fakes import (
     Replies,
     bearer,
     bus_authenticator,
+    cancel,
     reply_topic,
     service_headers,
 )
@@ -374,10 +374,52 @@ async def test_two_tenants_may_use_the_same_request_id_at_once(bus: Bus) -> None
     # Each tenant's usage and cancel touch its own request only.
     bus.finish("acme", "r1", last_seq=0)
     assert list(bus.dispatcher._in_flight) == [("beta", "r1")]
-    await bus.dispatcher.handle_cancel(encode(CancelRequest(request_id="r1", tenant_id="acme")))
+    await cancel(bus.dispatcher, "acme", "r1")
     assert not bus.dispatcher._in_flight[("beta", "r1")].cancelled
     # acme's id is done; beta's still runs: a copy of each gets its own answer.
     assert await bus.produce(acme, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
     assert await bus.produce(beta, headers=bearer(BETA_KEY), key=b"beta") is Outcome.DUPLICATE
     assert only(bus.chunks(ACME)).error.code == "duplicate_request"
     assert not bus.chunks(BETA)  # running, same reply topic: nothing more is sent
+
+
+# -- cancels: the same checks, then on to the workers on the aborts topic ---------------------
+@pytest.mark.parametrize(
+    ("case", "headers", "fields"),
+    [
+        ("no credential", None, {}),
+        ("another tenant's credential", "beta", {}),
+        ("the job's own reason", "acme", {"reason": "reassigned"}),
+    ],
+)
+async def test_a_cancel_that_is_not_its_tenant_s_own_is_dead_lettered_and_goes_nowhere(
+    bus: Bus, case: str, headers: str | None, fields: dict[str, Any]
+) -> None:
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    from schemas import CancelRequest
+
+    message = CancelRequest(request_id="r1", tenant_id="acme", **fields)
+    await bus.dispatcher.handle_cancel(
+        TOPICS.cancels,
+        0,
+        7,
+        b"acme",
+        encode(message),
+        service_headers(headers) if headers else None,
+    )
+    assert TOPICS.aborts not in bus.topics(), case
+    assert not bus.dispatcher._in_flight[("acme", "r1")].cancelled
+    (letter,) = bus.dead_letters()
+    assert letter.source_topic == TOPICS.cancels and letter.offset == 7
+    assert letter.reason.startswith("cancel refused")
+
+
+async def test_a_tenant_s_cancel_of_a_running_request_goes_on_to_the_workers(bus: Bus) -> None:
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    await cancel(bus.dispatcher, "acme", "r1")
+    assert bus.dispatcher._in_flight[("acme", "r1")].cancelled
+    (sent,) = [value for topic, _, value in bus.recorder.sent if topic == TOPICS.aborts]
+    from schemas import CancelRequest
+
+    assert decode(CancelRequest, sent).request_id == "r1"
+    assert bus.dead_letters() == []
