@@ -14,6 +14,7 @@ from aiokafka import TopicPartition
 from billing.reader import open_reader
 from producers import TokenbusClient
 from schemas import (
+    REASSIGNED,
     CancelRequest,
     FinishReason,
     InferenceRequest,
@@ -144,9 +145,21 @@ async def test_a_cancel_from_another_tenant_is_ignored(
         async for chunk in client.stream(request):
             chunks.append(chunk)
             if len(chunks) == 2:  # running on the worker: try to cancel it as another tenant
+                cancels = Topics(settings.topic_prefix).cancels
                 forged = CancelRequest(request_id=request.request_id, tenant_id="br-attacker")
+                await producer.send_and_wait(cancels, encode(forged), key=b"br-attacker")
+                # Naming the victim, with no credential, or with the job's own reason.
+                for reason in ("client_cancelled", REASSIGNED):
+                    claimed = CancelRequest(
+                        request_id=request.request_id, tenant_id="br-victim", reason=reason
+                    )
+                    await producer.send_and_wait(cancels, encode(claimed), key=b"br-victim")
+                # With the attacker's own valid credential, claiming the victim.
                 await producer.send_and_wait(
-                    Topics(settings.topic_prefix).cancels, encode(forged), key=b"br-attacker"
+                    cancels,
+                    encode(claimed.model_copy(update={"reason": "client_cancelled"})),
+                    key=b"br-victim",
+                    headers=client.headers("br-attacker"),
                 )
     finally:
         await producer.stop()
