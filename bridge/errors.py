@@ -67,6 +67,27 @@ def model_not_allowed(model: str) -> ApiError:
     )
 
 
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def request_timeout(timeout_s: float) -> ApiError:
+    # The rest of the body may still come: the connection cannot carry another request.
+    return ApiError(
+        408,
+        f"The request body did not arrive within {timeout_s:g} s.",
+        type="invalid_request_error",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
 def too_large(message: str, param: str | None, code: str) -> ApiError:
     return ApiError(413, message, type="invalid_request_error", code=code, param=param)
 

@@ -6,7 +6,8 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from asyncio import StreamReader, StreamWriter
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -20,12 +21,16 @@ from tests.integration.conftest import (
     QUOTA_TENANT,
     BridgeProcess,
     bridge_key,
+    eventually,
     start_bridge,
 )
 from tokenbus.ids import is_session_id
 from tokenbus.stack import Stack
 
 MODEL = "tiny-llama"
+READ_TIMEOUT_S = 1.5
+NUM_CLIENTS = 10
+BODY = orjson.dumps({"model": MODEL, "prompt": "a body that comes slowly " * 4, "max_tokens": 2})
 
 
 @pytest.fixture
@@ -161,6 +166,84 @@ async def test_413_for_a_body_over_the_size_limit(http: httpx.AsyncClient) -> No
     body = completion(prompt="x" * 1_100_000)  # over the 1 MiB default
     response = await http.post("/v1/completions", json=body, headers=auth("br-alice"))
     assert_error(response, 413, "body_too_large")
+
+
+@pytest.fixture(scope="module")
+def impatient_bridge(stack: Stack) -> Iterator[BridgeProcess]:
+    """A bridge that waits at most READ_TIMEOUT_S for a body."""
+    process = start_bridge(stack, bridge_body_read_timeout_s=READ_TIMEOUT_S)
+    yield process
+    process.stop()
+
+
+async def _send_half_a_body(bridge: BridgeProcess) -> tuple[StreamReader, StreamWriter]:
+    """Headers that promise BODY's length, and half of BODY; nothing more."""
+    host, port = bridge.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bridge\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {bridge_key('br-alice')}\r\n".encode()
+        + f"Content-Length: {len(BODY)}\r\n\r\n".encode()
+        + BODY[: len(BODY) // 2]
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_clients_closing_mid_body_are_one_info_line_each(
+    impatient_bridge: BridgeProcess,
+) -> None:
+    offset = impatient_bridge.log_path.stat().st_size
+    for _ in range(NUM_CLIENTS):
+        _, writer = await _send_half_a_body(impatient_bridge)
+        writer.close()
+        await writer.wait_closed()
+
+    def new_log() -> str:
+        with impatient_bridge.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode()
+
+    closed = "the client closed while sending the body"
+    await eventually(new_log, timeout_s=10, until=lambda text: text.count(closed) >= NUM_CLIENTS)
+    await asyncio.sleep(0.5)  # anything logged after the info lines would show now
+    lines = new_log().splitlines()
+    assert len(lines) == NUM_CLIENTS, lines
+    assert all(closed in line and " INFO " in line for line in lines), lines
+
+
+async def test_bodies_that_trickle_are_cut_at_the_read_timeout(
+    impatient_bridge: BridgeProcess,
+) -> None:
+    """Half the clients stop after half a body; the others then send a byte every 0.2 s."""
+
+    async def one(trickle: bool) -> tuple[float, bytes]:
+        reader, writer = await _send_half_a_body(impatient_bridge)
+        started = time.monotonic()
+        sent = len(BODY) // 2
+
+        async def drip() -> None:
+            nonlocal sent
+            while trickle and sent < len(BODY) - 1:
+                await asyncio.sleep(0.2)
+                writer.write(BODY[sent : sent + 1])
+                sent += 1
+
+        dripping = asyncio.create_task(drip())
+        try:
+            answer = await asyncio.wait_for(reader.read(), timeout=READ_TIMEOUT_S + 10)
+            return time.monotonic() - started, answer  # read() returns at the server's close
+        finally:
+            dripping.cancel()
+            await asyncio.gather(dripping, return_exceptions=True)
+            writer.close()
+
+    results = await asyncio.gather(*(one(trickle=i % 2 == 1) for i in range(NUM_CLIENTS)))
+    for took, answer in results:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer
+        assert orjson.loads(body)["error"]["code"] == "request_timeout"
+        assert READ_TIMEOUT_S - 0.1 <= took < READ_TIMEOUT_S + 1.5, (took, answer)
 
 
 async def test_429_per_key_throttle_with_rate_limit_headers(stack: Stack) -> None:
