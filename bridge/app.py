@@ -83,7 +83,11 @@ class IdsAndMetrics:
 def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     """The bridge; ``bus`` defaults to a TokenbusClient started with the app."""
     metrics = BridgeMetrics()
-    served = ServedModels(settings.served_model_name, dead_after_s=settings.worker_dead_after_s)
+    served = ServedModels(
+        settings.served_model_name,
+        dead_after_s=settings.worker_dead_after_s,
+        configured=settings.bridge_models,
+    )
     client = bus or TokenbusClient(settings)
     directory = settings.tenant_directory()
     authenticator = Authenticator(
@@ -105,6 +109,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
             ),
             PromptCounter.from_model_dir(settings.model_dir),
             max_prompt_chars=settings.bridge_max_prompt_chars,
+            knows_model=lambda model: served.knows(model, time.monotonic()),
         ),
         metrics,
     )

@@ -150,6 +150,7 @@ BRIDGE_TENANTS: dict[str, dict[str, object]] = {
     "br-fuzz": {"models": ["tiny-llama"], "max_output_tokens": 4, "max_prompt_tokens": 2048},
     QUOTA_TENANT: {"models": ["tiny-llama"]},
 }
+BRIDGE_SPARE_MODEL = "other-model"
 BRIDGE_JWT_SECRET = "bridge-test-hs256-secret-0123456789abcdef"
 BRIDGE_SESSION_SECRET = "bridge-test-session-secret-0123456789"
 
@@ -193,6 +194,7 @@ def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
             "tenants_file": tenants_file,
             "bridge_session_secret": BRIDGE_SESSION_SECRET,
             "bridge_jwt_hs256_secret": BRIDGE_JWT_SECRET,
+            "bridge_models": [BRIDGE_SPARE_MODEL],  # known, and no worker serves it
             **overrides,
         }
     )

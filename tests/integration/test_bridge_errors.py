@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.conftest import (
     BRIDGE_JWT_SECRET,
+    BRIDGE_SPARE_MODEL,
     QUOTA_TENANT,
     BridgeProcess,
     bridge_key,
@@ -277,9 +278,39 @@ async def test_429_when_the_job_finds_the_tenant_over_quota(http: httpx.AsyncCli
         assert "x-ratelimit-limit-tokens" in response.headers
 
 
-async def test_503_when_no_worker_serves_the_model(http: httpx.AsyncClient) -> None:
+async def test_404_for_a_model_neither_configured_nor_served(bridge: BridgeProcess) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=f"{bridge.url}/v1", api_key=bridge_key("br-any"), max_retries=0
+    )
+    try:
+        for stream in (False, True):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await client.completions.create(
+                    model="ghost-model", prompt="hi", max_tokens=2, stream=stream
+                )
+            assert caught.value.status_code == 404
+            assert caught.value.body == {
+                "message": "The model `ghost-model` does not exist or you do not have access "
+                "to it.",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+    finally:
+        await client.close()
+
+
+async def test_403_not_404_for_an_unknown_model_outside_the_tenant(
+    http: httpx.AsyncClient,
+) -> None:
+    body = completion(model="ghost-model")
+    response = await http.post("/v1/completions", json=body, headers=auth("br-alice"))
+    assert_error(response, 403, "model_not_allowed")
+
+
+async def test_503_when_no_worker_serves_a_known_model(http: httpx.AsyncClient) -> None:
     for stream in (False, True):
-        body = completion(model="ghost-model", stream=stream)
+        body = completion(model=BRIDGE_SPARE_MODEL, stream=stream)
         response = await http.post("/v1/completions", json=body, headers=auth("br-any"))
         assert_error(response, 503, "no_worker")
 
