@@ -112,9 +112,17 @@ def rejection(error: ErrorInfo, *, tokens_per_minute: int) -> ApiError:
     """The bus's refusal or failure of a request, as an HTTP error."""
     if error.code == "quota_exceeded":
         retry = error.retry_after_s if error.retry_after_s is not None else 60.0
-        headers = rate_limit_headers(
-            kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
-        )
+        if error.limit_kind is not None and error.num_limit is not None:
+            headers = rate_limit_headers(
+                kind=error.limit_kind,
+                limit=error.num_limit,
+                remaining=error.num_remaining or 0,
+                reset_s=retry,
+            )
+        else:  # a job that does not say which limit refused: the tenant's tokens
+            headers = rate_limit_headers(
+                kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
+            )
         return rate_limited(error.message, "quota_exceeded", headers)
     if error.code == "model_not_allowed":
         return ApiError(403, error.message, type="permission_error", code=error.code, param="model")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -20,6 +21,9 @@ from tests.integration.conftest import (
     BRIDGE_JWT_SECRET,
     BRIDGE_SPARE_MODEL,
     QUOTA_TENANT,
+    QUOTA_TENANT_TPM,
+    RPM_TENANT,
+    RPM_TENANT_RPM,
     BridgeProcess,
     bridge_key,
     eventually,
@@ -274,8 +278,27 @@ async def test_429_when_the_job_finds_the_tenant_over_quota(http: httpx.AsyncCli
         )
         assert_error(response, 429, "quota_exceeded")
         assert int(response.headers["retry-after"]) >= 1
-        assert response.headers["x-ratelimit-remaining-tokens"] == "0"
-        assert "x-ratelimit-limit-tokens" in response.headers
+        assert response.headers["x-ratelimit-limit-tokens"] == str(QUOTA_TENANT_TPM)
+        assert 0 <= int(response.headers["x-ratelimit-remaining-tokens"]) <= QUOTA_TENANT_TPM
+
+
+async def test_429_over_the_request_rate_carries_the_request_headers(
+    http: httpx.AsyncClient,
+) -> None:
+    body = completion(max_tokens=1)
+    answers = []
+    for _ in range(RPM_TENANT_RPM + 1):
+        answers.append(await http.post("/v1/completions", json=body, headers=auth(RPM_TENANT)))
+    assert [a.status_code for a in answers[:-1]] == [200] * RPM_TENANT_RPM
+    refused = answers[-1]
+    assert_error(refused, 429, "quota_exceeded")
+    headers = refused.headers
+    assert headers["x-ratelimit-limit-requests"] == str(RPM_TENANT_RPM)
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    reset_s = float(headers["x-ratelimit-reset-requests"].removesuffix("s"))
+    assert 50 < reset_s <= 60  # the first request leaves the 60 s window
+    assert int(headers["retry-after"]) == math.ceil(reset_s)
+    assert "x-ratelimit-limit-tokens" not in headers  # the tokens did not refuse it
 
 
 async def test_404_for_a_model_neither_configured_nor_served(bridge: BridgeProcess) -> None:
