@@ -1,12 +1,15 @@
 """An OpenAI request body + its caller --> what goes on the bus, or the reason it can't.
 
 Pure: no I/O. The checks run in the order a client can act on: model access (403),
-prompt size in characters, then in tokens (413), content screening (flag or 400),
-output length (capped to the tenant's limit, flagged), the token's quota balance (429).
+then whether the model exists (404; after access, so that a tenant learns nothing of
+the models it may not use), prompt size in characters, then in tokens (413), content
+screening (flag or 400), output length (capped to the tenant's limit, flagged), the
+token's quota balance (429).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.api_types import ChatCompletionRequest, CompletionRequest
@@ -14,6 +17,7 @@ from bridge.auth import Caller
 from bridge.errors import (
     invalid_request,
     model_not_allowed,
+    model_not_found,
     rate_limit_headers,
     rate_limited,
     too_large,
@@ -42,14 +46,20 @@ class Plan:
 
 class Planner:
     def __init__(
-        self, screen: PatternScreen, counter: PromptCounter, *, max_prompt_chars: int
+        self,
+        screen: PatternScreen,
+        counter: PromptCounter,
+        *,
+        max_prompt_chars: int,
+        knows_model: Callable[[str], bool],
     ) -> None:
         self._screen = screen
         self._counter = counter
         self._max_prompt_chars = max_prompt_chars
+        self._knows_model = knows_model
 
     def plan_chat(self, body: ChatCompletionRequest, caller: Caller) -> Plan:
-        _check_model(body.model, caller)
+        self._check_model(body.model, caller)
         messages = [
             ChatMessage(
                 role="system" if m.role == "developer" else m.role, content=clean_text(m.text())
@@ -76,7 +86,7 @@ class Planner:
         )
 
     def plan_completion(self, body: CompletionRequest, caller: Caller) -> Plan:
-        _check_model(body.model, caller)
+        self._check_model(body.model, caller)
         prompt = clean_text(body.prompt_text())
         self._check_chars([prompt], "prompt")
         num_prompt = self._counter.count_prompt(prompt)
@@ -94,6 +104,12 @@ class Planner:
             prompt=prompt,
             flags=flags + more_flags,
         )
+
+    def _check_model(self, model: str, caller: Caller) -> None:
+        if not caller.tenant.may_use(model):
+            raise model_not_allowed(model)
+        if not self._knows_model(model):
+            raise model_not_found(model)
 
     def _check_chars(self, texts: list[str], param: str) -> None:
         num_chars = sum(len(t) for t in texts)
@@ -115,11 +131,6 @@ class Planner:
                 code="content_blocked",
             )
         return [f.flag for f in findings]
-
-
-def _check_model(model: str, caller: Caller) -> None:
-    if not caller.tenant.may_use(model):
-        raise model_not_allowed(model)
 
 
 def _sampling(

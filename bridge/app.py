@@ -84,7 +84,11 @@ class IdsAndMetrics:
 def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     """The bridge; ``bus`` defaults to a TokenbusClient started with the app."""
     metrics = BridgeMetrics()
-    served = ServedModels(settings.served_model_name, dead_after_s=settings.worker_dead_after_s)
+    served = ServedModels(
+        settings.served_model_name,
+        dead_after_s=settings.worker_dead_after_s,
+        configured=settings.bridge_models,
+    )
     if not settings.bus_service_secret:
         raise SystemExit(
             "the bridge needs TOKENBUS_BUS_SERVICE_SECRET (shared with the Faust job): "
@@ -114,6 +118,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
             ),
             PromptCounter.from_model_dir(settings.model_dir),
             max_prompt_chars=settings.bridge_max_prompt_chars,
+            knows_model=lambda model: served.knows(model, time.monotonic()),
         ),
         metrics,
         tokens,

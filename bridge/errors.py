@@ -67,6 +67,27 @@ def model_not_allowed(model: str) -> ApiError:
     )
 
 
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def request_timeout(timeout_s: float) -> ApiError:
+    # The rest of the body may still come: the connection cannot carry another request.
+    return ApiError(
+        408,
+        f"The request body did not arrive within {timeout_s:g} s.",
+        type="invalid_request_error",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
 def too_large(message: str, param: str | None, code: str) -> ApiError:
     return ApiError(413, message, type="invalid_request_error", code=code, param=param)
 
@@ -91,9 +112,17 @@ def rejection(error: ErrorInfo, *, tokens_per_minute: int) -> ApiError:
     """The bus's refusal or failure of a request, as an HTTP error."""
     if error.code == "quota_exceeded":
         retry = error.retry_after_s if error.retry_after_s is not None else 60.0
-        headers = rate_limit_headers(
-            kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
-        )
+        if error.limit_kind is not None and error.num_limit is not None:
+            headers = rate_limit_headers(
+                kind=error.limit_kind,
+                limit=error.num_limit,
+                remaining=error.num_remaining or 0,
+                reset_s=retry,
+            )
+        else:  # a job that does not say which limit refused: the tenant's tokens
+            headers = rate_limit_headers(
+                kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
+            )
         return rate_limited(error.message, "quota_exceeded", headers)
     if error.code == "model_not_allowed":
         return ApiError(403, error.message, type="permission_error", code=error.code, param="model")

@@ -1,7 +1,7 @@
 """The HTTP handlers' shell: read, call the policies, produce, relay. Little logic lives here.
 
 # Authorization --> Authenticator --> Caller (tenant config narrowed by claims)
-# credential --> KeyThrottle (429) ; body --> size limit (413) --> parse (400)
+# credential --> KeyThrottle (429) ; body --> deadline (408), size limit (413) --> parse (400)
 # body + Caller --> Planner --> Plan (403 / 413 / 400 / 429, flags)
 # Plan + a service token for the Caller's tenant --> TokenbusClient.submit
 # --> ChunkFeed --> Relay --> JSON or SSE events
@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from bridge.admission import Plan, Planner
@@ -33,6 +33,7 @@ from bridge.errors import (
     rate_limit_headers,
     rate_limited,
     rejection,
+    request_timeout,
     too_large,
 )
 from bridge.feed import ChunkFeed
@@ -135,13 +136,20 @@ class Gateway:
         declared = http.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
-        raw = bytearray()
-        async for part in http.stream():
-            raw += part
-            if len(raw) > limit:
-                raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
+        timeout_s = self._settings.bridge_body_read_timeout_s
+        request_id = ids_of(http).get("X-Request-ID", "-")
         try:
-            return model.model_validate_json(bytes(raw))
+            # One deadline for the whole body: a byte now and then does not extend it.
+            async with asyncio.timeout(timeout_s):
+                raw = await _read_raw(http, limit)
+        except TimeoutError:
+            log.info("%s: the body did not arrive within %g s", request_id, timeout_s)
+            raise request_timeout(timeout_s) from None
+        except ClientDisconnect:
+            log.info("%s: the client closed while sending the body", request_id)
+            raise ClientGone(request_id) from None
+        try:
+            return model.model_validate_json(raw)
         except ValidationError as exc:
             raise _invalid_body(exc) from None
 
@@ -320,6 +328,15 @@ class Gateway:
             await self._bus.cancel(request, reason)
         except Exception:
             log.exception("could not cancel %s on the bus", request.request_id)
+
+
+async def _read_raw(http: Request, limit: int) -> bytes:
+    raw = bytearray()
+    async for part in http.stream():
+        raw += part
+        if len(raw) > limit:
+            raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
+    return bytes(raw)
 
 
 async def _disconnected(http: Request) -> None:

@@ -43,6 +43,8 @@ _ERRORS = {
     "400": "Invalid body or parameter; `error.param` names the field.",
     "401": "Missing or invalid API key or token.",
     "403": "The tenant may not use this model.",
+    "404": "No such model: neither configured nor served now (`model_not_found`).",
+    "408": "The body did not arrive within the read timeout; the connection is closed.",
     "413": "The body or the prompt is too long for the tenant.",
     "429": "Over the per-key rate or the tenant's quota; see Retry-After.",
     "503": "No worker serves the model now, or the fleet sheds load.",
@@ -108,7 +110,7 @@ def _completion_operation(
                     "text/event-stream": {"schema": _event_schema(chunk)},
                 },
             },
-            **_errors("400", "401", "403", "413", "429", "503"),
+            **_errors("400", "401", "403", "404", "408", "413", "429", "503"),
         },
     }
 

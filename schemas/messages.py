@@ -201,6 +201,12 @@ class ErrorInfo(BaseModel):
     """Machine-readable: ``quota_exceeded``, ``no_worker``, ``engine_error``, ..."""
     message: str
     retry_after_s: float | None = None
+    limit_kind: Literal["tokens", "requests"] | None = None
+    """On ``quota_exceeded``: the per-minute limit that refused the request."""
+    num_limit: int | None = None
+    """That limit, per minute."""
+    num_remaining: int | None = None
+    """What the window has left of it (tokens may be left, just fewer than needed)."""
 
 
 class TokenChunk(Message):

@@ -348,6 +348,7 @@ class Dispatcher:
         )
         if not decision.admitted:
             self.metrics.num_rejected_quota += 1
+            by_requests = decision.reason == "rpm"
             await self._refuse(
                 item,
                 ErrorInfo(
@@ -358,6 +359,14 @@ class Dispatcher:
                         f"{decision.num_requests_used} of {tenant.rpm} requests in the last 60 s"
                     ),
                     retry_after_s=round(decision.retry_after_s, 3) or None,
+                    limit_kind="requests" if by_requests else "tokens",
+                    num_limit=tenant.rpm if by_requests else tenant.tpm,
+                    num_remaining=max(
+                        0,
+                        tenant.rpm - decision.num_requests_used
+                        if by_requests
+                        else tenant.tpm - decision.num_tokens_used,
+                    ),
                 ),
             )
             self._remember(item, State.DONE, now)

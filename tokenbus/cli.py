@@ -111,7 +111,6 @@ def ask(
     from producers import TokenbusClient, TokenbusTimeout
     from schemas import SamplingParams
     from tokenbus.kafka import wait_for_broker
-
     from tokenbus.stack import dev_api_key_path
 
     settings = Settings()

@@ -211,6 +211,13 @@ class Settings(BaseSettings):
     bridge_host: str = "127.0.0.1"
     bridge_port: int = 18080
     bridge_max_body_bytes: int = 1_048_576
+    bridge_body_read_timeout_s: float = 10.0
+    """The whole body must arrive within this, from the end of the headers: a body that
+    trickles in (a byte at a time, or half of it and then nothing) is answered 408 and
+    its connection closed."""
+    bridge_models: list[str] = []
+    """Models the bridge knows besides ``served_model_name`` and those live workers serve:
+    a request for one of them that no worker serves is a 503, any other model a 404."""
     bridge_max_prompt_chars: int = 262_144
     """Checked before tokenizing, so a huge prompt costs no tokenizer time."""
     bridge_key_rate_per_s: float = 100.0

@@ -30,6 +30,8 @@ from tokenbus.stack import REPO_ROOT, Stack
 
 QUOTA_TENANT = "tenant-tiny-quota"
 QUOTA_TENANT_TPM = 120
+RPM_TENANT = "br-rpm"
+RPM_TENANT_RPM = 2
 TENANTS: dict[str, dict[str, object]] = {
     QUOTA_TENANT: {"tpm": QUOTA_TENANT_TPM},
     # Quotas: accuracy, restart.
@@ -46,6 +48,8 @@ TENANTS: dict[str, dict[str, object]] = {
     # The fleet: tenants who opt in to one prefix-cache salt.
     "share-a": {"sharing_group": "docs"},
     "share-b": {"sharing_group": "docs"},
+    # The bridge's request-rate refusal (x-ratelimit-*-requests).
+    RPM_TENANT: {"rpm": RPM_TENANT_RPM},
 }
 T = TypeVar("T")
 
@@ -149,7 +153,9 @@ BRIDGE_TENANTS: dict[str, dict[str, object]] = {
     "br-jwt": {"models": ["tiny-llama", "other-model"], "priority_class": 1},
     "br-fuzz": {"models": ["tiny-llama"], "max_output_tokens": 4, "max_prompt_tokens": 2048},
     QUOTA_TENANT: {"models": ["tiny-llama"]},
+    RPM_TENANT: {"models": ["tiny-llama"], "rpm": RPM_TENANT_RPM},
 }
+BRIDGE_SPARE_MODEL = "other-model"
 BRIDGE_JWT_SECRET = "bridge-test-hs256-secret-0123456789abcdef"
 BRIDGE_SESSION_SECRET = "bridge-test-session-secret-0123456789"
 
@@ -193,6 +199,7 @@ def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
             "tenants_file": tenants_file,
             "bridge_session_secret": BRIDGE_SESSION_SECRET,
             "bridge_jwt_hs256_secret": BRIDGE_JWT_SECRET,
+            "bridge_models": [BRIDGE_SPARE_MODEL],  # known, and no worker serves it
             **overrides,
         }
     )

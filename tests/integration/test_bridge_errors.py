@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from asyncio import StreamReader, StreamWriter
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -17,15 +19,23 @@ import pytest
 
 from tests.integration.conftest import (
     BRIDGE_JWT_SECRET,
+    BRIDGE_SPARE_MODEL,
     QUOTA_TENANT,
+    QUOTA_TENANT_TPM,
+    RPM_TENANT,
+    RPM_TENANT_RPM,
     BridgeProcess,
     bridge_key,
+    eventually,
     start_bridge,
 )
 from tokenbus.ids import is_session_id
 from tokenbus.stack import Stack
 
 MODEL = "tiny-llama"
+READ_TIMEOUT_S = 1.5
+NUM_CLIENTS = 10
+BODY = orjson.dumps({"model": MODEL, "prompt": "a body that comes slowly " * 4, "max_tokens": 2})
 
 
 @pytest.fixture
@@ -163,6 +173,84 @@ async def test_413_for_a_body_over_the_size_limit(http: httpx.AsyncClient) -> No
     assert_error(response, 413, "body_too_large")
 
 
+@pytest.fixture(scope="module")
+def impatient_bridge(stack: Stack) -> Iterator[BridgeProcess]:
+    """A bridge that waits at most READ_TIMEOUT_S for a body."""
+    process = start_bridge(stack, bridge_body_read_timeout_s=READ_TIMEOUT_S)
+    yield process
+    process.stop()
+
+
+async def _send_half_a_body(bridge: BridgeProcess) -> tuple[StreamReader, StreamWriter]:
+    """Headers that promise BODY's length, and half of BODY; nothing more."""
+    host, port = bridge.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bridge\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {bridge_key('br-alice')}\r\n".encode()
+        + f"Content-Length: {len(BODY)}\r\n\r\n".encode()
+        + BODY[: len(BODY) // 2]
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_clients_closing_mid_body_are_one_info_line_each(
+    impatient_bridge: BridgeProcess,
+) -> None:
+    offset = impatient_bridge.log_path.stat().st_size
+    for _ in range(NUM_CLIENTS):
+        _, writer = await _send_half_a_body(impatient_bridge)
+        writer.close()
+        await writer.wait_closed()
+
+    def new_log() -> str:
+        with impatient_bridge.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode()
+
+    closed = "the client closed while sending the body"
+    await eventually(new_log, timeout_s=10, until=lambda text: text.count(closed) >= NUM_CLIENTS)
+    await asyncio.sleep(0.5)  # anything logged after the info lines would show now
+    lines = new_log().splitlines()
+    assert len(lines) == NUM_CLIENTS, lines
+    assert all(closed in line and " INFO " in line for line in lines), lines
+
+
+async def test_bodies_that_trickle_are_cut_at_the_read_timeout(
+    impatient_bridge: BridgeProcess,
+) -> None:
+    """Half the clients stop after half a body; the others then send a byte every 0.2 s."""
+
+    async def one(trickle: bool) -> tuple[float, bytes]:
+        reader, writer = await _send_half_a_body(impatient_bridge)
+        started = time.monotonic()
+        sent = len(BODY) // 2
+
+        async def drip() -> None:
+            nonlocal sent
+            while trickle and sent < len(BODY) - 1:
+                await asyncio.sleep(0.2)
+                writer.write(BODY[sent : sent + 1])
+                sent += 1
+
+        dripping = asyncio.create_task(drip())
+        try:
+            answer = await asyncio.wait_for(reader.read(), timeout=READ_TIMEOUT_S + 10)
+            return time.monotonic() - started, answer  # read() returns at the server's close
+        finally:
+            dripping.cancel()
+            await asyncio.gather(dripping, return_exceptions=True)
+            writer.close()
+
+    results = await asyncio.gather(*(one(trickle=i % 2 == 1) for i in range(NUM_CLIENTS)))
+    for took, answer in results:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer
+        assert orjson.loads(body)["error"]["code"] == "request_timeout"
+        assert READ_TIMEOUT_S - 0.1 <= took < READ_TIMEOUT_S + 1.5, (took, answer)
+
+
 async def test_429_per_key_throttle_with_rate_limit_headers(stack: Stack) -> None:
     strict = start_bridge(stack, bridge_key_rate_per_s=2.0, bridge_key_burst=2)
     try:
@@ -190,13 +278,62 @@ async def test_429_when_the_job_finds_the_tenant_over_quota(http: httpx.AsyncCli
         )
         assert_error(response, 429, "quota_exceeded")
         assert int(response.headers["retry-after"]) >= 1
-        assert response.headers["x-ratelimit-remaining-tokens"] == "0"
-        assert "x-ratelimit-limit-tokens" in response.headers
+        assert response.headers["x-ratelimit-limit-tokens"] == str(QUOTA_TENANT_TPM)
+        assert 0 <= int(response.headers["x-ratelimit-remaining-tokens"]) <= QUOTA_TENANT_TPM
 
 
-async def test_503_when_no_worker_serves_the_model(http: httpx.AsyncClient) -> None:
+async def test_429_over_the_request_rate_carries_the_request_headers(
+    http: httpx.AsyncClient,
+) -> None:
+    body = completion(max_tokens=1)
+    answers = []
+    for _ in range(RPM_TENANT_RPM + 1):
+        answers.append(await http.post("/v1/completions", json=body, headers=auth(RPM_TENANT)))
+    assert [a.status_code for a in answers[:-1]] == [200] * RPM_TENANT_RPM
+    refused = answers[-1]
+    assert_error(refused, 429, "quota_exceeded")
+    headers = refused.headers
+    assert headers["x-ratelimit-limit-requests"] == str(RPM_TENANT_RPM)
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    reset_s = float(headers["x-ratelimit-reset-requests"].removesuffix("s"))
+    assert 50 < reset_s <= 60  # the first request leaves the 60 s window
+    assert int(headers["retry-after"]) == math.ceil(reset_s)
+    assert "x-ratelimit-limit-tokens" not in headers  # the tokens did not refuse it
+
+
+async def test_404_for_a_model_neither_configured_nor_served(bridge: BridgeProcess) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=f"{bridge.url}/v1", api_key=bridge_key("br-any"), max_retries=0
+    )
+    try:
+        for stream in (False, True):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await client.completions.create(
+                    model="ghost-model", prompt="hi", max_tokens=2, stream=stream
+                )
+            assert caught.value.status_code == 404
+            assert caught.value.body == {
+                "message": "The model `ghost-model` does not exist or you do not have access "
+                "to it.",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+    finally:
+        await client.close()
+
+
+async def test_403_not_404_for_an_unknown_model_outside_the_tenant(
+    http: httpx.AsyncClient,
+) -> None:
+    body = completion(model="ghost-model")
+    response = await http.post("/v1/completions", json=body, headers=auth("br-alice"))
+    assert_error(response, 403, "model_not_allowed")
+
+
+async def test_503_when_no_worker_serves_a_known_model(http: httpx.AsyncClient) -> None:
     for stream in (False, True):
-        body = completion(model="ghost-model", stream=stream)
+        body = completion(model=BRIDGE_SPARE_MODEL, stream=stream)
         response = await http.post("/v1/completions", json=body, headers=auth("br-any"))
         assert_error(response, 503, "no_worker")
 

@@ -15,10 +15,16 @@ TENANT = TenantConfig(
 )
 
 
+KNOWN_MODELS = {"tiny-llama", "other-model"}
+
+
 def planner(max_prompt_chars: int = 10_000) -> Planner:
     # Without a tokenizer the counter estimates bytes/4 (+1), which is enough here.
     return Planner(
-        PatternScreen.create(None, None), PromptCounter(None), max_prompt_chars=max_prompt_chars
+        PatternScreen.create(None, None),
+        PromptCounter(None),
+        max_prompt_chars=max_prompt_chars,
+        knows_model=KNOWN_MODELS.__contains__,
     )
 
 
@@ -62,6 +68,30 @@ def test_chat_plan_cleans_text_maps_roles_and_defaults() -> None:
 
 def test_completion_default_max_tokens_is_openais_16() -> None:
     assert planner().plan_completion(completion(), caller()).sampling.max_tokens == 16
+
+
+def test_unknown_model_is_404_for_a_tenant_that_may_use_any() -> None:
+    anyone = caller(TenantConfig(tenant_id="any", models=["*"]))
+    with pytest.raises(ApiError) as caught:
+        planner().plan_completion(completion(model="gpt-4o"), anyone)
+    assert status(caught) == (404, "model_not_found", "model")
+    assert caught.value.body()["error"] == {
+        "message": "The model `gpt-4o` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    assert planner().plan_completion(completion(model="other-model"), anyone).model == (
+        "other-model"  # known, served or not: the job answers for its workers
+    )
+
+
+def test_access_is_checked_before_existence() -> None:
+    # A tenant learns nothing of the models outside its own: unknown or not, 403.
+    for model in ("gpt-4o", "other-model"):
+        with pytest.raises(ApiError) as caught:
+            planner().plan_completion(completion(model=model), caller())
+        assert status(caught) == (403, "model_not_allowed", "model")
 
 
 def test_model_outside_the_tenant_is_403() -> None:

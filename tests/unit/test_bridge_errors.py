@@ -35,6 +35,30 @@ def test_quota_rejection_carries_retry_after_and_token_headers() -> None:
     assert error.headers["x-ratelimit-reset-tokens"] == "2.200s"
 
 
+def test_quota_rejection_names_the_limit_that_refused() -> None:
+    by_requests = ErrorInfo(
+        code="quota_exceeded",
+        message="m",
+        retry_after_s=41.25,
+        limit_kind="requests",
+        num_limit=3,
+        num_remaining=0,
+    )
+    headers = rejection(by_requests, tokens_per_minute=900).headers
+    assert headers == {
+        "Retry-After": "42",
+        "x-ratelimit-limit-requests": "3",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "41.250s",
+    }
+    by_tokens = by_requests.model_copy(
+        update={"limit_kind": "tokens", "num_limit": 120, "num_remaining": 20}
+    )
+    headers = rejection(by_tokens, tokens_per_minute=900).headers
+    assert headers["x-ratelimit-limit-tokens"] == "120"  # the job's limit, not the bridge's
+    assert headers["x-ratelimit-remaining-tokens"] == "20"
+
+
 def test_retry_after_is_at_least_one_second() -> None:
     assert (
         rate_limit_headers(kind="requests", limit=5, remaining=0, reset_s=0.01)["Retry-After"]

@@ -7,7 +7,7 @@ def test_every_completion_operation_documents_every_error_status_and_id_headers(
     spec = build_spec()
     for path in ("/v1/chat/completions", "/v1/completions"):
         responses = spec["paths"][path]["post"]["responses"]
-        assert set(responses) == {"200", "400", "401", "403", "413", "429", "503"}
+        assert set(responses) == {"200", "400", "401", "403", "404", "408", "413", "429", "503"}
         for response in responses.values():
             assert {"X-Session-ID", "X-Request-ID"} <= set(response["headers"])
         assert "Retry-After" in responses["429"]["headers"]

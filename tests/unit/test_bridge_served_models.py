@@ -14,3 +14,13 @@ def test_default_model_is_always_served_and_live_workers_add_theirs() -> None:
     served.observe(status("w1", "big-llama"), now=10.0)
     assert served.names(now=12.0) == ["big-llama", "tiny-llama"]
     assert served.names(now=13.0) == ["tiny-llama"]  # w1 went quiet
+
+
+def test_configured_served_and_default_models_exist_others_not() -> None:
+    served = ServedModels("tiny-llama", dead_after_s=3.0, configured=["spare-model"])
+    served.observe(status("w1", "big-llama"), now=0.0)
+    names = ("tiny-llama", "spare-model", "big-llama", "gpt-4o")
+    assert [served.knows(m, now=1.0) for m in names] == [True, True, True, False]
+    assert not served.knows("big-llama", now=10.0)  # its worker went quiet
+    assert served.knows("spare-model", now=10.0)  # configured: exists with no worker (503)
+    assert served.names(now=1.0) == ["big-llama", "tiny-llama"]  # only what is served

@@ -185,8 +185,26 @@ async def test_over_quota_is_refused_with_retry_after(
     chunk = recorder.chunks_on(reply_topic("small"))[-1]
     assert chunk.error is not None and chunk.error.code == "quota_exceeded"
     assert chunk.error.retry_after_s is not None and 59 < chunk.error.retry_after_s <= 60
+    assert (chunk.error.limit_kind, chunk.error.num_limit) == ("tokens", 40)
+    assert chunk.error.num_remaining == 4  # 36 of 40 held by r1 (30 + its prompt)
     usage = decode(UsageEvent, recorder.on(TOPICS.usage)[-1])
     assert usage.status == "rejected" and usage.tenant_id == "small"
+    loop.cancel()
+
+
+async def test_over_the_request_rate_is_refused_naming_requests(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path, default_rpm=2, default_priority_class=0)
+    dispatcher = dispatcher_for(settings, recorder)
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
+    loop = asyncio.create_task(dispatcher.run())
+    outcomes = [await (await admit(dispatcher, request(n, max_tokens=1))) for n in range(3)]
+    assert outcomes == [Outcome.FORWARDED, Outcome.FORWARDED, Outcome.REFUSED]
+    error = recorder.chunks_on(REPLIES)[-1].error
+    assert error is not None and error.code == "quota_exceeded"
+    assert (error.limit_kind, error.num_limit, error.num_remaining) == ("requests", 2, 0)
+    assert error.retry_after_s is not None and 59 < error.retry_after_s <= 60
     loop.cancel()
 
 
