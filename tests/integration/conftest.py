@@ -50,7 +50,21 @@ TENANTS: dict[str, dict[str, object]] = {
     "share-b": {"sharing_group": "docs"},
     # The bridge's request-rate refusal (x-ratelimit-*-requests).
     RPM_TENANT: {"rpm": RPM_TENANT_RPM},
+    # Producers with API keys of their own (bus_key): the raw producer, the trust tests.
+    "tenant-raw": {},
+    "trust-a": {},
+    "trust-b": {},
+    "trust-small": {"max_output_tokens": 16},
 }
+BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small")
+BUS_JWT_SECRET = "bus-test-hs256-secret-0123456789abcdef"
+
+
+def bus_key(tenant: str) -> str:
+    """The API key of one of ``BUS_KEYED``, as a producer puts it in its records."""
+    return f"sk-bus-{tenant}-0123456789abcdef"
+
+
 T = TypeVar("T")
 
 
@@ -71,7 +85,15 @@ def model_dir() -> Path:
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("tokenbus-home")
     tenants_file = home / "tenants.json"
-    tenants_file.write_text(json.dumps({"tenants": TENANTS}))
+    from tokenbus.tenants import hash_api_key
+
+    tenants = {
+        tenant: {**config, "api_key_sha256": [hash_api_key(bus_key(tenant))]}
+        if tenant in BUS_KEYED
+        else config
+        for tenant, config in TENANTS.items()
+    }
+    tenants_file.write_text(json.dumps({"tenants": tenants}))
     settings = Settings(
         home=home,
         kafka_port=free_port(),
@@ -81,6 +103,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         model_path=model_dir,
         tenants_file=tenants_file,
         client_timeout_s=60,
+        # The tests' clients hold the stack's service secret and name tenants freely.
+        allow_unlisted_tenants=True,
+        jwt_hs256_secret=BUS_JWT_SECRET,
     )
     stack = Stack(settings, on_progress=print)
     asyncio.run(stack.start())
@@ -198,7 +223,7 @@ def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
             "bridge_port": port,
             "tenants_file": tenants_file,
             "bridge_session_secret": BRIDGE_SESSION_SECRET,
-            "bridge_jwt_hs256_secret": BRIDGE_JWT_SECRET,
+            "jwt_hs256_secret": BRIDGE_JWT_SECRET,
             "bridge_models": [BRIDGE_SPARE_MODEL],  # known, and no worker serves it
             **overrides,
         }
@@ -240,6 +265,6 @@ def bridge(stack: Stack, bridge_rsa_key: Any) -> Iterator[BridgeProcess]:
     public_pem = bridge_rsa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    process = start_bridge(stack, bridge_jwt_rs256_public_key=public_pem.decode())
+    process = start_bridge(stack, jwt_rs256_public_key=public_pem.decode())
     yield process
     process.stop()

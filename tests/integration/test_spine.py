@@ -20,7 +20,7 @@ from schemas import (
     decode,
     encode,
 )
-from tests.integration.conftest import QUOTA_TENANT, eventually, rows_by
+from tests.integration.conftest import QUOTA_TENANT, bus_key, eventually, rows_by
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer, make_producer
@@ -154,7 +154,7 @@ async def test_malformed_requests_go_to_the_dead_letter_topic_and_serving_goes_o
     reasons = [letter.reason for letter in sorted(letters, key=lambda letter: letter.offset)]
     assert reasons[0].startswith("not JSON")
     assert "unknown schema_version 99" in reasons[1]
-    assert "session_id" in reasons[2] and "Field required" in reasons[2]
+    assert "model" in reasons[2] and "Field required" in reasons[2]
     assert all(letter.source_topic == topics.requests(1) for letter in letters)
 
     # The job goes on serving after the bad messages.
@@ -167,8 +167,10 @@ async def test_malformed_requests_go_to_the_dead_letter_topic_and_serving_goes_o
 
 
 async def test_request_produced_by_another_program_is_served(settings: Settings) -> None:
-    """Any program may produce to the request topics; here a raw aiokafka producer does."""
-    async with TokenbusClient(settings) as client:
+    """Any program may produce to the request topics; here a raw aiokafka producer does,
+    with its tenant's API key in the record's authorization header."""
+    key = bus_key("tenant-raw")
+    async with TokenbusClient(settings, tenant_id="tenant-raw", credential=key) as client:
         request = InferenceRequest(
             request_id=new_request_id(),
             session_id=new_session_id(),
@@ -179,12 +181,15 @@ async def test_request_produced_by_another_program_is_served(settings: Settings)
             sampling=SamplingParams(max_tokens=6, ignore_eos=True),
             reply_to=client.reply_topic,
         )
-        client.watch(request.request_id)
+        client.watch(request.request_id, "tenant-raw")
         producer = make_producer(settings)
         await producer.start()
         try:
             await producer.send_and_wait(
-                Topics(settings.topic_prefix).requests(0), encode(request), key=b"tenant-raw"
+                Topics(settings.topic_prefix).requests(0),
+                encode(request),
+                key=b"tenant-raw",
+                headers=[("authorization", f"Bearer {key}".encode())],
             )
         finally:
             await producer.stop()
