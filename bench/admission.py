@@ -4,7 +4,10 @@
 
 A broker and the real Faust job (``python -m stream_jobs``), and pretend workers that
 only send heartbeats. The benchmark produces a burst of InferenceRequests as fast as it
-can and counts what the job forwards to the pretend workers' topics. Per core means
+can and counts what the job forwards to the pretend workers' topics. Each record is
+produced as a tokenbus service produces it: keyed by its tenant, with a service token
+(one per tenant, minted before the clock starts, as the bridge reuses its tokens) in
+its ``authorization`` header, naming the benchmark's own reply topic. Per core means
 requests divided by the CPU seconds the job's process spent (all its threads), so the
 figure does not depend on what else the shared machine is doing; wall-clock rate is
 reported beside it.
@@ -18,6 +21,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +44,53 @@ from bench.services import Services
 from bench.stats import summarize
 from bench.workload import prompt, tenant
 from schemas import InferenceRequest, SamplingParams, encode
+from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
 
 GOAL_PER_CORE = 5_000
-REPLY_TOPIC = "bench.admission.replies"
+Headers = list[tuple[str, bytes]]
+
+
+def reply_topic(settings: Settings) -> str:
+    """The benchmark's reply topic (rejections, duplicates): a reply topic of the stack's,
+    which the service tokens below name as theirs."""
+    return Topics(settings.topic_prefix).replies("bench-admission")
+
+
+class Credentials:
+    """The ``authorization`` header of each tenant's records: a service token under the
+    stack's secret, owning the benchmark's reply topic (see ``tokenbus.auth``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from tokenbus.auth import ServiceTokens  # PyJWT: the stream environment only
+
+        assert settings.bus_service_secret, "bench_settings gives every stack a secret"
+        self._tokens = ServiceTokens(settings.bus_service_secret, ttl_s=3600)
+        self._reply_topic = reply_topic(settings)
+        self._headers: dict[str, Headers] = {}
+
+    def headers(self, tenant_id: str) -> Headers:
+        headers = self._headers.get(tenant_id)
+        if headers is None:
+            token = self._tokens.token(tenant_id, self._reply_topic)
+            headers = self._headers[tenant_id] = [("authorization", f"Bearer {token}".encode())]
+        return headers
 
 
 def build_requests(
-    num_requests: int, num_tenants: int, prompt_tokens: int, model: str
-) -> list[tuple[str, bytes]]:
-    """(tenant, encoded request) pairs, built before the clock starts."""
+    num_requests: int,
+    num_tenants: int,
+    prompt_tokens: int,
+    model: str,
+    reply_to: str,
+    credentials: Credentials,
+) -> list[tuple[str, bytes, Headers]]:
+    """(tenant, encoded request, headers), built before the clock starts. Ids are unique
+    within a run, and each run has a stack of its own (the job runs each (tenant,
+    request id) once)."""
     text = prompt(0, 0, prompt_tokens)
-    out: list[tuple[str, bytes]] = []
+    out: list[tuple[str, bytes, Headers]] = []
     for i in range(num_requests):
         tenant_id = tenant(i % num_tenants)
         request = InferenceRequest(
@@ -62,9 +100,10 @@ def build_requests(
             model=model,
             prompt=text,
             sampling=SamplingParams(max_tokens=64, ignore_eos=True),
-            reply_to=REPLY_TOPIC,
+            reply_to=reply_to,
+            created_at=datetime.now(UTC),  # what trace_admission measures from
         )
-        out.append((tenant_id, encode(request)))
+        out.append((tenant_id, encode(request), credentials.headers(tenant_id)))
     return out
 
 
@@ -82,21 +121,30 @@ async def run_admission(
 ) -> dict[str, Any]:
     settings = bench_settings(**(overrides or {}))
     topics = Topics(settings.topic_prefix)
+    replies = reply_topic(settings)
+    credentials = Credentials(settings)
     workers = pretend_ids(num_workers)
     services = Services(settings)
     producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
     counter = ForwardCounter(settings, workers)
     beats: asyncio.Task[None] | None = None
     try:
-        await services.start_broker({REPLY_TOPIC: 1, **{topics.worker(w): 1 for w in workers}})
+        await services.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
         await services.start_job(prototypes)
         await counter.start()
-        await _probe(settings, producer, counter)
-        latency_ms = await _idle_latency(settings, producer, counter, num_latency_probes)
+        await _probe(settings, producer, counter, credentials)
+        latency_ms = await _idle_latency(
+            settings, producer, counter, credentials, num_latency_probes
+        )
         payload = build_requests(
-            num_requests, num_tenants, prompt_tokens, settings.served_model_name
+            num_requests,
+            num_tenants,
+            prompt_tokens,
+            settings.served_model_name,
+            replies,
+            credentials,
         )
         base = counter.num_forwarded
         meter = CpuMeter(
@@ -106,8 +154,8 @@ async def run_admission(
         meter.start()
         started = time.perf_counter()
         sends = [
-            await producer.send(topics.requests(1), value, key=tenant_id.encode())
-            for tenant_id, value in payload
+            await producer.send(topics.requests(1), value, key=tenant_id.encode(), headers=headers)
+            for tenant_id, value, headers in payload
         ]
         await asyncio.gather(*sends)
         produced_s = time.perf_counter() - started
@@ -135,7 +183,10 @@ async def run_admission(
         "num_tenants": num_tenants,
         "num_workers": num_workers,
         "prompt_tokens": prompt_tokens,
-        "request_bytes": round(sum(len(v) for _, v in payload) / len(payload)),
+        "request_bytes": round(sum(len(v) for _, v, _ in payload) / len(payload)),
+        "header_bytes": round(
+            sum(len(k) + len(v) for _, _, hs in payload for k, v in hs) / len(payload)
+        ),
         "by_worker": dict(counter.by_worker),
         "produce_s": round(produced_s, 3),
         "wall_s": round(wall_s, 3),
@@ -150,7 +201,11 @@ async def run_admission(
 
 
 async def _idle_latency(
-    settings: Any, producer: Any, counter: ForwardCounter, num_probes: int
+    settings: Any,
+    producer: Any,
+    counter: ForwardCounter,
+    credentials: Credentials,
+    num_probes: int,
 ) -> dict[str, float]:
     """One request at a time: produce --> job --> pretend worker's topic, at idle.
 
@@ -159,18 +214,23 @@ async def _idle_latency(
     topics = Topics(settings.topic_prefix)
     samples: list[float] = []
     for i in range(num_probes):
+        tenant_id = tenant(i % 10)
         request = InferenceRequest(
             request_id=f"req_latency{i:06d}",
             session_id="sess_latency",
-            tenant_id=tenant(i % 10),
+            tenant_id=tenant_id,
             model=settings.served_model_name,
             prompt=prompt(0, i),
-            reply_to=REPLY_TOPIC,
+            reply_to=reply_topic(settings),
+            created_at=datetime.now(UTC),
         )
+        value, headers = encode(request), credentials.headers(tenant_id)
         arrival = asyncio.ensure_future(counter.next_arrival(timeout_s=10))
         await asyncio.sleep(0)  # the waiter is armed before the request leaves
         started = time.perf_counter()
-        await producer.send_and_wait(topics.requests(1), encode(request), key=b"bench")
+        await producer.send_and_wait(
+            topics.requests(1), value, key=tenant_id.encode(), headers=headers
+        )
         samples.append(await arrival - started)
         await asyncio.sleep(0.02)
     return summarize(samples, 1000)
@@ -184,23 +244,36 @@ def _traces(services: Services) -> list[dict[str, Any]]:
 
 
 async def _probe(
-    settings: Any, producer: Any, counter: ForwardCounter, timeout_s: float = 60
+    settings: Any,
+    producer: Any,
+    counter: ForwardCounter,
+    credentials: Credentials,
+    timeout_s: float = 60,
 ) -> None:
-    """Waits until the job has seen a heartbeat and forwards: a probe request arrives."""
+    """Waits until the job has seen a heartbeat and forwards: a probe request arrives.
+
+    Each probe has an id of its own: the job runs a (tenant, request id) once, so a
+    probe it refused (no worker yet) would only be answered as a duplicate."""
     topics = Topics(settings.topic_prefix)
     deadline = time.monotonic() + timeout_s
-    probe = InferenceRequest(
-        request_id="req_probe",
-        session_id="sess_probe",
-        tenant_id="bench-probe",
-        model=settings.served_model_name,
-        prompt="probe",
-        reply_to=REPLY_TOPIC,
-    )
+    attempt = 0
     while counter.num_forwarded == 0:
         if time.monotonic() > deadline:
             raise TimeoutError("the job forwarded nothing to the pretend workers")
-        await producer.send_and_wait(topics.requests(1), encode(probe), key=b"bench-probe")
+        probe = InferenceRequest(
+            request_id=f"req_probe{attempt:04d}",
+            tenant_id="bench-probe",
+            model=settings.served_model_name,
+            prompt="probe",
+            reply_to=reply_topic(settings),
+        )
+        attempt += 1
+        await producer.send_and_wait(
+            topics.requests(1),
+            encode(probe),
+            key=b"bench-probe",
+            headers=credentials.headers("bench-probe"),
+        )
         await counter.wait_for(1, timeout_s=1.0)
 
 

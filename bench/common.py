@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import signal
 import socket
 import tempfile
@@ -65,12 +66,19 @@ def model_dir() -> Path:
 
 
 def bench_settings(home: Path | None = None, **overrides: Any) -> Settings:
-    """A private stack: its own home, broker port and query port, and no quota limits."""
+    """A private stack: its own home, broker port and query port, and no quota limits.
+
+    It has a service secret of its own, which every service the benchmark starts (the
+    job, the bridge) and its ``TokenbusClient``s share, so the client mints service
+    tokens for the tenants it names; and since benchmarks name many tenants that no
+    tenants file lists, unlisted tenants are served (on the unlimited defaults)."""
     fields: dict[str, Any] = {
         "home": home or Path(tempfile.mkdtemp(prefix="tokenbus-bench-")),
         "default_tpm": UNLIMITED_TPM,
         "default_rpm": UNLIMITED_TPM,
         "client_timeout_s": 60,
+        "bus_service_secret": secrets.token_urlsafe(32),
+        "allow_unlisted_tenants": True,
     }
     # Every listening port a service has (broker, billing queries, bridge, ...): free
     # ones, so a benchmark never meets another engineer's stack on the defaults.

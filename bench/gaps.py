@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.consumer import fetcher
 
 from bench.common import bench_settings, exit_on_sigterm, make_console, print_table, progress
 from bench.report import uptime_load, write_result
@@ -80,7 +81,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         settings = bench_settings(kafka_gap_settle_s=settle_s)
         # Off means aiokafka as it ships: remove a check an earlier run installed.
         if settle_s == 0 and "original" in gaps._installed:
-            gaps.fetcher.PartitionRecords._unpack_records = gaps._installed.pop("original")
+            fetcher.PartitionRecords._unpack_records = gaps._installed.pop("original")
             gaps._installed.clear()
         async with broker_only(settings):
             with progress(make_console()) as bar:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,8 @@ def pipelined_dispatch() -> None:
     from stream_jobs import dispatcher
 
     cls: Any = dispatcher.Dispatcher
-    for name in ("_queue", "_waiting", "_has_room", "_dispatch", "_update_tier", "_wake"):
+    names = ("_queue", "_waiting", "_registry", "_has_room", "_dispatch", "_recover_from")
+    for name in (*names, "_update_tier", "_wake"):
         if name not in cls.__init__.__code__.co_names and not hasattr(cls, name):
             raise RuntimeError(f"prototype pipelined_dispatch: Dispatcher has no {name}")
 
@@ -53,11 +55,14 @@ def pipelined_dispatch() -> None:
             except TimeoutError:
                 pass
             self._wake.clear()
+            for run in self._registry.reap(time.monotonic()):
+                self._recover_from(run)
             while (priority := self._queue.peek_priority()) is not None:
                 if not self._has_room(priority):
                     break
                 waiting = self._queue.pop(priority)
-                self._waiting.pop(waiting.request.request_id, None)
+                # Waiting requests are keyed by (tenant, request id): ids are per tenant.
+                self._waiting.pop((waiting.request.tenant_id, waiting.request.request_id), None)
                 task = asyncio.create_task(forward(waiting))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
@@ -76,8 +81,11 @@ def client_batched_reads() -> None:
 
     cls: Any = client_module.TokenbusClient
 
+    # Streams are keyed by (tenant, request id), as ``watch`` and the real client key them:
+    # request ids are unique only within a tenant.
     async def stream(self: Any, request: Any) -> Any:
-        queue = self._streams.setdefault(request.request_id, asyncio.Queue())
+        key = (request.tenant_id, request.request_id)
+        queue = self._streams.setdefault(key, asyncio.Queue())
         expected = 0
         try:
             while True:
@@ -95,7 +103,8 @@ def client_batched_reads() -> None:
                 if chunk.is_last:
                     return
         finally:
-            self._streams.pop(request.request_id, None)
+            self._streams.pop(key, None)
+            self._created.pop(key, None)
 
     async def read_replies(self: Any) -> None:
         while True:
@@ -107,7 +116,7 @@ def client_batched_reads() -> None:
                     except SchemaError:
                         continue  # the real client dead-letters it; not on the bench path
                     for chunk in batch.chunks:
-                        queue = self._streams.get(chunk.request_id)
+                        queue = self._streams.get((batch.tenant_id, chunk.request_id))
                         if queue is not None:
                             queue.put_nowait(chunk)
 

@@ -4,10 +4,10 @@
 
 The real worker loop (``workers.worker.Worker``) on a pretend engine that emits one
 delta per request per engine step (``bench.fake_engine``), a broker, and the real
-``TokenbusClient`` reading its reply topic. Requests go straight to the worker's topic:
-admission is measured by ``bench.admission``. Per core means tokens divided by the CPU
-seconds of the worker process (minus what the pretend engine itself costs, measured
-alone), the broker, and this client process.
+``TokenbusClient`` reading its reply topic. Requests go straight to the worker's topic,
+as the ``WorkItem``s the job would forward (admission is measured by ``bench.admission``).
+Per core means tokens divided by the CPU seconds of the worker process (minus what the
+pretend engine itself costs, measured alone), the broker, and this client process.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from bench.report import RESULTS_DIR, uptime_load, write_result
 from bench.services import Services
 from bench.workload import prompt, tenant
 from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams, encode
+from schemas import InferenceRequest, SamplingParams, WorkItem, encode
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
 from workers.interface import GenerateParams
@@ -109,6 +110,10 @@ async def run_relay(
             nonlocal num_tokens, num_chunks, num_gaps
             for i in next_index:
                 tenant_id = tenant(i % num_tenants)
+                worker_id = worker_ids[i % num_workers]
+                now = datetime.now(UTC)
+                # The producer's request (what the client streams), and the WorkItem the
+                # job would make of it and forward: what the worker decodes.
                 request = InferenceRequest(
                     request_id=f"req_relay{i:09d}",
                     session_id=f"sess_relay{i:09d}",
@@ -117,10 +122,26 @@ async def run_relay(
                     prompt=text,
                     sampling=sampling,
                     reply_to=client.reply_topic,
+                    created_at=now,
                 )
-                client.watch(request.request_id)
-                worker_topic = topics.worker(worker_ids[i % num_workers])
-                await producer.send_and_wait(worker_topic, encode(request), key=tenant_id.encode())
+                item = WorkItem(
+                    request_id=request.request_id,
+                    session_id=f"sess_relay{i:09d}",
+                    tenant_id=tenant_id,
+                    model=request.model,
+                    prompt=text,
+                    sampling=sampling,
+                    reply_to=client.reply_topic,
+                    created_at=now,
+                    admitted_at=now,
+                    cache_salt=tenant_id,
+                    worker_id=worker_id,
+                    dispatched_at=now,
+                )
+                client.watch(request.request_id, tenant_id)
+                await producer.send_and_wait(
+                    topics.worker(worker_id), encode(item), key=tenant_id.encode()
+                )
                 expected_seq = 0
                 async for chunk in client.stream(request):
                     num_gaps += chunk.seq != expected_seq
