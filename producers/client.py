@@ -88,9 +88,11 @@ class TokenbusClient:
         self._topics = Topics(settings.topic_prefix)
         self.client_id = client_id or ulid().lower()
         self.tenant_id = tenant_id
-        if credential is None and settings.bus_service_secret:
-            # A tool of tokenbus's own (the local stack, tests, benchmarks) holds the
-            # service secret, and vouches for the tenants it names.
+        self._service = credential is None and bool(settings.bus_service_secret)
+        if self._service:
+            # A service of tokenbus's own (the bridge, the local stack, tests, benchmarks)
+            # holds the service secret, and vouches for the tenants it names.
+            assert settings.bus_service_secret is not None
             credential = _service_credential(settings.bus_service_secret)
         self.credential = credential
         self.reply_topic = self._topics.replies(
@@ -203,12 +205,17 @@ class TokenbusClient:
         assert self._producer is not None, "call start() first"
         tenant = _tenant_of(request)
         cancel = CancelRequest(request_id=request.request_id, tenant_id=tenant, reason=reason)
-        await self._producer.send_and_wait(
-            self._topics.cancels,
-            encode(cancel),
-            key=tenant.encode(),
-            headers=self.headers(tenant),
-        )
+        value, key, headers = encode(cancel), tenant.encode(), self.headers(tenant)
+        topics = [self._topics.cancels]
+        if self._service:
+            # A tokenbus service (the bridge) vouches for its cancels: the workers hear
+            # them at once, rather than one job hop later. The job still gets one, to
+            # drop the request if it waits there.
+            topics.append(self._topics.aborts)
+        sent = [
+            await self._producer.send(topic, value, key=key, headers=headers) for topic in topics
+        ]
+        await asyncio.gather(*sent)
 
     def watch(self, request_id: str, tenant_id: str) -> None:
         """Collects chunks of ``tenant_id``'s request sent to this client's reply topic.

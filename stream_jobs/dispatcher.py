@@ -685,8 +685,8 @@ class Dispatcher:
     ) -> None:
         """A producer's cancel, checked like its requests: its credential must be the
         tenant's, and ``reassigned`` is the job's own word. A good one drops the request
-        if it waits here, and goes on to the workers on the aborts topic, which only the
-        job writes; a bad one goes to the dead-letter topic."""
+        if it waits here, and goes on to the workers on the aborts topic, which only
+        tokenbus's services write; a bad one goes to the dead-letter topic."""
         where = (topic, partition, offset, key, value)
         try:
             cancel = decode(CancelRequest, value)

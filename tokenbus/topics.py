@@ -38,8 +38,8 @@ class Topics:
 
     @property
     def aborts(self) -> str:
-        """CancelRequests the job checked (and its own ``reassigned``), keyed by tenant;
-        only the job writes it, every worker reads it."""
+        """CancelRequests the job checked (and its own ``reassigned``), and the bridges'
+        own, keyed by tenant: only tokenbus's services write it, every worker reads it."""
         return f"{self.prefix}.aborts"
 
     @property

@@ -5,7 +5,7 @@
 # one engine step --> one TokenChunkBatch per (reply_to topic, tenant), keyed by tenant
 # end of request --> exactly one UsageEvent on the usage topic
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
-# aborts topic (every partition, no group): cancels the job checked --> CancelBook --> Engine.abort
+# aborts topic (every partition, no group): checked cancels --> CancelBook --> Engine.abort
 
 Delivery: the dispatcher, not this consumer's offsets, owns every request until its
 UsageEvent arrives. Each run of a worker has its own incarnation id, sent in every
@@ -25,7 +25,8 @@ cancel for each such attempt, and this run drops it without a word more: no chun
 UsageEvent. Its later heartbeats make it live again, for new work.
 
 Cancels: producers' cancels reach the job, which checks their credential; it passes
-the good ones, and its own ``reassigned``, to the aborts topic, which only it writes.
+the good ones, and its own ``reassigned``, to the aborts topic, which only tokenbus's
+services write (the bridges put their own cancels there at once).
 Every worker reads every abort, from the end and with no group, and commits nothing:
 an abort is advice. A cancelled request still ends the normal way (its last
 chunk with finish_reason ``abort``, then one UsageEvent with status ``cancelled`` and
