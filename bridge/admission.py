@@ -19,8 +19,8 @@ from bridge.errors import (
     too_large,
 )
 from bridge.hygiene import PatternScreen, clean_text
-from bridge.prompt_tokens import PromptCounter
 from schemas import ChatMessage, SamplingParams
+from tokenbus.prompt_tokens import PromptCounter
 
 CHAT_DEFAULT_MAX_TOKENS = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

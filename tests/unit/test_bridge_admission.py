@@ -7,7 +7,7 @@ from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.auth import Caller
 from bridge.errors import ApiError
 from bridge.hygiene import INJECTION_FLAG, PatternScreen
-from bridge.prompt_tokens import PromptCounter
+from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.tenants import TenantConfig
 
 TENANT = TenantConfig(
