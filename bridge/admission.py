@@ -1,12 +1,14 @@
 """An OpenAI request body + its caller --> what goes on the bus, or the reason it can't.
 
 Pure: no I/O. The checks run in the order a client can act on: model access (403),
-prompt size in characters, then in tokens (413), content screening (flag or 400),
+prompt size in characters, then in tokens (413), content screening of a normalized copy
+(flag or 400; the prompt itself goes on as sent, see ``bridge.hygiene``),
 output length (capped to the tenant's limit, flagged), the token's quota balance (429).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.api_types import ChatCompletionRequest, CompletionRequest
@@ -18,7 +20,7 @@ from bridge.errors import (
     rate_limited,
     too_large,
 )
-from bridge.hygiene import PatternScreen, clean_text
+from bridge.hygiene import PatternScreen, pass_text, rewrite_text
 from schemas import ChatMessage, SamplingParams
 from tokenbus.prompt_tokens import PromptCounter
 
@@ -50,9 +52,10 @@ class Planner:
 
     def plan_chat(self, body: ChatCompletionRequest, caller: Caller) -> Plan:
         _check_model(body.model, caller)
+        prepare = _prepare(caller)
         messages = [
             ChatMessage(
-                role="system" if m.role == "developer" else m.role, content=clean_text(m.text())
+                role="system" if m.role == "developer" else m.role, content=prepare(m.text())
             )
             for m in body.messages
         ]
@@ -77,7 +80,7 @@ class Planner:
 
     def plan_completion(self, body: CompletionRequest, caller: Caller) -> Plan:
         _check_model(body.model, caller)
-        prompt = clean_text(body.prompt_text())
+        prompt = _prepare(caller)(body.prompt_text())
         self._check_chars([prompt], "prompt")
         num_prompt = self._counter.count_prompt(prompt)
         flags = self._screen_texts([prompt], caller, "prompt")
@@ -115,6 +118,11 @@ class Planner:
                 code="content_blocked",
             )
         return [f.flag for f in findings]
+
+
+def _prepare(caller: Caller) -> Callable[[str], str]:
+    """The text the engine gets: as sent, unless the tenant asked for it rewritten."""
+    return rewrite_text if caller.tenant.rewrite_prompts else pass_text
 
 
 def _check_model(model: str, caller: Caller) -> None:
