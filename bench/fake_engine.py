@@ -68,8 +68,9 @@ class FakeEngine:
             self._tick = asyncio.get_running_loop().create_future()
         await self._tick
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return [TOKEN_ID] * max(1, round(len(text) / CHARS_PER_TOKEN))
 
     def tokenize(self, prompt: str) -> list[int]:
         return [ord(c) % 32_000 for c in prompt]

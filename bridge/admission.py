@@ -3,8 +3,9 @@
 Pure: no I/O. The checks run in the order a client can act on: model access (403),
 then whether the model exists (404; after access, so that a tenant learns nothing of
 the models it may not use), prompt size in characters, then in tokens (413), content
-screening (flag or 400), output length (capped to the tenant's limit, flagged), the
-token's quota balance (429).
+screening of a normalized copy (flag or 400; the prompt itself goes on as sent, see
+``bridge.hygiene``), output length (capped to the tenant's limit, flagged), the token's
+quota balance (429).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from bridge.errors import (
     rate_limited,
     too_large,
 )
-from bridge.hygiene import PatternScreen, clean_text
-from bridge.prompt_tokens import PromptCounter
+from bridge.hygiene import PatternScreen, pass_text, rewrite_text
 from schemas import ChatMessage, SamplingParams
+from tokenbus.prompt_tokens import PromptCounter
 
 CHAT_DEFAULT_MAX_TOKENS = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -60,9 +61,10 @@ class Planner:
 
     def plan_chat(self, body: ChatCompletionRequest, caller: Caller) -> Plan:
         self._check_model(body.model, caller)
+        prepare = _prepare(caller)
         messages = [
             ChatMessage(
-                role="system" if m.role == "developer" else m.role, content=clean_text(m.text())
+                role="system" if m.role == "developer" else m.role, content=prepare(m.text())
             )
             for m in body.messages
         ]
@@ -87,7 +89,7 @@ class Planner:
 
     def plan_completion(self, body: CompletionRequest, caller: Caller) -> Plan:
         self._check_model(body.model, caller)
-        prompt = clean_text(body.prompt_text())
+        prompt = _prepare(caller)(body.prompt_text())
         self._check_chars([prompt], "prompt")
         num_prompt = self._counter.count_prompt(prompt)
         flags = self._screen_texts([prompt], caller, "prompt")
@@ -131,6 +133,11 @@ class Planner:
                 code="content_blocked",
             )
         return [f.flag for f in findings]
+
+
+def _prepare(caller: Caller) -> Callable[[str], str]:
+    """The text the engine gets: as sent, unless the tenant asked for it rewritten."""
+    return rewrite_text if caller.tenant.rewrite_prompts else pass_text
 
 
 def _sampling(

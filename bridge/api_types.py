@@ -39,9 +39,11 @@ class ChatMessageIn(_Body):
     name: Annotated[str, Field(max_length=64)] | None = None
 
     def text(self) -> str:
+        # Text parts are joined by newlines, as vLLM's server does for templates that
+        # take a message's content as one string.
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)
 
 
 class StreamOptions(_Body):

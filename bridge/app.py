@@ -31,7 +31,6 @@ from bridge.gateway import Bus, ClientGone, Gateway, ids_of
 from bridge.hygiene import PatternScreen
 from bridge.metrics import CONTENT_TYPE_LATEST, BridgeMetrics
 from bridge.openapi import build_spec
-from bridge.prompt_tokens import PromptCounter
 from bridge.served_models import ServedModels
 from bridge.sessions import SessionIssuer
 from bridge.throttle import KeyThrottle
@@ -41,6 +40,7 @@ from tokenbus.auth import ServiceTokens
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer
+from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,15 @@
-"""Input hygiene: normalize text, strip control characters, screen for risky patterns.
+"""Input hygiene: screen a normalized copy for risky patterns, pass the original on.
 
-Pure functions and one small class; the handlers apply them to every prompt and chat
-message before anything is tokenized or produced.
+Pure functions and one small class. The engine gets the client's text as sent, as vLLM's
+own server would give it, save what is unsafe to pass on at all (``pass_text``: NUL,
+and lone surrogates, which UTF-8 cannot carry). A tenant may choose to have its text
+rewritten (``rewrite_text``, the tenant setting ``rewrite_prompts``).
 
-NFKC folds look-alike characters (full-width letters, ligatures) into plain ones, so
-the screen sees "ignore" however it was typed. Control (Cc, except tab and newlines),
-format (Cf: zero-width and bidi overrides, used to hide text) and surrogate (Cs, which
-cannot even be encoded as UTF-8) characters are removed.
+The screen never sees the text as sent, but a copy (``screen_copy``): NFKC folds
+look-alikes (full-width letters, ligatures) into plain ones, case is folded, and
+invisible characters (control, format such as zero-width and bidi overrides, and the
+Hangul fillers) are removed, so the screen reads "ignore" however it was typed: in
+full-width letters, in mixed case, or with zero-width spaces between its letters.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 
 KEPT_CONTROLS = frozenset("\t\n\r")
 DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs"})
+INVISIBLE = frozenset("\u034f\u115f\u1160\u3164\uffa0")
+"""Not format characters, yet shown as nothing: combining grapheme joiner, Hangul fillers."""
 
 INJECTION_FLAG = "injection_suspected"
 SENSITIVE_FLAG = "sensitive_data_suspected"
@@ -40,12 +45,32 @@ DEFAULT_SENSITIVE_PATTERNS = (
 )
 
 
-def clean_text(text: str) -> str:
+def pass_text(text: str) -> str:
+    """The text as sent, less NUL and lone surrogates (which cannot even be encoded)."""
+    if text.isascii():
+        return text.replace("\x00", "")
+    return "".join(ch for ch in text if ch != "\x00" and not "\ud800" <= ch <= "\udfff")
+
+
+def rewrite_text(text: str) -> str:
+    """For tenants who opt in: NFKC, and control (but tab and newlines), format and
+    surrogate characters removed. This changes what the model sees."""
     normalized = unicodedata.normalize("NFKC", text)
     return "".join(
         ch
         for ch in normalized
         if ch in KEPT_CONTROLS or unicodedata.category(ch) not in DROPPED_CATEGORIES
+    )
+
+
+def screen_copy(text: str) -> str:
+    """What the screen reads: NFKC, case-folded, invisible characters removed."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return "".join(
+        ch
+        for ch in folded
+        if ch in KEPT_CONTROLS
+        or (unicodedata.category(ch) not in DROPPED_CATEGORIES and ch not in INVISIBLE)
     )
 
 
@@ -56,7 +81,8 @@ class Finding:
 
 
 class PatternScreen:
-    """Case-insensitive regexes; each match becomes a flag on the request."""
+    """Case-insensitive regexes, matched against each text's ``screen_copy``; each
+    match becomes a flag on the request."""
 
     def __init__(self, injection: Iterable[str], sensitive: Iterable[str]) -> None:
         self._rules = [(INJECTION_FLAG, re.compile(p, re.IGNORECASE)) for p in injection] + [
@@ -76,6 +102,7 @@ class PatternScreen:
         """At most one finding per flag: the first pattern that matched it."""
         found: dict[str, Finding] = {}
         for text in texts:
+            text = screen_copy(text)
             for flag, regex in self._rules:
                 if flag not in found and regex.search(text):
                     found[flag] = Finding(flag, regex.pattern)

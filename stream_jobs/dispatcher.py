@@ -938,7 +938,8 @@ class Dispatcher:
         self.metrics.num_in_flight = len(self._in_flight)
         self.metrics.capacity = capacity
         if tier is not self._tier:
-            log.warning("overload tier %d -> %d at demand %.0f%%", self._tier, tier, demand * 100)
+            shown = "unknown" if demand is None else f"{demand:.0%}"
+            log.warning("overload tier %d -> %d at demand %s", self._tier, tier, shown)
             self._tier = tier
             self.metrics.tier = int(tier)
             self.metrics.num_tier_changes += 1

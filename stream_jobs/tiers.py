@@ -9,6 +9,10 @@ fleet's capacity (the sum of the live workers' ``max_num_seqs``).
 
 A tier is released only once demand is a margin below its threshold, so a load that
 hovers at a boundary does not flap. Pure: the caller recomputes on every change.
+
+Unknown capacity is not overload: before the first heartbeat, or with every worker
+lost, demand is unknown (``None``) and the tier is normal. Requests then wait for a
+worker or get ``no_worker``; none is shed or capped on a guess.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ class TierPolicy:
     release_margin: float = 0.05
     capped_max_tokens: int = 256
 
-    def next_tier(self, current: Tier, demand: float) -> Tier:
+    def next_tier(self, current: Tier, demand: float | None) -> Tier:
+        if demand is None:
+            return Tier.NORMAL
         margin = self.release_margin
         if demand > self.shed_above or (current is Tier.SHED and demand > self.shed_above - margin):
             return Tier.SHED
@@ -56,7 +62,8 @@ def apply_tier(policy: TierPolicy, tier: Tier, priority: int, max_tokens: int) -
     return TierAction()
 
 
-def demand_ratio(num_busy: int, num_waiting: int, capacity: int) -> float:
+def demand_ratio(num_busy: int, num_waiting: int, capacity: int) -> float | None:
+    """Demand over capacity; ``None`` when no live worker says what the capacity is."""
     if capacity <= 0:
-        return 0.0 if num_busy + num_waiting == 0 else float("inf")
+        return None
     return (num_busy + num_waiting) / capacity

@@ -49,6 +49,10 @@ class TenantConfig(BaseModel):
     sharing_group: str | None = None
     """Tenants in one group may share prefix-cache entries; others never do."""
     injection_policy: Literal["flag", "block"] = "flag"
+    """What the bridge does when its screen flags a prompt: flag it, or refuse it."""
+    rewrite_prompts: bool = False
+    """The bridge NFKC-normalizes this tenant's prompts and strips control and format
+    characters before the model sees them. Off: the model gets the text as sent."""
 
     def may_use(self, model: str) -> bool:
         return "*" in self.models or model in self.models

@@ -55,11 +55,14 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Loads the model; returns when the engine accepts requests."""
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Chat messages -> prompt text, with the model's chat template."""
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat messages -> the prompt token ids vLLM's own OpenAI server gives the engine
+        for them: the model's chat template with a generation prompt, and no special
+        tokens added on top of what the template writes."""
 
     def tokenize(self, prompt: str) -> list[int]:
-        """Prompt text -> the token ids the engine itself would make of it."""
+        """Prompt text -> the token ids the engine itself makes of it, special tokens
+        included (the rule of vLLM's /v1/completions)."""
 
     def generate(
         self,

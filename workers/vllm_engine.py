@@ -17,8 +17,10 @@ from pathlib import Path
 from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.inputs import TextPrompt, TokensPrompt
 from vllm.sampling_params import RequestOutputKind
+from vllm.utils.mistral import is_mistral_tokenizer
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
@@ -140,19 +142,32 @@ class VllmEngine:
             renice_children(self._engine_nice)
         self._recorder = recorders[0]
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        tokenizer = self._engine().get_tokenizer()
-        rendered = tokenizer.apply_chat_template(
-            messages,  # type: ignore[arg-type]
-            tokenize=False,
-            add_generation_prompt=True,
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        # What vLLM's OpenAI server does for /v1/chat/completions (OnlineRenderer's
+        # preprocess_chat), with its own request defaults: the model's chat template with
+        # add_generation_prompt, and no special tokens on top of what the template writes.
+        llm = self._engine()
+        request = ChatCompletionRequest(
+            model=self.model_name,
+            messages=messages,  # type: ignore[arg-type]
         )
-        assert isinstance(rendered, str)
-        return rendered
+        tokenize = is_mistral_tokenizer(llm.renderer.tokenizer) or bool(
+            llm.model_config.enable_prompt_embeds
+        )
+        chat_params = request.build_chat_params(None, "auto").with_defaults(
+            {"tools": None, "tokenize": tokenize}
+        )
+        tok_params = request.build_tok_params(llm.model_config)
+        _, (engine_input,) = await llm.renderer.render_chat_async(
+            [messages],  # type: ignore[list-item]
+            chat_params,
+            tok_params,
+        )
+        return list(engine_input["prompt_token_ids"])
 
     def tokenize(self, prompt: str) -> list[int]:
-        # As vLLM's input processor does for a text prompt: the tokenizer's defaults,
-        # special tokens included.
+        # As vLLM's input processor does for a text prompt (/v1/completions): the
+        # tokenizer's defaults, special tokens included.
         return list(self._engine().get_tokenizer().encode(prompt))
 
     async def generate(

@@ -242,12 +242,15 @@ class Worker:
         self._running[(tenant_id, request_id)] = engine_id
         abort_sent = False
         try:
-            text = request.prompt
-            if text is None:
-                text = self._engine.render_chat([m.model_dump() for m in request.messages or []])
-            prompt: str | list[int] = text
+            prompt: str | list[int]
+            if request.prompt is not None:
+                prompt = request.prompt
+            else:
+                messages = [m.model_dump() for m in request.messages or []]
+                prompt = await self._engine.render_chat(messages)
             if resumed:
-                prompt = self._engine.tokenize(text) + resumed
+                ids = prompt if isinstance(prompt, list) else self._engine.tokenize(prompt)
+                prompt = ids + resumed
                 log.info(
                     "resuming %s (attempt %d): prompt ids %s + delivered ids %s",
                     request_id,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
+from stream_jobs.tiers import Tier, TierAction, TierPolicy, apply_tier, demand_ratio
 
 POLICY = TierPolicy()
 
@@ -44,5 +44,19 @@ def test_shed_tier_sheds_class_two_and_caps_class_one() -> None:
 
 def test_demand_counts_running_and_waiting_over_capacity() -> None:
     assert demand_ratio(64, 32, 64) == 1.5
-    assert demand_ratio(0, 0, 0) == 0.0
-    assert demand_ratio(1, 0, 0) == float("inf")
+    assert demand_ratio(0, 0, 64) == 0.0
+
+
+@pytest.mark.parametrize("num_waiting", [0, 1, 96, 10_000])
+def test_without_capacity_demand_is_unknown_not_overload(num_waiting: int) -> None:
+    demand = demand_ratio(0, num_waiting, 0)
+    assert demand is None
+    assert POLICY.next_tier(Tier.NORMAL, demand) is Tier.NORMAL
+
+
+@pytest.mark.parametrize("current", list(Tier))
+def test_capacity_lost_releases_every_tier(current: Tier) -> None:
+    # Every worker lost: nothing is shed or capped on a guess until capacity is known.
+    tier = POLICY.next_tier(current, demand_ratio(5, 50, 0))
+    assert tier is Tier.NORMAL
+    assert apply_tier(POLICY, tier, 2, 4096) == TierAction()

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ pytest.importorskip("vllm")
 
 import pytest_asyncio
 
+from tests.fidelity_corpus import CHATS, PROMPTS
+from tokenbus.prompt_tokens import PromptCounter
 from workers.interface import EngineDelta, GenerateParams
 from workers.tiny_model import build_tiny_model
 from workers.vllm_engine import VllmEngine
@@ -24,9 +27,13 @@ TIMEOUT_S = 60
 NUM_PROMPT_TOKENS = 300  # more than two of the CPU build's 128-token cache blocks
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+async def engine(model_dir: Path) -> AsyncIterator[VllmEngine]:
     engine = VllmEngine(
         model_dir,
         served_model_name="tiny",
@@ -40,6 +47,10 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Vllm
     await engine.start()
     yield engine
     await engine.shutdown()
+
+
+def joined(content: str | list[dict[str, str]]) -> str:
+    return content if isinstance(content, str) else "\n".join(p["text"] for p in content)
 
 
 def unique_prompt(seed: int) -> list[int]:
@@ -144,10 +155,35 @@ async def test_stats_show_running_requests_under_load(engine: VllmEngine) -> Non
     assert engine.stats().tokens_per_s > 0
 
 
-def test_render_chat_uses_the_model_template(engine: VllmEngine) -> None:
+async def test_render_chat_uses_the_model_template_without_an_extra_bos(
+    engine: VllmEngine,
+) -> None:
+    """As vLLM's /v1/chat/completions: the template's text, tokenized without special
+    tokens, so the tiny model's post-processor adds no <s> the template did not write."""
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    text = "system: be brief\nuser: hi\nassistant: "
 
-    assert engine.render_chat(messages) == "system: be brief\nuser: hi\nassistant: "
+    ids = await engine.render_chat(messages)
+
+    with_bos = engine.tokenize(text)
+    assert with_bos[0] == 0  # <s>
+    assert ids == with_bos[1:]
+    deltas = await collect(engine, ids, GenerateParams(max_tokens=1, ignore_eos=True))
+    assert deltas[0].num_prompt_tokens == len(ids)
+
+
+async def test_the_shared_prompt_counter_counts_as_the_engine_renders(
+    engine: VllmEngine, model_dir: Path
+) -> None:
+    """The bridge and the job count prompts without vLLM; their count must be the
+    engine's, for every text a serving layer is tempted to rewrite."""
+    counter = PromptCounter.from_model_dir(model_dir)
+    for name, messages in CHATS.items():
+        # Text parts travel joined by newlines (bridge.api_types), as vLLM joins them.
+        pairs = [(m["role"], joined(m["content"])) for m in messages]
+        assert counter.count_chat(pairs) == len(await engine.render_chat(messages)), name
+    for name, prompt in PROMPTS.items():
+        assert counter.count_prompt(prompt) == len(engine.tokenize(prompt)), name
 
 
 async def test_tokenize_matches_what_the_engine_makes_of_text(engine: VllmEngine) -> None:
