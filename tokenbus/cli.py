@@ -111,9 +111,9 @@ def ask(
     from producers import TokenbusClient, TokenbusTimeout
     from schemas import SamplingParams
     from tokenbus.kafka import wait_for_broker
-    from tokenbus.stack import dev_api_key_path
+    from tokenbus.stack import bundled_broker_profile, dev_api_key_path
 
-    settings = Settings()
+    settings = bundled_broker_profile(Settings())
     if api_key is None and dev_api_key_path(settings).exists():
         api_key = dev_api_key_path(settings).read_text().strip()
     if api_key is None:

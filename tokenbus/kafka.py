@@ -1,7 +1,8 @@
 """aiokafka producers, consumers and topic admin, built from Settings.
 
 Every Kafka knob (bootstrap, acks, idempotence, linger, fetch wait) comes from
-configuration, so the same code runs against the bundled broker and Apache Kafka.
+configuration, so the same code runs against the bundled broker and Apache Kafka. The
+bundled broker's workarounds come in only with its profile (tokenbus.tansu).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.fetch_wait import lengthen_stalled_fetches
-from tokenbus.gaps import refetch_across_gaps
 
 
 class Publish(Protocol):
@@ -30,7 +30,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "acks": settings.kafka_acks,
-        "enable_idempotence": settings.kafka_idempotence,
+        "enable_idempotence": settings.idempotent_producers,
         "linger_ms": settings.linger_ms,
         "request_timeout_ms": settings.request_timeout_ms,
     }
@@ -41,8 +41,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 def make_consumer(
     settings: Settings, *topics: str, group_id: str | None, **overrides: Any
 ) -> AIOKafkaConsumer:
-    refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
-    lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
+    tansu.install_for_consumers(settings)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "group_id": group_id,

@@ -93,6 +93,14 @@ def with_credentials(settings: Settings) -> Settings:
     return settings.model_copy(update=updates) if updates else settings
 
 
+def bundled_broker_profile(settings: Settings) -> Settings:
+    """With no Kafka cluster configured, tokenbus talks to the bundled broker that
+    ``tokenbus up`` runs: the ``tansu`` profile, unless one was set explicitly."""
+    if settings.kafka_bootstrap is None and "broker_profile" not in settings.model_fields_set:
+        return settings.model_copy(update={"broker_profile": "tansu"})
+    return settings
+
+
 def _kept_secret(path: Path, prefix: str = "") -> str:
     if path.exists():
         return path.read_text().strip()
@@ -188,6 +196,9 @@ class Stack:
         self.logs.mkdir(exist_ok=True)
         self._take_lock()
         self.settings = with_credentials(self.settings)
+        if self.settings.kafka_bootstrap is None:
+            # The bundled broker: its profile turns its workarounds on in every service.
+            self.settings = self.settings.model_copy(update={"broker_profile": "tansu"})
         try:
             await self._start()
         except BaseException:
