@@ -199,13 +199,19 @@ def create_app(settings: Settings) -> faust.App:
         )
     )
 
+    assigned: list[bool] = []
+
     def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         store.forget()
         ledger.forget()
 
+    def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        on_partitions_moved(sender, *args, signal=signal, **kwargs)
+        assigned[:] = [True]
+
     # mode's handler type (mypy_extensions' NamedArg) matches no plain def.
     app.on_partitions_revoked.connect(on_partitions_moved)  # type: ignore[arg-type]
-    app.on_partitions_assigned.connect(on_partitions_moved)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_partitions_assigned)  # type: ignore[arg-type]
 
     state: dict[str, Dispatcher] = {}
 
@@ -282,6 +288,18 @@ def create_app(settings: Settings) -> faust.App:
                 dispatcher().observe_heartbeat(record.value)
         finally:
             await consumer.stop()
+
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        """200 once this instance holds its share of the group's partitions and has
+        recovered its tables; 503 while it joins, rebalances or recovers."""
+        ready = (
+            bool(assigned)
+            and not app.rebalancing
+            and not app.in_recovery
+            and getattr(app.tables, "recovery").completed.is_set()  # noqa: B009 (untyped)
+        )
+        return web.json({"ready": ready}, status=200 if ready else 503)
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

@@ -8,13 +8,14 @@ bundled broker's workarounds come in only with its profile (tokenbus.tansu).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from tokenbus import tansu
 from tokenbus.config import Settings
@@ -112,7 +113,28 @@ async def _start_with_retry(start: Any, timeout_s: float) -> None:
 
 
 async def wait_for_broker(settings: Settings, timeout_s: float = 30.0) -> None:
-    """Polls until the broker answers metadata requests."""
+    """Polls until the broker answers metadata requests. First until a bootstrap address
+    takes TCP connections: a broker still starting is a retry, and aiokafka would log
+    each refused connection as an error."""
+    deadline = time.monotonic() + timeout_s
+    while not await _any_accepts(settings.bootstrap):
+        if time.monotonic() > deadline:
+            raise KafkaConnectionError(f"no broker at {settings.bootstrap}")
+        await asyncio.sleep(0.1)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await _start_with_retry(admin.start, timeout_s)
+    await _start_with_retry(admin.start, max(1.0, deadline - time.monotonic()))
     await admin.close()
+
+
+async def _any_accepts(bootstrap: str) -> bool:
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        except (OSError, TimeoutError, ValueError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
