@@ -492,7 +492,8 @@ class Stack:
         consumer = make_consumer(self.settings, group_id=None, auto_offset_reset="latest")
         await consumer.start()
         try:
-            tp = TopicPartition(Topics(self.settings.topic_prefix).heartbeats, 0)
+            prefix = service.env.get("TOKENBUS_TOPIC_PREFIX", self.settings.topic_prefix)
+            tp = TopicPartition(Topics(prefix).heartbeats, 0)
             consumer.assign([tp])
             deadline = time.monotonic() + timeout_s
             while True:
