@@ -196,6 +196,11 @@ class WorkItem(Message):
     """The LoRA adapter the request's ``base:adapter`` model named; ``model`` is the base."""
 
     @property
+    def requested_model(self) -> str:
+        """The model name as the client gave it: ``base:adapter`` for an adapter."""
+        return f"{self.model}:{self.adapter.name}" if self.adapter else self.model
+
+    @property
     def engine_request_id(self) -> str:
         """Unique on a worker: request ids are unique only within a tenant."""
         return f"{self.tenant_id}/{self.request_id}/{self.attempt}"

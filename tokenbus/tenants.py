@@ -59,6 +59,13 @@ class AdapterConfig(BaseModel):
     """The tenant whose file entry lists it; filled in when the file is read."""
 
 
+def lora_int_id(name: str, path: str) -> int:
+    """A stable id in 1..2**31-1 for one (name, path): every job instance gives the same,
+    and a changed path is a new adapter to the engines (their caches key on the id)."""
+    digest = hashlib.sha256(f"{name}\0{path}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2**31 - 1) + 1
+
+
 def split_model(model: str) -> tuple[str, str | None]:
     """``"tiny-llama:acme-support"`` --> ``("tiny-llama", "acme-support")``; a name
     without ``:`` is a base model."""
