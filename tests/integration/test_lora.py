@@ -228,12 +228,14 @@ async def test_billing_rows_carry_the_adapter_and_add_up(
 
     sql, values = dashboard_query("spend_by_adapter").to_sql({"tenant": "lora-a"})
     spend = open_reader(lora_fleet.settings).query(sql, values)
-    by_adapter = {row["adapter"]: row for row in spend}
-    attempts: Counter[str] = Counter()
-    tokens: Counter[str] = Counter()
+    # One row per (model, adapter): a refused request keeps the model name it asked for.
+    key = lambda r: (str(r["model"]), str(r["adapter"]))  # noqa: E731
+    by_adapter = {key(row): row for row in spend}
+    attempts: Counter[tuple[str, str]] = Counter()
+    tokens: Counter[tuple[str, str]] = Counter()
     for r in rows:
-        attempts[str(r["adapter"])] += 1
-        tokens[str(r["adapter"])] += int(r["completion_tokens"])
-    assert {a: int(row["num_attempts"]) for a, row in by_adapter.items()} == dict(attempts)
-    assert {a: int(row["completion_tokens"]) for a, row in by_adapter.items()} == dict(tokens)
-    assert by_adapter["lora-a1"]["billed_units"] > 0
+        attempts[key(r)] += 1
+        tokens[key(r)] += int(r["completion_tokens"])
+    assert {k: int(row["num_attempts"]) for k, row in by_adapter.items()} == dict(attempts)
+    assert {k: int(row["completion_tokens"]) for k, row in by_adapter.items()} == dict(tokens)
+    assert by_adapter[("tiny-llama", "lora-a1")]["billed_units"] > 0
