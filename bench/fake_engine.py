@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from workers.interface import EngineDelta, EngineStats, GenerateParams
+from workers.interface import AdapterRef, EngineDelta, EngineStats, GenerateParams
 
 TOKEN_ID = 7
 TOKEN_TEXT = " tok"
@@ -35,6 +35,7 @@ class FakeEngine:
     ) -> None:
         self.model_name = model_name
         self.max_num_seqs = max_num_seqs
+        self.max_loras = 0
         self._step_s = step_s
         self._tokens_per_step = tokens_per_step
         self._prefill_s_per_1k = prefill_s_per_1k_tokens
@@ -83,6 +84,7 @@ class FakeEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncIterator[EngineDelta]:
         num_prompt = (
             len(prompt) if isinstance(prompt, list) else round(len(prompt) / CHARS_PER_TOKEN)
@@ -115,6 +117,12 @@ class FakeEngine:
             finally:
                 self._num_running -= 1
                 self._aborted.discard(request_id)
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        raise RuntimeError("the fake engine serves no LoRA adapters")
+
+    async def held_adapters(self) -> set[int]:
+        return set()
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

@@ -31,6 +31,14 @@ COST_QUANTUM = Decimal("0.000000001")
 """Nine decimals: ``Decimal(38, 9)`` in ``usage_events``."""
 ANY_MODEL = "*"
 """The price entry for every model that has none of its own."""
+
+
+def priced_name(model: str, adapter: str | None) -> str:
+    """The price entry an attempt looks up first: ``base:adapter`` (the name clients use)
+    for an adapter's work, which falls back to the base model's entry, then ``*``."""
+    return f"{model}:{adapter}" if adapter else model
+
+
 UNPRICED_VERSION = 0
 """The price version of a row no price applied to; its cost is zero."""
 _ZERO = Decimal(0)
@@ -119,13 +127,17 @@ class PriceBook:
             for status in UsageStatus
         }
 
-    def price_for(self, model: str, at: datetime) -> Price | None:
-        """The model's latest version in force at ``at``, else that of ``ANY_MODEL``."""
-        found = self._in_force(model, at)
+    def price_for(self, model: str, at: datetime, adapter: str | None = None) -> Price | None:
+        """The latest version in force at ``at`` of the adapter's entry (``base:adapter``),
+        else the model's, else that of ``ANY_MODEL``."""
+        found = self._in_force(model, at, adapter)
         return found[0] if found else None
 
-    def _in_force(self, model: str, at: datetime) -> tuple[Price, tuple[int, int, int]] | None:
-        for name in (model, ANY_MODEL):
+    def _in_force(
+        self, model: str, at: datetime, adapter: str | None = None
+    ) -> tuple[Price, tuple[int, int, int]] | None:
+        names = (priced_name(model, adapter), model, ANY_MODEL) if adapter else (model, ANY_MODEL)
+        for name in names:
             for price, nanos in self._newest_first.get(name, ()):
                 if price.effective_from <= at:
                     return price, nanos
@@ -143,7 +155,7 @@ class Pricer:
         weight = cost_weight(
             event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
         )
-        found = self.book._in_force(event.model, event.created_at)
+        found = self.book._in_force(event.model, event.created_at, event.adapter)
         if found is None:
             return Charge(weight, _ZERO, _ZERO, UNPRICED_VERSION)
         price, (input_nanos, output_nanos, cached_nanos) = found

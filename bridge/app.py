@@ -129,8 +129,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         caller = gateway.authenticate(http)
         cards = [
             ModelCard(id=name, created=0)
-            for name in served.names(time.monotonic())
-            if caller.tenant.may_use(name)
+            for name in served.names_for(caller.tenant, time.monotonic())
         ]
         return JSONResponse(ModelList(data=cards).model_dump(mode="json"), headers=ids_of(http))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from schemas import WorkerStatus
+from tokenbus.tenants import TenantConfig, split_model
 
 
 class ServedModels:
@@ -33,4 +34,19 @@ class ServedModels:
         return sorted(live | {self._default})
 
     def knows(self, model: str, now: float) -> bool:
-        return model in self._configured or model in self.names(now)
+        """``base:adapter`` exists when its base does (access to the adapter is checked
+        before: a caller learns nothing of adapters it may not use)."""
+        base, _ = split_model(model)
+        return base in self._configured or base in self.names(now)
+
+    def names_for(self, tenant: TenantConfig, now: float) -> list[str]:
+        """What ``/v1/models`` lists to a tenant: the served models it may use, and
+        ``base:adapter`` for each adapter it may use on one of them."""
+        bases = [name for name in self.names(now) if tenant.may_use(name)]
+        adapters = [
+            f"{adapter.base_model}:{name}"
+            for name, adapter in tenant.adapters.items()
+            if adapter.base_model in self.names(now)
+            and tenant.may_use(f"{adapter.base_model}:{name}")
+        ]
+        return sorted(bases) + sorted(adapters)

@@ -66,6 +66,7 @@ INTERNAL_FIELDS = frozenset(
         "overload_tier",
         "cache_salt",
         "flags",
+        "adapter",
     }
 )
 """Fields of a ``WorkItem`` that tokenbus derives: a producer that writes one is refused."""
@@ -144,6 +145,18 @@ class InferenceRequest(Message):
         return self
 
 
+class Adapter(BaseModel):
+    """A LoRA adapter as the job resolved it from the tenants file: never a producer's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Unique across the tenants file; clients address it as ``base:name``."""
+    path: str
+    lora_int_id: Annotated[int, Field(ge=1)]
+    """Stable for one (name, path): the engine's cache key for the adapter."""
+
+
 class WorkItem(Message):
     """A request as the job hands it to a worker: the producer's request, with the
     tenant its credential proved and every field tokenbus derives. Never produced by
@@ -179,6 +192,13 @@ class WorkItem(Message):
     """Prefix-cache isolation key: the tenant, or its sharing group."""
     flags: list[str] = Field(default_factory=list)
     """Notes that travel to the UsageEvent: ``injection_suspected``, ``max_tokens_capped``."""
+    adapter: Adapter | None = None
+    """The LoRA adapter the request's ``base:adapter`` model named; ``model`` is the base."""
+
+    @property
+    def requested_model(self) -> str:
+        """The model name as the client gave it: ``base:adapter`` for an adapter."""
+        return f"{self.model}:{self.adapter.name}" if self.adapter else self.model
 
     @property
     def engine_request_id(self) -> str:
@@ -283,6 +303,8 @@ class UsageEvent(Message):
     finished_at: datetime = Field(default_factory=_now)
     last_seq: int | None = None
     """The ``seq`` of the request's last chunk, so a duplicate's answer continues it."""
+    adapter: str | None = None
+    """The LoRA adapter that served it (``model`` is the base model); None: the base."""
 
 
 class WorkerStatus(Message):
@@ -299,6 +321,14 @@ class WorkerStatus(Message):
     draining: bool = False
     incarnation: str = ""
     """Unique to one run of the worker: a new value means the previous run is gone."""
+    max_loras: int = 0
+    """LoRA adapters one engine step may use; 0: the worker serves no adapters."""
+    adapters: list[str] = Field(default_factory=list)
+    """Adapters the engine holds now (loaded, up to its ``max_cpu_loras``)."""
+    num_adapter_loads: int = 0
+    """Adapters this run has loaded (a first use, or again after eviction)."""
+    last_adapter_load_ms: float | None = None
+    """How long the latest of those loads took."""
     sent_at: datetime = Field(default_factory=_now)
 
 

@@ -46,6 +46,7 @@ import orjson
 
 from schemas import (
     REASSIGNED,
+    Adapter,
     CancelRequest,
     ErrorInfo,
     FinishReason,
@@ -60,12 +61,13 @@ from schemas import (
     decode,
     encode,
 )
+from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
-from stream_jobs.routing import RoutingWeights, choose
+from stream_jobs.routing import RoutingWeights
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.auth import Authenticator, AuthError, Principal
@@ -73,7 +75,7 @@ from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
-from tokenbus.tenants import TenantDirectory
+from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.usage import usage_of
 
@@ -180,6 +182,8 @@ class DispatchMetrics:
     num_resumed: int = 0
     num_recovered_finished: int = 0
     num_affine: int = 0
+    num_adapter_affine: int = 0
+    """Adapter requests sent to a worker that already held their adapter."""
     tier: int = 0
     tier_changed_at: float = 0.0
     num_waiting: int = 0
@@ -228,6 +232,7 @@ class Dispatcher:
             kv_threshold=settings.route_kv_threshold,
             priority_bonus=settings.route_priority_bonus,
             affinity_margin=settings.affinity_margin,
+            adapter_margin=settings.adapter_margin,
         )
         # (tenant, session) -> the worker that served the session's last turn.
         self._affinity: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -418,13 +423,24 @@ class Dispatcher:
         skew = timedelta(seconds=self._settings.created_at_skew_s)
         created = min(max(request.created_at or admitted, admitted - skew), admitted)
         salt = f"group:{tenant.sharing_group}" if tenant.sharing_group else tenant.tenant_id
+        # The adapter comes from the tenants file, by the name the credential's tenant
+        # may use; one it may not use stays in ``model``, which the tenant rules refuse.
+        model, adapter = request.model, None
+        config = tenant.adapter(request.model)
+        if config is not None:
+            model, name = split_model(request.model)
+            assert name is not None
+            adapter = Adapter(
+                name=name, path=config.path, lora_int_id=lora_int_id(name, config.path)
+            )
         return WorkItem(
             request_id=request.request_id,
             session_id=request.session_id or request.request_id,
             tenant_id=tenant.tenant_id,
             # A tenant cannot buy a better class than its config (or token) gives it.
             priority=max(request.priority, tenant.priority_class),
-            model=request.model,
+            model=model,
+            adapter=adapter,
             prompt=request.prompt,
             messages=request.messages,
             sampling=request.sampling,
@@ -466,10 +482,10 @@ class Dispatcher:
         self, item: WorkItem, principal: Principal, num_prompt: int
     ) -> ErrorInfo | None:
         tenant = principal.tenant
-        if not tenant.may_use(item.model):
+        if not tenant.may_use(item.requested_model):
             return ErrorInfo(
                 code="model_not_allowed",
-                message=f"tenant {item.tenant_id!r} may not use {item.model!r}",
+                message=f"tenant {item.tenant_id!r} may not use {item.requested_model!r}",
             )
         if num_prompt > tenant.max_prompt_tokens:
             return ErrorInfo(
@@ -810,7 +826,7 @@ class Dispatcher:
                 waiting.request,
                 ErrorInfo(
                     code="no_worker",
-                    message=f"no live worker serves model {waiting.request.model!r}"
+                    message=f"no live worker serves model {waiting.request.requested_model!r}"
                     f" (served now: {', '.join(live) or 'none'})",
                     retry_after_s=1.0,
                 ),
@@ -834,12 +850,17 @@ class Dispatcher:
         session = (request.tenant_id, request.session_id)
         previous = self._affinity.get(session)
         candidates = [view.candidate() for view in self._registry.live(request.model, now)]
-        chosen = choose(candidates, request.priority, self._routing, previous=previous)
+        adapter = request.adapter.name if request.adapter else None
+        chosen = choose_for_adapter(
+            candidates, request.priority, self._routing, adapter=adapter, previous=previous
+        )
         worker = self._registry.get(chosen.worker_id) if chosen is not None else None
-        if worker is None:
+        if chosen is None or worker is None:
             return None
         if previous == worker.status.worker_id:
             self.metrics.num_affine += 1
+        if adapter is not None and adapter in chosen.adapters:
+            self.metrics.num_adapter_affine += 1
         forwarded = request.model_copy(
             update={
                 "worker_id": worker.status.worker_id,
@@ -848,7 +869,7 @@ class Dispatcher:
             }
         )
         self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(forwarded)
-        self._registry.note_dispatch(worker.status.worker_id)
+        self._registry.note_dispatch(worker.status.worker_id, adapter, now)
         self._affinity[session] = worker.status.worker_id
         self._affinity.move_to_end(session)
         if len(self._affinity) > self._settings.affinity_sessions:

@@ -21,6 +21,7 @@ _COUNTERS = (
     "num_resumed",
     "num_recovered_finished",
     "num_affine",
+    "num_adapter_affine",
 )
 _GAUGES = ("tier", "tier_changed_at", "num_waiting", "num_in_flight", "capacity")
 
@@ -63,6 +64,9 @@ def render_metrics(metrics: DispatchMetrics) -> bytes:
         "# TYPE tokenbus_job_worker_num_running gauge",
         "# TYPE tokenbus_job_worker_num_waiting gauge",
         "# TYPE tokenbus_job_worker_tokens_per_s gauge",
+        "# TYPE tokenbus_job_worker_adapter_loads counter",
+        "# TYPE tokenbus_job_worker_last_adapter_load_ms gauge",
+        "# TYPE tokenbus_job_worker_adapter_held gauge",
     ]
     for worker_id, status in sorted(metrics.workers.items()):
         label = f'{{worker_id="{worker_id}",model="{status.model}"}}'
@@ -72,4 +76,16 @@ def render_metrics(metrics: DispatchMetrics) -> bytes:
             f"tokenbus_job_worker_num_waiting{label} {status.num_waiting}",
             f"tokenbus_job_worker_tokens_per_s{label} {status.tokens_per_s:.1f}",
         ]
+        if status.max_loras:
+            lines.append(f"tokenbus_job_worker_adapter_loads{label} {status.num_adapter_loads}")
+            if status.last_adapter_load_ms is not None:
+                lines.append(
+                    f"tokenbus_job_worker_last_adapter_load_ms{label} "
+                    f"{status.last_adapter_load_ms:.3f}"
+                )
+        for adapter in sorted(status.adapters):
+            lines.append(
+                f'tokenbus_job_worker_adapter_held{{worker_id="{worker_id}",'
+                f'model="{status.model}",adapter="{adapter}"}} 1'
+            )
     return ("\n".join(lines) + "\n").encode()

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from schemas import WorkerStatus
 from stream_jobs.routing import Candidate
 
+ADAPTER_SENT_HOLD_S = 5.0
+"""How long an adapter sent to a worker counts as held without a heartbeat saying so:
+the worker loads it when the request arrives, which may be after a heartbeat or two."""
+
 
 @dataclass
 class WorkerView:
@@ -31,6 +35,9 @@ class WorkerView:
     num_unseen_dispatches: int = 0
     heard_at: float = 0.0
     """When its last heartbeat was read, as read."""
+    sent_adapters: dict[str, float] = field(default_factory=dict)
+    """LoRA adapters dispatched to it, and when: held as far as routing goes until a
+    heartbeat lists them (or ``ADAPTER_SENT_HOLD_S`` passes)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -49,6 +56,8 @@ class WorkerView:
             num_waiting=self.status.num_waiting,
             num_unseen=self.num_unseen_dispatches,
             kv_usage=self.status.kv_cache_usage,
+            max_loras=self.status.max_loras,
+            adapters=frozenset(self.status.adapters).union(self.sent_adapters),
         )
 
 
@@ -72,7 +81,15 @@ class WorkerRegistry:
             self._retire(previous)
         # Requests dispatched since the previous heartbeat may not be in its counts yet;
         # the new heartbeat is the best count there is, so the tally starts again.
-        self._workers[status.worker_id] = WorkerView(status=status, seen_at=now, heard_at=now)
+        view = WorkerView(status=status, seen_at=now, heard_at=now)
+        if previous is not None and previous.key == key:
+            # An adapter just sent may not be loaded yet: it stays held for a while.
+            view.sent_adapters = {
+                name: at
+                for name, at in previous.sent_adapters.items()
+                if name not in status.adapters and now - at < ADAPTER_SENT_HOLD_S
+            }
+        self._workers[status.worker_id] = view
 
     def reap(self, now: float) -> list[tuple[str, str]]:
         """Runs gone since the last call, as (worker_id, incarnation), each once."""
@@ -108,10 +125,12 @@ class WorkerRegistry:
     def get(self, worker_id: str) -> WorkerView | None:
         return self._workers.get(worker_id)
 
-    def note_dispatch(self, worker_id: str) -> None:
+    def note_dispatch(self, worker_id: str, adapter: str | None = None, now: float = 0.0) -> None:
         view = self._workers.get(worker_id)
         if view is not None:
             view.num_unseen_dispatches += 1
+            if adapter is not None and adapter not in view.status.adapters:
+                view.sent_adapters[adapter] = now
 
     def models(self, now: float) -> set[str]:
         return {view.status.model for view in self.all_live(now)}

@@ -31,6 +31,9 @@ class RoutingWeights:
     kv_threshold: float = 0.9
     priority_bonus: tuple[float, float, float] = (0.1, 0.05, 0.0)
     affinity_margin: float = 0.25
+    adapter_margin: float = 0.25
+    """A worker holding a request's LoRA adapter wins within this of the best score
+    (``adapter_routing``)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class Candidate:
     num_unseen: int = 0
     """Dispatched to it since its last heartbeat."""
     kv_usage: float = 0.0
+    max_loras: int = 0
+    """LoRA adapters one engine step may use; 0: it serves no adapter requests."""
+    adapters: frozenset[str] = frozenset()
+    """Adapters it holds, or was sent since its last heartbeat (``adapter_routing``)."""
 
 
 def score(candidate: Candidate, priority: int, weights: RoutingWeights) -> float:

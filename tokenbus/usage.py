@@ -36,6 +36,7 @@ def usage_of(
         finish_reason=finish,
         overload_tier=request.overload_tier,
         flags=fields.pop("flags", request.flags),
+        adapter=request.adapter.name if request.adapter else None,
         created_at=request.admitted_at,
         **fields,
     )

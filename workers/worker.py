@@ -62,8 +62,9 @@ from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.topics import Topics
 from tokenbus.usage import usage_of
+from workers.adapters import AdapterBook
 from workers.cancels import CancelBook
-from workers.interface import Engine, EngineDelta, GenerateParams
+from workers.interface import AdapterRef, Engine, EngineDelta, GenerateParams
 from workers.replies import ReplyBatcher
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._cancel_consumer: AIOKafkaConsumer | None = None
         self._cancels = CancelBook()
+        self._adapters = AdapterBook(engine)
         # (tenant, request_id) -> the engine's id of the attempt running now
         self._running: dict[tuple[str, str], str] = {}
 
@@ -248,6 +250,14 @@ class Worker:
             else:
                 messages = [m.model_dump() for m in request.messages or []]
                 prompt = await self._engine.render_chat(messages)
+            adapter = None
+            if request.adapter is not None:
+                if not self._engine.max_loras:
+                    raise RuntimeError(
+                        f"adapter {request.adapter.name!r}: this worker serves no adapters"
+                    )
+                adapter = AdapterRef(**request.adapter.model_dump())
+                await self._adapters.ensure(adapter, request_id)
             if resumed:
                 ids = prompt if isinstance(prompt, list) else self._engine.tokenize(prompt)
                 prompt = ids + resumed
@@ -273,6 +283,7 @@ class Worker:
                 params,
                 priority=request.priority,
                 cache_salt=request.cache_salt,
+                adapter=adapter,
             ):
                 cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
                 if cancelled == REASSIGNED:
@@ -426,6 +437,11 @@ class Worker:
     async def _send_heartbeat(self) -> None:
         assert self._producer is not None
         stats = self._engine.stats()
+        if self._engine.max_loras:
+            try:
+                await self._adapters.refresh()
+            except Exception:
+                log.exception("could not read the adapters the engine holds")
         status = WorkerStatus(
             worker_id=self.worker_id,
             model=self._engine.model_name,
@@ -437,6 +453,10 @@ class Worker:
             tokens_per_s=stats.tokens_per_s,
             draining=self._draining,
             incarnation=self.incarnation,
+            max_loras=self._engine.max_loras,
+            adapters=self._adapters.held_names(),
+            num_adapter_loads=self._adapters.num_loads,
+            last_adapter_load_ms=self._adapters.last_load_ms,
         )
         await self._producer.send_and_wait(
             self._topics.heartbeats, encode(status), key=self.worker_id.encode()

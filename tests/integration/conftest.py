@@ -67,6 +67,22 @@ def bus_key(tenant: str) -> str:
     return f"sk-bus-{tenant}-0123456789abcdef"
 
 
+LORA_ADAPTERS = {"lora-a1": "lora-a", "lora-a2": "lora-a", "lora-a3": "lora-a"}
+LORA_ADAPTERS |= {"lora-a4": "lora-a", "lora-b1": "lora-b"}
+"""Tiny random adapters (built at setup, ``Stack.build_adapters``) and their owners."""
+LORA_ADAPTERS_DIR = REPO_ROOT / ".tokenbus" / "adapters" / "tiny-llama"
+
+
+def _lora_tenants() -> dict[str, dict[str, object]]:
+    tenants: dict[str, dict[str, object]] = {"lora-a": {}, "lora-b": {}}
+    for name, owner in LORA_ADAPTERS.items():
+        adapters = tenants[owner].setdefault("adapters", {})
+        assert isinstance(adapters, dict)
+        adapters[name] = {"path": str(LORA_ADAPTERS_DIR / name), "base_model": "tiny-llama"}
+    return tenants
+
+
+TENANTS.update(_lora_tenants())
 T = TypeVar("T")
 
 
@@ -80,7 +96,11 @@ def free_port() -> int:
 def model_dir() -> Path:
     """The tiny model, built once and cached across test runs."""
     cache = Settings(home=REPO_ROOT / ".tokenbus")
-    return Stack(cache, on_progress=print).build_model()
+    stack = Stack(cache, on_progress=print)
+    built = stack.build_model()
+    assert stack.adapters_dir == LORA_ADAPTERS_DIR
+    stack.build_adapters(list(LORA_ADAPTERS))
+    return built
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +197,7 @@ BRIDGE_TENANTS: dict[str, dict[str, object]] = {
     "br-small": {"models": ["tiny-llama"], "max_prompt_tokens": 20, "max_output_tokens": 8},
     "br-limited": {"models": ["other-model"]},
     "br-any": {"models": ["*"]},
+    **_lora_tenants(),
     "br-jwt": {"models": ["tiny-llama", "other-model"], "priority_class": 1},
     "br-fuzz": {"models": ["tiny-llama"], "max_output_tokens": 4, "max_prompt_tokens": 2048},
     QUOTA_TENANT: {"models": ["tiny-llama"]},

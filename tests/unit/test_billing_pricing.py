@@ -233,3 +233,25 @@ def test_the_integer_computation_equals_the_decimal_definition() -> None:
 def test_amounts_finer_than_the_columns_are_refused(make: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+ADAPTER = Price(
+    model="m:acme-support",
+    version=1,
+    effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    input_per_1k=Decimal("0.002"),
+    output_per_1k=Decimal("0.006"),
+    cached_input_per_1k=Decimal("0.001"),
+)
+
+
+def test_an_adapter_has_its_own_price_else_its_base_models() -> None:
+    book = PriceBook([V1, ADAPTER, ANY])
+    pricer = Pricer(book)
+
+    assert book.price_for("m", T0, "acme-support") is ADAPTER
+    assert book.price_for("m", T0, "other-adapter") is V1
+    assert book.price_for("m", T0) is V1
+    own = pricer.charge(_event(1000, 1000, adapter="acme-support"))
+    base = pricer.charge(_event(1000, 1000, adapter="other-adapter"))
+    assert own.cost_units == Decimal("0.008") and base.cost_units == Decimal("0.003")

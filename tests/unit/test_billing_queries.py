@@ -20,6 +20,7 @@ QUESTIONS = {
     "failed_cancelled_share",
     "cost_per_1k_by_context_bucket",
     "ttft_by_tenant_and_priority",
+    "spend_by_adapter",
 }
 GOOD = """-- Title here
 -- What it answers,

@@ -69,7 +69,7 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
         ledger = client.query(
             "SELECT version, name FROM schema_migrations ORDER BY version"
         ).result_rows
-        assert ledger == [(1, "usage_events"), (2, "cost_and_rollups")]
+        assert ledger == [(1, "usage_events"), (2, "cost_and_rollups"), (3, "adapter")]
         for table in ("usage_events", "prices"):
             assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
     finally:
