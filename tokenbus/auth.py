@@ -68,6 +68,9 @@ class Principal:
     service: bool = False
     """A tokenbus service's token: its ``flags`` claim is believed."""
     flags: tuple[str, ...] = field(default_factory=tuple)
+    key_sha256: str | None = None
+    """The SHA-256 of the API key behind this credential, as the tenants file lists it:
+    the key itself, or the one a service token says its caller used (key budgets)."""
 
     @property
     def tenant_id(self) -> str:
@@ -192,7 +195,8 @@ class Authenticator:
                 raise AuthError("Incorrect API key provided.", "invalid_api_key")
             prefix = tenant_reply_prefix(self._topics, tenant.tenant_id)
             # Re-read now and then, so a revoked key stops working.
-            return Principal(tenant, credential_id, prefix), self._clock() + 60.0
+            principal = Principal(tenant, credential_id, prefix, key_sha256=credential_id)
+            return principal, self._clock() + 60.0
         claims, service = self._decode(token)
         tenant_id = claims["tenant"]
         if not isinstance(tenant_id, str) or not TENANT_ID.match(tenant_id):
@@ -217,6 +221,9 @@ class Authenticator:
         flags = claims.get("flags", []) if service else []
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise AuthError("Token claim flags must be a list of strings.")
+        key_sha256 = claims.get("key_sha256") if service else None
+        if key_sha256 is not None and not isinstance(key_sha256, str):
+            raise AuthError("Token claim key_sha256 must be a string.")
         principal = Principal(
             tenant=narrow(self._directory.get(tenant_id), claims),
             credential_id=credential_id,
@@ -224,6 +231,7 @@ class Authenticator:
             quota_balance=balance,
             service=service,
             flags=tuple(flags),
+            key_sha256=key_sha256,
         )
         return principal, float(claims["exp"])
 
@@ -283,9 +291,11 @@ class ServiceTokens:
         narrowed: TenantConfig | None = None,
         quota_balance: int | None = None,
         flags: tuple[str, ...] = (),
+        key_sha256: str | None = None,
     ) -> str:
         """A token for ``tenant_id``; ``narrowed``: its config as authenticated (a
-        token's narrower class and models), carried as claims."""
+        token's narrower class and models), carried as claims; ``key_sha256``: the API
+        key the caller used, so the job charges that key's budgets."""
         key = (
             tenant_id,
             narrowed.priority_class if narrowed else None,
@@ -293,6 +303,7 @@ class ServiceTokens:
             quota_balance,
             reply_prefix,
             flags,
+            key_sha256,
         )
         now = self._clock()
         cached = self._tokens.get(key)
@@ -306,6 +317,8 @@ class ServiceTokens:
             claims["quota_balance"] = quota_balance
         if flags:
             claims["flags"] = list(flags)
+        if key_sha256 is not None:
+            claims["key_sha256"] = key_sha256
         minted = mint_service_token(
             self._secret,
             tenant_id,

@@ -112,6 +112,8 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.aborts] = settings.num_partitions
     partitions[topics.heartbeats] = 1
     partitions[topics.dead_letters] = 1
+    partitions[topics.budgets] = 1
+    partitions[topics.budget_alerts] = 1
     return partitions
 
 

@@ -303,3 +303,22 @@ def test_service_tokens_carry_the_narrowed_config() -> None:
     caller = authenticator().authenticate(f"Bearer {token}")
     assert caller.tenant.priority_class == 2 and caller.tenant.models == ["tiny-llama"]
     assert caller.quota_balance == 50 and caller.reply_prefix == "tokenbus.replies.bridge-1"
+
+
+def test_the_key_behind_a_credential_is_known_for_key_budgets() -> None:
+    from tokenbus.auth import Authenticator, ServiceTokens
+    from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key
+    from tokenbus.topics import Topics
+
+    directory = TenantDirectory(
+        {"a": TenantConfig(tenant_id="a", api_key_sha256=[hash_api_key("sk-a-123")])},
+        TenantConfig(tenant_id="*"),
+    )
+    secret = "service-secret-0123456789abcdef0123"
+    auth = Authenticator(directory, Topics(), audience="tokenbus", service_secret=secret)
+    by_key = auth.authenticate("Bearer sk-a-123")
+    assert by_key.key_sha256 == hash_api_key("sk-a-123") == by_key.credential_id
+    token = ServiceTokens(secret).token(
+        "a", "tokenbus.replies.bridge-1", key_sha256=by_key.key_sha256
+    )
+    assert auth.authenticate(f"Bearer {token}").key_sha256 == by_key.key_sha256
