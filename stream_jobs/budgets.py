@@ -25,11 +25,11 @@ Spend is kept in the bucket of the request's admission, the instant billing pric
 from __future__ import annotations
 
 import calendar
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from billing.pricing import Pricer
@@ -176,7 +176,7 @@ class BudgetBook:
         entities = subject.entities
         return [b for b in self._budgets.values() if b.entity in entities]
 
-    def __iter__(self) -> Iterable[Budget]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Budget]:
         return iter(list(self._budgets.values()))
 
     def __len__(self) -> int:
@@ -186,24 +186,30 @@ class BudgetBook:
 @dataclass(frozen=True)
 class Reservation:
     num_nanos: int
+    """Reserved, then (once settled) billed: the sum of the settled attempts' costs."""
     counters: tuple[tuple[str, str], ...]
     """(budget_id, bucket) charged, so settling changes exactly those."""
-    settled: bool = False
+    attempts: tuple[int, ...] = ()
+    """Attempts settled (each has its billing row); none: still reserved."""
     expires_at: float = 0.0
     """A settled reservation is kept until then, so a redelivered UsageEvent is known."""
 
+    @property
+    def settled(self) -> bool:
+        return bool(self.attempts)
+
     def to_json(self) -> list[object]:
-        return [self.num_nanos, [list(c) for c in self.counters], self.settled, self.expires_at]
+        counters = [list(c) for c in self.counters]
+        return [self.num_nanos, counters, list(self.attempts), self.expires_at]
 
     @classmethod
-    def from_json(cls, data: list[object]) -> Reservation:
-        num_nanos, counters, settled, expires_at = data
-        assert isinstance(counters, list)
+    def from_json(cls, data: list[Any]) -> Reservation:
+        num_nanos, counters, attempts, expires_at = data
         return cls(
-            int(num_nanos),  # type: ignore[call-overload]
+            int(num_nanos),
             tuple((str(b), str(k)) for b, k in counters),
-            bool(settled),
-            float(expires_at),  # type: ignore[arg-type]
+            tuple(int(a) for a in attempts),
+            float(expires_at),
         )
 
 
@@ -227,6 +233,10 @@ class SpendStore(Protocol):
     def fired(self, budget_id: str, bucket: str) -> frozenset[int]: ...
 
     def fire(self, tenant_id: str, budget_id: str, bucket: str, threshold: int) -> None: ...
+
+    def buckets(self) -> list[tuple[str, str, int, int]]:
+        """Every (budget_id, bucket, held, settled) this store holds."""
+        ...
 
 
 class MemorySpendStore:
@@ -262,6 +272,9 @@ class MemorySpendStore:
 
     def fire(self, tenant_id: str, budget_id: str, bucket: str, threshold: int) -> None:
         self.fired_marks.setdefault((budget_id, bucket), set()).add(threshold)
+
+    def buckets(self) -> list[tuple[str, str, int, int]]:
+        return [(b, k, held, settled) for (b, k), (held, settled) in sorted(self.totals.items())]
 
 
 @dataclass(frozen=True)
@@ -314,17 +327,29 @@ def reserve(
 
 
 def settle(
-    store: SpendStore, tenant_id: str, request_id: str, num_nanos_actual: int, keep_until: float
+    store: SpendStore,
+    tenant_id: str,
+    request_id: str,
+    num_nanos_actual: int,
+    keep_until: float,
+    attempt: int = 0,
 ) -> tuple[tuple[str, str], ...]:
     """The reservation becomes the billed cost; returns the counters it changed (none
-    when there was nothing to settle: no budget applied, or settled already)."""
+    when there was nothing to settle: no budget applied, or this attempt settled already).
+
+    Each attempt has its own billing row: a second attempt's usage (a worker presumed
+    lost that still finished) adds its cost, as ClickHouse adds its row."""
     reservation = store.reservation(tenant_id, request_id)
-    if reservation is None or reservation.settled:
+    if reservation is None or attempt in reservation.attempts:
         return ()
-    delta = num_nanos_actual - reservation.num_nanos
+    if reservation.settled:
+        held_delta, total = num_nanos_actual, reservation.num_nanos + num_nanos_actual
+    else:
+        held_delta, total = num_nanos_actual - reservation.num_nanos, num_nanos_actual
     for budget_id, bucket in reservation.counters:
-        store.add(tenant_id, budget_id, bucket, delta, num_nanos_actual)
-    settled = Reservation(num_nanos_actual, reservation.counters, True, keep_until)
+        store.add(tenant_id, budget_id, bucket, held_delta, num_nanos_actual)
+    attempts = (*reservation.attempts, attempt)
+    settled = Reservation(total, reservation.counters, attempts, keep_until)
     store.put_reservation(tenant_id, request_id, settled)
     return reservation.counters
 

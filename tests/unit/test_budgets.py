@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -83,6 +84,8 @@ def test_settle_keeps_the_billed_cost_and_refunds_the_rest() -> None:
     assert settle(store, "a", "r1", 250, keep_until=0) == ()  # a redelivery changes nothing
     assert held_in(store, tenant[0], MARCH) == (250, 250)
     assert reserve(store, tenant, "a", "r1", 600, MARCH).known  # nor does the request
+    assert settle(store, "a", "r1", 100, keep_until=0, attempt=1)  # another attempt's row
+    assert held_in(store, tenant[0], MARCH) == (350, 350)
 
 
 def test_settling_after_the_period_counts_in_the_period_of_admission() -> None:
@@ -220,3 +223,23 @@ def test_budget_ids_name_entity_period_and_zone() -> None:
     assert Budget.from_config(config).num_limit_nanos == to_nanos(Decimal(500))
     with pytest.raises(ValueError):
         BudgetConfig(tenant="a", limit=Decimal(1), thresholds=(0, 50))
+
+
+def test_budgets_are_read_from_the_tenants_file(tmp_path: Path) -> None:
+    from tokenbus.tenants import TenantConfig, TenantConfigError, TenantDirectory
+
+    path = tmp_path / "tenants.toml"
+    path.write_text(
+        '[tenants.acme]\n[[tenants.acme.budgets]]\nlimit = "500"\nmodel = "m"\n'
+        'tz = "Europe/Berlin"\nthresholds = [80, 50]\n'
+        '[[budgets]]\nmodel = "m"\nlimit = 1000\nperiod = "rolling:24h"\nenforce = "soft"\n'
+    )
+    configs = TenantDirectory.from_file(path, TenantConfig(tenant_id="*")).budget_configs()
+    assert [c.budget_id("UTC") for c in configs] == [
+        "model:m|rolling:24h",
+        "tenant_model:acme/m|month@Europe/Berlin",
+    ]
+    assert configs[1].thresholds == (50, 80)
+    path.write_text('[[budgets]]\nlimit = 1\nperiod = "fortnight"\nmodel = "m"\n')
+    with pytest.raises(TenantConfigError, match="budgets"):
+        TenantDirectory.from_file(path, TenantConfig(tenant_id="*"))
