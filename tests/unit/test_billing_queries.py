@@ -20,6 +20,7 @@ QUESTIONS = {
     "failed_cancelled_share",
     "cost_per_1k_by_context_bucket",
     "ttft_by_tenant_and_priority",
+    "budget_vs_actual",
 }
 GOOD = """-- Title here
 -- What it answers,
