@@ -58,5 +58,10 @@ timing: setup
 fleet: setup
 	$(STREAM)/bin/python -m pytest -q -s -p no:cacheprovider tests/load/test_fleet_chaos.py
 
+# Scale-out on one machine: two job instances, two bridges, three workers, 20 tenants.
+.PHONY: scale
+scale: setup
+	$(STREAM)/bin/python -m pytest -q -s -p no:cacheprovider tests/load/test_scale_out.py
+
 clean:
 	rm -rf $(VENVS) .tokenbus

@@ -79,6 +79,7 @@ def bench_settings(home: Path | None = None, **overrides: Any) -> Settings:
         "client_timeout_s": 60,
         "bus_service_secret": secrets.token_urlsafe(32),
         "allow_unlisted_tenants": True,
+        "broker_profile": "tansu",  # every benchmark runs the bundled broker
     }
     # Every listening port a service has (broker, billing queries, bridge, ...): free
     # ones, so a benchmark never meets another engineer's stack on the defaults.

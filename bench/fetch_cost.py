@@ -10,7 +10,7 @@ the consumer stands still behind the high-water mark for good. Reply topics are 
 small batches (one per engine step), so they grow fastest.
 
 The partition is filled with one-record batches (several producers, each awaiting every
-send). At each size, per wait, with ``tokenbus.fetch_wait`` off and on: a fetch 10
+send). At each size, per wait, with ``tokenbus.tansu.fetch_wait`` off and on: a fetch 10
 records behind the end (a tailing consumer), and how many records a consumer reads from
 the start in ``--read-s`` seconds.
 """
@@ -51,7 +51,7 @@ async def fill(settings: Settings, topic: str, start: int, stop: int) -> None:
 async def probe(
     settings: Settings, tp: TopicPartition, wait_ms: int, read_s: float, rule: bool
 ) -> dict[str, Any]:
-    """``rule``: with ``tokenbus.fetch_wait`` on, else as aiokafka ships."""
+    """``rule``: with ``tokenbus.tansu.fetch_wait`` on, else as aiokafka ships."""
     cap_ms = settings.fetch_max_wait_cap_ms if rule else 0
     consumer = make_consumer(
         settings.model_copy(update={"fetch_max_wait_cap_ms": cap_ms}),
@@ -117,7 +117,7 @@ def main() -> None:
         "one fetch on a partition of one-record batches (tansu)",
         [
             "batches",
-            "tokenbus.fetch_wait",
+            "tokenbus.tansu.fetch_wait",
             "fetch_max_wait_ms",
             "tail fetch: records",
             "tail fetch ms",

@@ -1,5 +1,5 @@
 """Does a tailing consumer read every record when several producers write one partition
-at once? With and without ``tokenbus.gaps`` (``kafka_gap_settle_s``).
+at once? With and without ``tokenbus.tansu.gaps`` (``kafka_gap_settle_s``).
 
     .venvs/stream/bin/python -m bench.gaps [--producers 4] [--records 3000] [--runs 3]
 
@@ -18,14 +18,13 @@ import time
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.consumer import fetcher
 
 from bench.common import bench_settings, exit_on_sigterm, make_console, print_table, progress
 from bench.report import uptime_load, write_result
 from bench.services import broker_only
-from tokenbus import gaps
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer
+from tokenbus.tansu import gaps
 
 
 async def read_all(
@@ -80,9 +79,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     for settle_s in (0.0, args.settle_s):
         settings = bench_settings(kafka_gap_settle_s=settle_s)
         # Off means aiokafka as it ships: remove a check an earlier run installed.
-        if settle_s == 0 and "original" in gaps._installed:
-            fetcher.PartitionRecords._unpack_records = gaps._installed.pop("original")
-            gaps._installed.clear()
+        if settle_s == 0:
+            gaps.uninstall()
         async with broker_only(settings):
             with progress(make_console()) as bar:
                 task = bar.add_task(f"kafka_gap_settle_s={settle_s}", total=args.runs)

@@ -272,7 +272,7 @@ def fetch_cost(result: dict[str, Any]) -> str:
     ]
     header = [
         "batches in the partition",
-        "tokenbus.fetch_wait",
+        "tokenbus.tansu.fetch_wait",
         "fetch_max_wait_ms",
         "tail fetch (10 behind): records",
         "tail fetch ms",

@@ -183,6 +183,7 @@ async def run(num_events: int, num_copies: int, batch_max_rows: int) -> dict[str
         settings = Settings(
             home=Path(home),
             kafka_bootstrap=bootstrap,
+            broker_profile="tansu",  # the bundled broker, with its workarounds
             topic_prefix="bench",
             num_partitions=4,
             clickhouse_dsn=f"chdb://{home}/clickhouse",

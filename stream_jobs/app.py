@@ -32,7 +32,6 @@ from typing import Any
 import faust
 import orjson
 from aiokafka import TopicPartition
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TableT
 
 from stream_jobs.budgets import Reservation
@@ -40,29 +39,13 @@ from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry
 from stream_jobs.metrics import render_budget_metrics, render_metrics
 from stream_jobs.window import Reservations, WindowState
+from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.fetch_wait import lengthen_stalled_fetches
-from tokenbus.gaps import refetch_across_gaps
 from tokenbus.kafka import make_consumer
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
-
-
-def _bounded_fetch_wait(wait_ms: int) -> None:
-    """Faust hard-codes fetch_max_wait_ms=1500; see ``Settings.job_fetch_max_wait_ms``."""
-    original = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
-    if getattr(original, "_tokenbus_wait_ms", None) == wait_ms:
-        return
-
-    def create(self: Any, transport: Any) -> Any:
-        consumer = original(self, transport)
-        consumer._fetch_max_wait_ms = wait_ms
-        return consumer
-
-    create._tokenbus_wait_ms = wait_ms  # type: ignore[attr-defined]
-    faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
 
 
 def _acks(value: int | str) -> int:
@@ -304,9 +287,7 @@ def job_clock(settings: Settings) -> Callable[[], float]:
 
 
 def create_app(settings: Settings) -> faust.App:
-    _bounded_fetch_wait(settings.job_fetch_max_wait_ms)
-    refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
-    lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
+    tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
@@ -370,15 +351,20 @@ def create_app(settings: Settings) -> faust.App:
             for name in ("budget-spend", "budget-reservations", "budget-fired")
         )
     )
+    assigned: list[bool] = []
 
     def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         store.forget()
         ledger.forget()
         spend.forget()
 
+    def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        on_partitions_moved(sender, *args, signal=signal, **kwargs)
+        assigned[:] = [True]
+
     # mode's handler type (mypy_extensions' NamedArg) matches no plain def.
     app.on_partitions_revoked.connect(on_partitions_moved)  # type: ignore[arg-type]
-    app.on_partitions_assigned.connect(on_partitions_moved)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_partitions_assigned)  # type: ignore[arg-type]
 
     state: dict[str, Dispatcher] = {}
     clock = job_clock(settings)
@@ -497,6 +483,18 @@ def create_app(settings: Settings) -> faust.App:
         finally:
             budgets_read.set()  # a broken budgets topic must not stop admission for good
             await consumer.stop()
+
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        """200 once this instance holds its share of the group's partitions and has
+        recovered its tables; 503 while it joins, rebalances or recovers."""
+        ready = (
+            bool(assigned)
+            and not app.rebalancing
+            and not app.in_recovery
+            and getattr(app.tables, "recovery").completed.is_set()  # noqa: B009 (untyped)
+        )
+        return web.json({"ready": ready}, status=200 if ready else 503)
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

@@ -292,6 +292,17 @@ class Dispatcher:
         item = self._work_item(request, principal, now)
         ident = (item.tenant_id, item.request_id)
         owns_reply_topic = principal.owns_reply_topic(item.reply_to)
+        if key != principal.tenant_id.encode():
+            # On another tenant's partition: nothing of this tenant's (its window, its
+            # ledger) may be written from here, nor a usage row its id could not match
+            # later. The producer hears of it, and may send it again keyed right.
+            self.metrics.num_forbidden += 1
+            error = self._identity_problem(request, principal, key)
+            assert error is not None
+            await self._dead_letter(where, f"{error.code}: {error.message}")
+            if owns_reply_topic and not self._known(*ident):
+                await self._answer_only(item, error)
+            return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
         entry = self._ledger.get(*ident)
         in_memory = ident in self._waiting or ident in self._in_flight
@@ -308,17 +319,15 @@ class Dispatcher:
                 await self._answer_duplicate(item, entry.last_seq + 1 if done else 0, done)
             return Outcome.DUPLICATE
 
+        error = self._identity_problem(request, principal, key)
+        if error is not None and owns_reply_topic:
+            self.metrics.num_forbidden += 1
+            return await self._turn_down(item, error, now)
         if not owns_reply_topic:
             # Not the producer's topic: no chunk goes there, whoever owns it.
             self.metrics.num_forbidden += 1
             await self._dead_letter(where, self._not_owned(principal, item.reply_to))
             await self._publish_rejected(item, "reply_topic_forbidden")
-            self._remember(item, State.DONE, now)
-            return Outcome.REFUSED
-        problem = self._check_identity(request, principal, key)
-        if problem is not None:
-            self.metrics.num_forbidden += 1
-            await self._refuse(item, problem)
             self._remember(item, State.DONE, now)
             return Outcome.REFUSED
 
@@ -327,16 +336,14 @@ class Dispatcher:
         problem = self._check_tenant_rules(item, principal, num_prompt)
         if problem is not None:
             self.metrics.num_rejected_invalid += 1
-            await self._refuse(item, problem)
-            self._remember(item, State.DONE, now)
-            return Outcome.REFUSED
+            return await self._turn_down(item, problem, now)
 
         priority = item.priority
         self._update_tier(extra_waiting=1)
         action = apply_tier(self._tiers, self._tier, priority, item.sampling.max_tokens)
         if action.shed:
             self.metrics.num_shed += 1
-            await self._refuse(
+            return await self._turn_down(
                 item,
                 ErrorInfo(
                     code="overloaded",
@@ -344,10 +351,9 @@ class Dispatcher:
                     "batch requests are shed until it recovers",
                     retry_after_s=1.0,
                 ),
+                now,
                 tier=self._tier,
             )
-            self._remember(item, State.DONE, now)
-            return Outcome.REFUSED
         updates: dict[str, object] = {"overload_tier": int(self._tier)}
         if action.max_tokens is not None:
             self.metrics.num_capped += 1
@@ -387,7 +393,7 @@ class Dispatcher:
             budgets.release(self._spend, item.tenant_id, item.request_id)
             self.metrics.num_rejected_quota += 1
             by_requests = decision.reason == "rpm"
-            await self._refuse(
+            return await self._turn_down(
                 item,
                 ErrorInfo(
                     code="quota_exceeded",
@@ -406,9 +412,8 @@ class Dispatcher:
                         else tenant.tpm - decision.num_tokens_used,
                     ),
                 ),
+                now,
             )
-            self._remember(item, State.DONE, now)
-            return Outcome.REFUSED
         if decision.duplicate:
             # Ran and settled within the window, its ledger entry gone: still a repeat.
             self.metrics.num_duplicates += 1
@@ -603,8 +608,9 @@ class Dispatcher:
             flags=list(principal.flags),
         )
 
-    def _check_identity(
-        self, request: InferenceRequest, principal: Principal, key: bytes | None
+    @staticmethod
+    def _identity_problem(
+        request: InferenceRequest, principal: Principal, key: bytes | None
     ) -> ErrorInfo | None:
         if request.tenant_id is not None and request.tenant_id != principal.tenant_id:
             return ErrorInfo(
@@ -620,6 +626,14 @@ class Dispatcher:
                 f"({principal.tenant_id!r}); this one's key is {key!r}",
             )
         return None
+
+    async def _turn_down(
+        self, item: WorkItem, error: ErrorInfo, now: float, tier: Tier = Tier.NORMAL
+    ) -> Outcome:
+        """Refuses a request on its tenant's partition: the id has had its answer."""
+        await self._refuse(item, error, tier)
+        self._remember(item, State.DONE, now)
+        return Outcome.REFUSED
 
     def _check_tenant_rules(
         self, item: WorkItem, principal: Principal, num_prompt: int
@@ -764,6 +778,18 @@ class Dispatcher:
     async def _publish_rejected(self, item: WorkItem, code: str) -> None:
         usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)
         await self._publish(self._topics.usage, item.tenant_id.encode(), encode(usage))
+
+    async def _answer_only(self, item: WorkItem, error: ErrorInfo) -> None:
+        """A refusal chunk and nothing else: no UsageEvent, no ledger entry."""
+        chunk = TokenChunk(
+            request_id=item.request_id,
+            tenant_id=item.tenant_id,
+            seq=0,
+            finish_reason=FinishReason.REJECTED,
+            error=error,
+        )
+        batch = TokenChunkBatch(tenant_id=item.tenant_id, chunks=[chunk])
+        await self._publish(item.reply_to, reply_batch_key(item.tenant_id), encode(batch))
 
     async def _answer_duplicate(self, item: WorkItem, seq: int, finished: bool) -> None:
         """A repeat of a request that ran: one chunk, after the stream it repeats (so no

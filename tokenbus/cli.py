@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +22,10 @@ def main() -> None:
     """tokenbus: multi-tenant LLM serving on Kafka."""
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""How systemd, docker, a closed terminal and Ctrl-C stop a foreground service."""
+
+
 @main.command()
 @click.option(
     "--model",
@@ -29,16 +35,36 @@ def main() -> None:
 )
 @click.option("--workers", "num_workers", default=1, show_default=True, help="vLLM workers.")
 def up(model_path: Path | None, num_workers: int) -> None:
-    """Start the broker, the Faust job, vLLM workers and the billing sink; Ctrl-C stops."""
+    """Start the broker, the Faust job, vLLM workers and the billing sink; Ctrl-C,
+    SIGTERM or SIGHUP stops them all, in order."""
     from rich.console import Console
 
-    from tokenbus.stack import DEV_TENANT, Stack, StackError, dev_api_key_path
+    from tokenbus.stack import (
+        DEV_TENANT,
+        Stack,
+        StackError,
+        StackLeftBehind,
+        dev_api_key_path,
+    )
+    from tokenbus.stack_state import stop_left_behind
 
     console = Console(stderr=True)
     settings = _settings(model_path=model_path)
     stack = Stack(settings, num_workers=num_workers)
+    received: list[int] = []
 
     async def run() -> None:
+        loop = asyncio.get_running_loop()
+        main_task = asyncio.current_task()
+        assert main_task is not None
+
+        def on_signal(signum: int) -> None:
+            if not received:
+                received.append(signum)
+                main_task.cancel()
+
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, on_signal, signum)
         with console.status("starting tokenbus") as status:
 
             def progress(message: str) -> None:
@@ -57,22 +83,102 @@ def up(model_path: Path | None, num_workers: int) -> None:
         console.print(
             f"[bold green]tokenbus is up[/] (Kafka at {settings.bootstrap}, "
             f"model {settings.served_model_name!r}, logs in {stack.logs}).\n{dev}"
-            f'Try: tokenbus ask "Hello there" --tenant {DEV_TENANT}\nCtrl-C stops everything.'
+            f'Try: tokenbus ask "Hello there" --tenant {DEV_TENANT}\n'
+            "Ctrl-C (or SIGTERM, SIGHUP) stops everything; `tokenbus status` shows it."
         )
         while True:
             stack.check()
             await asyncio.sleep(1)
 
+    def stop(code: int) -> None:
+        # A second signal while stopping would only cut the ordered stop short.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        with contextlib.suppress(OSError):  # a closed terminal: nobody reads this
+            console.print("stopping tokenbus ...")
+        stack.stop()
+        with contextlib.suppress(OSError):
+            console.print("stopped.")
+        sys.exit(code)
+
     try:
         asyncio.run(run())
-    except KeyboardInterrupt:
-        console.print("stopping tokenbus ...")
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        stop(0)
+    except StackLeftBehind as exc:
+        console.print(f"[bold yellow]{exc}[/]")
+        if sys.stdin.isatty() and click.confirm("Stop them now?", default=False, err=True):
+            stopped = stop_left_behind(settings.home)
+            console.print(
+                f"stopped {', '.join(s.name for s in stopped) or 'nothing'}; "
+                "run `tokenbus up` again."
+            )
+        sys.exit(1)
     except StackError as exc:
         console.print(f"[bold red]error:[/] {exc}")
-        stack.stop()
-        sys.exit(1)
-    stack.stop()
-    console.print("stopped.")
+        stop(1)
+    stop(0)
+
+
+@main.command()
+def down() -> None:
+    """Stop the local stack of this home: its `tokenbus up`, or what one left behind."""
+    from tokenbus.stack_state import StackState, stop_left_behind
+
+    settings = Settings()
+    state = StackState.load(settings.home)
+    if state is None or not (state.owner_alive() or state.live_services()):
+        StackState.clear(settings.home)
+        click.echo(f"no tokenbus stack running from {settings.home}")
+        return
+    if state.owner_alive():
+        click.echo(f"stopping tokenbus up (pid {state.owner_pid}) ...")
+    stopped = stop_left_behind(settings.home)
+    for service in stopped:
+        click.echo(f"stopped {service.name} (pid {service.pid})")
+    click.echo("stopped.")
+
+
+@main.command()
+def topics() -> None:
+    """Create tokenbus's topics on the configured Kafka cluster (those missing)."""
+    from tokenbus.kafka import ensure_topics, wait_for_broker
+    from tokenbus.stack import stack_topics
+
+    settings = Settings()
+
+    async def run() -> None:
+        await wait_for_broker(settings, timeout_s=120)
+        await ensure_topics(settings, stack_topics(settings))
+
+    asyncio.run(run())
+    for name, partitions in stack_topics(settings).items():
+        click.echo(f"{name}: {partitions} partitions, replication {settings.replication_factor}")
+
+
+@main.command()
+def status() -> None:
+    """Each service of the local stack: its pid, health and port."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenbus.stack_state import StackState
+    from tokenbus.status import service_health
+
+    settings = Settings()
+    state = StackState.load(settings.home)
+    if state is None:
+        click.echo(f"no tokenbus stack running from {settings.home}")
+        sys.exit(3)
+    health = asyncio.run(service_health(settings, state))
+    owner = "running" if state.owner_alive() else "[red]gone: services left behind[/]"
+    table = Table(title=f"tokenbus up (pid {state.owner_pid}): {owner}; Kafka {state.bootstrap}")
+    for column in ("service", "pid", "health", "port"):
+        table.add_column(column)
+    for service in state.services:
+        table.add_row(service.name, str(service.pid), health[service.name], str(service.port or ""))
+    Console().print(table)
+    sys.exit(0 if all(h.startswith("ok") for h in health.values()) else 1)
 
 
 @main.command()
@@ -111,9 +217,9 @@ def ask(
     from producers import TokenbusClient, TokenbusTimeout
     from schemas import SamplingParams
     from tokenbus.kafka import wait_for_broker
-    from tokenbus.stack import dev_api_key_path
+    from tokenbus.stack import bundled_broker_profile, dev_api_key_path
 
-    settings = Settings()
+    settings = bundled_broker_profile(Settings())
     if api_key is None and dev_api_key_path(settings).exists():
         api_key = dev_api_key_path(settings).read_text().strip()
     if api_key is None:

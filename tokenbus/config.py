@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     (BENCHMARKS.md); ``asyncio`` is the standard loop, to compare or to debug."""
 
     # -- Kafka ----------------------------------------------------------------------
+    broker_profile: Literal["kafka", "tansu"] = "kafka"
+    """The broker tokenbus talks to. ``kafka``: Apache Kafka (or any broker that behaves
+    like it), no workaround, idempotent producers. ``tansu``: the bundled development
+    broker, with tokenbus.tansu's workarounds and no idempotence (tansu has no
+    InitProducerId). ``tokenbus up`` sets ``tansu`` when it runs the bundled broker."""
     kafka_bootstrap: str | None = None
     """``host:port[,host:port]``. Unset: ``tokenbus up`` starts the bundled tansu broker."""
     kafka_port: int = 19092
@@ -47,8 +52,9 @@ class Settings(BaseSettings):
     """Partitions of the request and usage topics; the unit of scale-out."""
     replication_factor: int = 1
     kafka_acks: int | str = "all"
-    kafka_idempotence: bool = False
-    """Idempotent producers need InitProducerId, which the bundled broker lacks."""
+    kafka_idempotence: bool | None = None
+    """Idempotent producers; unset: on with the ``kafka`` profile, off with ``tansu``
+    (idempotence needs InitProducerId, which the bundled broker lacks)."""
     linger_ms: int = 0
     fetch_max_wait_ms: int = 20
     """How long the broker may hold a fetch of an idle partition: every consumer but the
@@ -64,14 +70,14 @@ class Settings(BaseSettings):
     6 to 13 ms to 26 to 35 ms, and class 0's submit to dispatch p99 from 17 to 52 ms."""
     fetch_max_wait_cap_ms: int = 1_000
     """A consumer whose fetches keep coming back empty behind the high-water mark
-    doubles its fetch wait up to this (tokenbus.fetch_wait: the bundled broker's fetch
-    costs more as a partition grows, and stops at the wait). Inert on Apache Kafka;
-    0 turns it off."""
+    doubles its fetch wait up to this (tokenbus.tansu.fetch_wait: the bundled broker's
+    fetch costs more as a partition grows, and stops at the wait). ``tansu`` profile
+    only; 0 turns it off."""
     request_timeout_ms: int = 30_000
     kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this
-    long before it accepts the gap (tokenbus.gaps: the bundled broker can show a later
-    batch before an earlier one). Inert on Apache Kafka; 0 turns it off."""
+    long before it accepts the gap (tokenbus.tansu.gaps: the bundled broker can show a
+    later batch before an earlier one). ``tansu`` profile only; 0 turns it off."""
 
     # -- Faust job ------------------------------------------------------------------
     faust_app_id: str = "tokenbus-dispatch"
@@ -254,6 +260,12 @@ class Settings(BaseSettings):
     @property
     def bootstrap(self) -> str:
         return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def idempotent_producers(self) -> bool:
+        if self.kafka_idempotence is not None:
+            return self.kafka_idempotence
+        return self.broker_profile == "kafka"
 
     @property
     def model_dir(self) -> Path:

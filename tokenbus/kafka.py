@@ -1,23 +1,24 @@
 """aiokafka producers, consumers and topic admin, built from Settings.
 
 Every Kafka knob (bootstrap, acks, idempotence, linger, fetch wait) comes from
-configuration, so the same code runs against the bundled broker and Apache Kafka.
+configuration, so the same code runs against the bundled broker and Apache Kafka. The
+bundled broker's workarounds come in only with its profile (tokenbus.tansu).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
+from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.fetch_wait import lengthen_stalled_fetches
-from tokenbus.gaps import refetch_across_gaps
 
 
 class Publish(Protocol):
@@ -30,7 +31,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "acks": settings.kafka_acks,
-        "enable_idempotence": settings.kafka_idempotence,
+        "enable_idempotence": settings.idempotent_producers,
         "linger_ms": settings.linger_ms,
         "request_timeout_ms": settings.request_timeout_ms,
     }
@@ -41,8 +42,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 def make_consumer(
     settings: Settings, *topics: str, group_id: str | None, **overrides: Any
 ) -> AIOKafkaConsumer:
-    refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
-    lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
+    tansu.install_for_consumers(settings)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "group_id": group_id,
@@ -113,7 +113,28 @@ async def _start_with_retry(start: Any, timeout_s: float) -> None:
 
 
 async def wait_for_broker(settings: Settings, timeout_s: float = 30.0) -> None:
-    """Polls until the broker answers metadata requests."""
+    """Polls until the broker answers metadata requests. First until a bootstrap address
+    takes TCP connections: a broker still starting is a retry, and aiokafka would log
+    each refused connection as an error."""
+    deadline = time.monotonic() + timeout_s
+    while not await _any_accepts(settings.bootstrap):
+        if time.monotonic() > deadline:
+            raise KafkaConnectionError(f"no broker at {settings.bootstrap}")
+        await asyncio.sleep(0.1)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await _start_with_retry(admin.start, timeout_s)
+    await _start_with_retry(admin.start, max(1.0, deadline - time.monotonic()))
     await admin.close()
+
+
+async def _any_accepts(bootstrap: str) -> bool:
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        except (OSError, TimeoutError, ValueError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False

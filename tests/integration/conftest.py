@@ -37,6 +37,8 @@ TENANTS: dict[str, dict[str, object]] = {
     # Quotas: accuracy, restart.
     **{f"acc-{x}": {"tpm": 2400, "rpm": 100_000} for x in "abc"},
     "restart": {"tpm": 2400, "rpm": 100_000},
+    # Scale-out (tests/load/test_scale_out.py): 20 tenants with a small quota each.
+    **{f"scale-{n:02d}": {"tpm": 600, "rpm": 100_000} for n in range(20)},
     # Fair share within class 1, and priority between classes.
     "fair-light": {"weight": 1.0, "priority_class": 1},
     "fair-heavy": {"weight": 2.0, "priority_class": 1},

@@ -90,6 +90,7 @@ async def settings(bootstrap: str, tmp_path: Path) -> Settings:
     settings = Settings(
         home=tmp_path,
         kafka_bootstrap=bootstrap,
+        broker_profile="tansu",
         topic_prefix=f"billing-{uuid.uuid4().hex[:8]}",
         num_partitions=NUM_PARTITIONS,
         clickhouse_dsn=f"chdb://{tmp_path / 'clickhouse'}",

@@ -251,24 +251,36 @@ async def test_a_valid_tenant_jwt_is_served(settings: Settings, listener: Tokenb
 async def test_a_key_of_tenant_a_cannot_claim_tenant_b(
     settings: Settings, listener: TokenbusClient, dlq: Tap
 ) -> None:
-    value = body(listener.reply_topic, tenant_id=B)
-    listener.watch(value["request_id"], A)
-    await produce(settings, value, key=B, headers=bearer(bus_key(A)))
-    chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 30)
-    assert [c.error.code for c in chunks if c.error] == ["tenant_mismatch"]
-    rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
-    assert [(r["tenant_id"], r["status"]) for r in rows] == [(A, "rejected")]  # never B
+    for key in (A, B):  # on A's partition, and on B's
+        value = body(listener.reply_topic, tenant_id=B)
+        listener.watch(value["request_id"], A)
+        await produce(settings, value, key=key, headers=bearer(bus_key(A)))
+        chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 30)
+        assert [c.error.code for c in chunks if c.error] == ["tenant_mismatch"]
+        await asyncio.sleep(1.5)  # the sink's batch interval
+        rows = billing_rows(settings, value["request_id"])
+        # Never B's; A's rejected row only where A's partition could keep the id's answer.
+        expected = [(A, "rejected")] if key == A else []
+        assert [(r["tenant_id"], r["status"]) for r in rows] == expected
 
 
-async def test_a_record_keyed_by_another_tenant_is_refused(
+async def test_a_record_keyed_by_another_tenant_is_refused_and_may_be_sent_again(
     settings: Settings, listener: TokenbusClient, dlq: Tap
 ) -> None:
     value = body(listener.reply_topic)
-    chunk, rows = await refused_on_the_bus(
-        settings, listener, dlq, value, key=B, headers=bearer(bus_key(A)), tenant=A
-    )
+    listener.watch(value["request_id"], A)
+    await produce(settings, value, key=B, headers=bearer(bus_key(A)))
+    (chunk,) = await asyncio.wait_for(answer(listener, value["request_id"], A), 30)
     assert chunk.error is not None and chunk.error.code == "invalid_key"
-    assert [(r["tenant_id"], r["status"]) for r in rows] == [(A, "rejected")]
+    (letter,) = await dead_letters(dlq, value["request_id"])
+    assert letter.reason.startswith("invalid_key")
+    # Nothing was kept of it: keyed right, the same request runs, and is billed once.
+    listener.watch(value["request_id"], A)
+    await produce(settings, value, key=A, headers=bearer(bus_key(A)))
+    chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 60)
+    assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 4
+    rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
+    assert [(r["tenant_id"], r["status"]) for r in rows] == [(A, "ok")]
 
 
 # -- fields tokenbus derives ---------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,10 +49,9 @@ async def cold_job(
     }
     settings = stack.settings.model_copy(update=overrides)
     await ensure_topics(settings, stack_topics(settings))
-    job = stack._spawn(f"cold-job-{tag}", [sys.executable, "-m", "stream_jobs"], **overrides)
+    job = stack.add_job(f"cold-job-{tag}", **overrides)
     try:
-        job.ready_marker = "[^Worker]: Ready"
-        await stack._wait(job, Stack._log_says(job, job.ready_marker), 120)
+        await stack.wait_ready(job, 120)
         yield settings, job, overrides
     finally:
         for name in [s.name for s in stack.services if tag in s.name]:

@@ -193,10 +193,24 @@ async def test_a_key_of_one_tenant_cannot_claim_another(bus: Bus) -> None:
     assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"beta") is Outcome.REFUSED
     chunk = only(bus.chunks(ACME))
     assert chunk.error.code == "tenant_mismatch" and chunk.tenant_id == "acme"
+    # Keyed by beta, it sits on beta's partition: nothing of acme's is written from there,
+    # no usage row either (its id stays free for a retry keyed right).
+    assert "tenant_mismatch" in only(bus.dead_letters()).reason
+    assert bus.topics() == {ACME, TOPICS.dead_letters}
+    assert bus.dispatcher.metrics.num_forbidden == 1
+
+
+async def test_a_key_of_one_tenant_claiming_another_on_its_own_partition(bus: Bus) -> None:
+    claim = body(tenant="beta", reply_to=ACME)
+    assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"acme") is Outcome.REFUSED
+    chunk = only(bus.chunks(ACME))
+    assert chunk.error.code == "tenant_mismatch" and chunk.tenant_id == "acme"
     usage = only(bus.usage())
     assert (usage.tenant_id, usage.error_code) == ("acme", "tenant_mismatch")
     assert bus.topics() == {ACME, TOPICS.usage}
-    assert bus.dispatcher.metrics.num_forbidden == 1
+    # The id has had its answer: the same again is a duplicate, not a second refusal row.
+    assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"acme") is Outcome.DUPLICATE
+    assert len(bus.usage()) == 1
 
 
 @pytest.mark.parametrize("key", [b"beta", b"", None, b"acme "])
@@ -204,9 +218,10 @@ async def test_a_record_must_be_keyed_by_its_tenant(bus: Bus, key: bytes | None)
     assert await bus.produce(body(), headers=bearer(ACME_KEY), key=key) is Outcome.REFUSED
     chunk = only(bus.chunks(ACME))
     assert chunk.error.code == "invalid_key"
-    usage = only(bus.usage())
-    assert (usage.tenant_id, usage.error_code) == ("acme", "invalid_key")
-    assert bus.topics() == {ACME, TOPICS.usage}
+    assert "invalid_key" in only(bus.dead_letters()).reason
+    assert bus.topics() == {ACME, TOPICS.dead_letters}  # no usage row, no ledger entry
+    # Sent again keyed right, it runs.
+    assert await bus.produce(body(), headers=bearer(ACME_KEY), key=b"acme") is Outcome.FORWARDED
 
 
 async def test_a_body_without_tenant_id_is_the_credential_s_tenant(bus: Bus) -> None:
@@ -236,7 +251,8 @@ async def test_claiming_another_tenant_and_its_reply_topic_reaches_neither(bus: 
     claim = body(tenant="beta")  # beta's id, beta's reply topic, acme's key
     assert await bus.produce(claim, headers=bearer(ACME_KEY), key=b"beta") is Outcome.REFUSED
     assert not bus.chunks(BETA)
-    assert only(bus.usage()).tenant_id == "acme"
+    assert not bus.usage()  # nothing under beta's name, nor acme's from beta's partition
+    assert "tenant_mismatch" in only(bus.dead_letters()).reason
 
 
 # -- what a producer may not set ---------------------------------------------------------

@@ -1,5 +1,5 @@
 """A consumer whose fetches keep coming back empty behind the high-water mark lets the
-broker take longer over them.
+broker take longer over them (tansu profile only).
 
 Seen with tansu 0.6.0, the bundled development broker: a fetch costs it more the more
 record batches the partition holds, and it stops reading at ``fetch_max_wait_ms``. Once
@@ -14,8 +14,8 @@ doubles its wait, up to ``cap_ms``; after ``QUIET_S`` without one, it halves it 
 down to the configured wait, which is kept short because the bundled broker answers a
 parked fetch later the longer its wait (``Settings.fetch_max_wait_ms``).
 
-On Apache Kafka a fetch behind the high-water mark returns records, so this never
-fires there.
+On Apache Kafka a fetch behind the high-water mark returns records, and the ``kafka``
+profile never installs this.
 """
 
 from __future__ import annotations
@@ -129,3 +129,10 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
         return result
 
     fetcher.Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """aiokafka's fetcher as it ships again (consumers made before keep their wait)."""
+    if "original" in _installed:
+        fetcher.Fetcher._proc_fetch_request = _installed["original"]  # type: ignore[method-assign]
+    _installed.clear()

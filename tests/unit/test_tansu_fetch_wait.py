@@ -1,4 +1,4 @@
-"""tokenbus.fetch_wait: a consumer stalled behind the high-water mark lengthens its
+"""tokenbus.tansu.fetch_wait: a consumer stalled behind the high-water mark lengthens its
 fetch wait, and shortens it again once the stalls are over."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from tokenbus.fetch_wait import QUIET_S, STALLS_TO_RAISE, FetchWait, stalled_partitions
+from tokenbus.tansu.fetch_wait import QUIET_S, STALLS_TO_RAISE, FetchWait, stalled_partitions
 
 
 class Clock:

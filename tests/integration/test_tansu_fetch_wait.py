@@ -1,5 +1,5 @@
 """A consumer keeps reading a partition whose fetches cost the broker more than the
-consumer's fetch wait (tokenbus.fetch_wait), on the stack's broker."""
+consumer's fetch wait (tokenbus.tansu.fetch_wait), on the stack's broker."""
 
 from __future__ import annotations
 

@@ -1,0 +1,129 @@
+"""The local stack as a service manager: children die with the process that started
+them (even by SIGKILL), services stop in reverse order of start, and what a dead stack
+left behind is found and stopped (tokenbus.stack, tokenbus.stack_state)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tokenbus import procfs
+from tokenbus.stack import Service, stop_services
+from tokenbus.stack_state import ServiceRecord, StackState, stop_left_behind
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = procfs.start_time(pid) and procfs.stat_fields(f"/proc/{pid}/stat")[0]
+        if state in (None, b"Z"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import os, subprocess, time
+                from tokenbus.stack import _dies_with
+                child = subprocess.Popen(
+                    ["sleep", "600"], start_new_session=True, preexec_fn=_dies_with(os.getpid())
+                )
+                open({str(pid_file)!r}, "w").write(str(child.pid))
+                time.sleep(600)
+                """
+            ),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert not gone(child, timeout_s=0.2)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert gone(child), "the child outlived its SIGKILLed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def service(tmp_path: Path, name: str, log: Path) -> Service:
+    """A process that notes its SIGTERM in ``log`` and then takes 0.3 s to exit."""
+    code = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        def stop(*_):
+            open({str(log)!r}, "a").write({name!r} + "\\n")
+            time.sleep(0.3)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print("up", flush=True)
+        time.sleep(600)
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"up\n"
+    return Service(name, process, tmp_path / f"{name}.log")
+
+
+def test_services_stop_in_reverse_order_of_start_one_kind_at_a_time(tmp_path: Path) -> None:
+    log = tmp_path / "stopped"
+    names = ["broker", "billing", "stream_job", "worker-0", "worker-1", "bridge"]
+    services = [service(tmp_path, name, log) for name in names]
+    stop_services(services, timeout_s=20)
+    order = log.read_text().split()
+    assert order[0] == "bridge"
+    assert set(order[1:3]) == {"worker-0", "worker-1"}  # together: a wave of one kind
+    assert order[3:] == ["stream_job", "billing", "broker"]
+    assert services == []
+
+
+def test_a_record_never_takes_a_reused_pid_for_its_service() -> None:
+    me = os.getpid()
+    assert ServiceRecord("x", me, procfs.start_time(me)).alive()
+    assert not ServiceRecord("x", me, (procfs.start_time(me) or 0) + 1).alive()
+    assert not ServiceRecord("x", me, None).alive()
+
+
+def test_down_stops_what_a_dead_stack_left_behind(tmp_path: Path) -> None:
+    orphans = [subprocess.Popen(["sleep", "600"], start_new_session=True) for _ in range(2)]
+    try:
+        StackState(
+            owner_pid=999_999_999,  # no such process: `tokenbus up` died
+            owner_started=1,
+            bootstrap="127.0.0.1:1",
+            broker_profile="tansu",
+            services=[
+                ServiceRecord(f"s{n}", p.pid, procfs.start_time(p.pid))
+                for n, p in enumerate(orphans)
+            ],
+        ).save(tmp_path)
+        state = StackState.load(tmp_path)
+        assert state is not None and not state.owner_alive()
+        assert len(state.live_services()) == 2
+        stopped = stop_left_behind(tmp_path, timeout_s=5)
+        assert [s.name for s in stopped] == ["s1", "s0"]  # reverse order of start
+        for process in orphans:
+            assert process.wait(timeout=5) == -signal.SIGTERM
+        assert StackState.load(tmp_path) is None
+    finally:
+        for process in orphans:
+            process.kill()
+            process.wait()

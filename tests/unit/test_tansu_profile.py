@@ -1,0 +1,96 @@
+"""The broker profile is the one switch for the bundled broker's workarounds: ``kafka``
+(the default) installs no patch and makes idempotent producers; ``tansu`` installs them
+all. And on Kafka, offset gaps that transaction markers leave never stall a consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.consumer import fetcher
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from stream_jobs.app import create_app
+from tests.unit.tansu_records import batch, partition_records
+from tokenbus import tansu
+from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer, make_producer
+
+
+def patched_methods() -> dict[str, Any]:
+    return {
+        "PartitionRecords._unpack_records": fetcher.PartitionRecords._unpack_records,
+        "Fetcher._proc_fetch_request": fetcher.Fetcher._proc_fetch_request,
+        "AIOKafkaConsumerThread._create_worker_consumer": (
+            faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+        ),
+    }
+
+
+@pytest.fixture
+def as_shipped() -> Iterator[dict[str, Any]]:
+    """aiokafka and Faust as they ship, before and after the test."""
+    tansu.uninstall()
+    yield patched_methods()
+    tansu.uninstall()
+
+
+def test_kafka_is_the_default_profile() -> None:
+    settings = Settings()
+    assert settings.broker_profile == "kafka"
+    assert settings.idempotent_producers
+    assert settings.kafka_acks == "all"
+
+
+async def test_the_kafka_profile_installs_no_patch(
+    as_shipped: dict[str, Any], tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path)
+    consumer = make_consumer(settings, "tokenbus.usage", group_id=None)
+    create_app(settings)
+    assert patched_methods() == as_shipped
+    assert consumer._fetch_max_wait_ms == settings.fetch_max_wait_ms
+
+
+async def test_the_kafka_profile_makes_idempotent_producers_with_acks_all() -> None:
+    producer = make_producer(Settings())
+    assert producer._txn_manager is not None  # aiokafka's idempotence machinery
+    assert producer._sender._acks == -1  # all
+    tansu_producer = make_producer(Settings(broker_profile="tansu"))
+    assert tansu_producer._txn_manager is None  # tansu has no InitProducerId
+
+
+async def test_the_tansu_profile_installs_every_workaround(
+    as_shipped: dict[str, Any], tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path, broker_profile="tansu")
+    make_consumer(settings, "tokenbus.usage", group_id=None)
+    create_app(settings)
+    installed = patched_methods()
+    assert all(installed[name] is not as_shipped[name] for name in as_shipped), installed
+
+
+def test_a_tansu_workaround_set_to_zero_is_off(as_shipped: dict[str, Any]) -> None:
+    settings = Settings(broker_profile="tansu", kafka_gap_settle_s=0, fetch_max_wait_cap_ms=0)
+    tansu.install_for_consumers(settings)
+    assert (
+        fetcher.PartitionRecords._unpack_records is as_shipped["PartitionRecords._unpack_records"]
+    )
+
+
+@pytest.mark.parametrize("profile", ["kafka", "tansu"])
+async def test_gaps_from_transaction_markers_never_stall_a_consumer(
+    as_shipped: dict[str, Any], profile: str
+) -> None:
+    """A transactional producer writing a tokenbus topic leaves commit markers in it:
+    offsets no record holds. aiokafka skips them; the consumer reads on at once."""
+    settings = Settings(broker_profile=profile)  # type: ignore[arg-type]
+    make_consumer(settings, "tokenbus.usage", group_id=None)
+    markers = [batch(2, 1, control=True), batch(5, 1, control=True)]
+    records = partition_records(
+        "tokenbus.usage", 0, batch(0, 2), markers[0], batch(3, 2), markers[1], batch(6, 1)
+    )
+    assert [record.offset for record in records] == [0, 1, 3, 4, 6]
+    assert records.next_fetch_offset == 7  # the next fetch goes on from the end

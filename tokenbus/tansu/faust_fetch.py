@@ -1,0 +1,40 @@
+"""The Faust job's fetch wait, bounded (tansu profile only).
+
+Faust hard-codes ``fetch_max_wait_ms=1500`` for its consumer. The bundled broker answers
+a parked fetch later the longer its wait, and the job holds many partitions: one left
+out of a parked fetch waits for that fetch to end (``Settings.job_fetch_max_wait_ms``).
+Apache Kafka answers a parked fetch as soon as a record arrives, so Faust's wait is
+fine there and the ``kafka`` profile leaves Faust as it ships.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+_installed: dict[str, Any] = {}
+
+
+def bound_faust_fetch_wait(wait_ms: int) -> None:
+    """Installs the wait in Faust's consumer factory for this process (idempotent)."""
+    _installed["wait_ms"] = wait_ms
+    if "original" in _installed:
+        return
+    original = _installed["original"] = (
+        faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+    )
+
+    def create(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._fetch_max_wait_ms = _installed["wait_ms"]
+        return consumer
+
+    faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """Faust's consumer factory as it ships again."""
+    if "original" in _installed:
+        faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = _installed["original"]  # type: ignore[method-assign]
+    _installed.clear()
