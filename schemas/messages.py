@@ -66,6 +66,7 @@ INTERNAL_FIELDS = frozenset(
         "overload_tier",
         "cache_salt",
         "flags",
+        "key_sha256",
     }
 )
 """Fields of a ``WorkItem`` that tokenbus derives: a producer that writes one is refused."""
@@ -179,6 +180,9 @@ class WorkItem(Message):
     """Prefix-cache isolation key: the tenant, or its sharing group."""
     flags: list[str] = Field(default_factory=list)
     """Notes that travel to the UsageEvent: ``injection_suspected``, ``max_tokens_capped``."""
+    key_sha256: str | None = None
+    """The SHA-256 of the credential behind the request (an API key, or a token with its
+    own balance), as the job charged its budgets: travels to the UsageEvent."""
 
     @property
     def engine_request_id(self) -> str:
@@ -278,6 +282,8 @@ class UsageEvent(Message):
     precision: str = "fp16"
     """Weights precision (fp32, fp16, bf16, int8), for the cost weights."""
     flags: list[str] = Field(default_factory=list)
+    key_sha256: str | None = None
+    """The credential's hash the job charged key budgets to (``WorkItem.key_sha256``)."""
     created_at: datetime
     """When the job admitted the request: what prices and peak hours go by."""
     finished_at: datetime = Field(default_factory=_now)

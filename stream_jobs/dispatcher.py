@@ -606,6 +606,7 @@ class Dispatcher:
             admitted_at=admitted,
             cache_salt=salt,
             flags=list(principal.flags),
+            key_sha256=principal.key_sha256,
         )
 
     @staticmethod

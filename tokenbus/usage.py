@@ -36,6 +36,7 @@ def usage_of(
         finish_reason=finish,
         overload_tier=request.overload_tier,
         flags=fields.pop("flags", request.flags),
+        key_sha256=request.key_sha256,
         created_at=request.admitted_at,
         **fields,
     )

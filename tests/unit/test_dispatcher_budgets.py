@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import UsageEvent, decode, encode
+from schemas import UsageEvent, WorkItem, decode, encode
 from schemas.budgets import BudgetAlert
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from tests.unit.fakes import Recorder, bearer, reply_topic
@@ -103,6 +103,9 @@ async def test_a_key_s_own_budget_binds_inside_its_tenant_s(settings: Settings) 
         return await dispatcher.handle_request("p", 0, 0, b"team", encode(req), bearer(KEY))
 
     assert await by_key(1) is Outcome.FORWARDED
+    # The key travels with the work to its UsageEvent, so ClickHouse can sum it.
+    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    assert forwarded.key_sha256 == hash_api_key(KEY)
     assert await by_key(2) is Outcome.REFUSED  # the key's 20,000: smaller than the tenant's
     refusal = recorder.chunks_on(reply_topic("team"))[-1]
     assert refusal.error is not None and f"key:{hash_api_key(KEY)}" in refusal.error.message

@@ -144,6 +144,7 @@ INTERNAL_VALUES: dict[str, object] = {
     "overload_tier": 0,
     "cache_salt": "other-tenant",
     "flags": ["usage_from_replies"],
+    "key_sha256": "0" * 64,
 }
 
 
