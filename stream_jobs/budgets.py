@@ -20,13 +20,17 @@ the budget's zone (named by its first day), or one hour for ``rolling:Nh``, whic
 the last N + 1 hour buckets: never less than the last N hours, at most one hour more.
 Spend is kept in the bucket of the request's admission, the instant billing prices by
 (``UsageEvent.created_at``), even when it settles after the period ended.
+
+A token's balance (the JWT claim ``quota_balance``, in cost units) is one more budget,
+``token_budget``: hard, keyed by the credential's hash as a key budget is, over the
+``total`` period (one bucket, the token's whole life); it binds with the tenant's.
 """
 
 from __future__ import annotations
 
 import calendar
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
@@ -49,9 +53,14 @@ def to_units(nanos: int) -> Decimal:
     return Decimal(nanos).scaleb(-9)
 
 
+TOTAL_BOUNDS = (datetime(1970, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
+"""The instants the ``total`` period spans: every instant billing stores."""
+
+
 @dataclass(frozen=True)
 class Period:
-    """``day``, ``week`` (from Monday), ``month`` in ``tz``, or ``rolling`` ``hours``."""
+    """``day``, ``week`` (from Monday), ``month`` in ``tz``, ``rolling`` ``hours``, or
+    ``total`` (one bucket that never turns: a token's balance)."""
 
     kind: str
     tz: str = "UTC"
@@ -65,12 +74,16 @@ class Period:
     def parse(cls, spec: str, tz: str = "UTC") -> Period:
         if spec.startswith("rolling:") and spec.endswith("h"):
             return cls("rolling", "UTC", int(spec[len("rolling:") : -1]))
+        if spec == "total":
+            return cls("total")
         if spec not in ("day", "week", "month"):
-            raise ValueError(f"period {spec!r}: want day, week, month or rolling:<N>h")
+            raise ValueError(f"period {spec!r}: want day, week, month, rolling:<N>h or total")
         return cls(spec, tz)
 
     def bucket_of(self, at: datetime) -> str:
         """Where spend made at ``at`` is kept."""
+        if self.kind == "total":
+            return "total"
         if self.kind == "rolling":
             return str(int(at.timestamp() // 3600))
         local = at.astimezone(self._zone).date()
@@ -89,6 +102,8 @@ class Period:
 
     def bounds(self, bucket: str) -> tuple[datetime, datetime]:
         """The bucket's instants [start, end), in UTC: what a billing query sums over."""
+        if self.kind == "total":
+            return TOTAL_BOUNDS
         if self.kind == "rolling":
             start = datetime.fromtimestamp(int(bucket) * 3600, UTC)
             return start, start + timedelta(hours=1)
@@ -104,8 +119,11 @@ class Period:
         end = datetime(last.year, last.month, last.day, tzinfo=self._zone)
         return start.astimezone(UTC), end.astimezone(UTC)
 
-    def resets_at(self, at: datetime) -> datetime:
-        """When spend made by ``at`` no longer counts (rolling: at the latest)."""
+    def resets_at(self, at: datetime) -> datetime | None:
+        """When spend made by ``at`` no longer counts (rolling: at the latest); never
+        for ``total``."""
+        if self.kind == "total":
+            return None
         if self.kind == "rolling":
             return self.bounds(self.bucket_of(at))[1] + timedelta(hours=self.hours)
         return self.bounds(self.bucket_of(at))[1]
@@ -151,8 +169,20 @@ class Budget:
             thresholds=config.thresholds,
         )
 
-    def narrowed(self, num_limit_nanos: int) -> Budget:
-        return replace(self, num_limit_nanos=min(self.num_limit_nanos, num_limit_nanos))
+
+def token_budget(credential_sha256: str, balance: Decimal) -> Budget:
+    """A token's balance as its own hard budget, keyed by the credential's hash (as a
+    key budget is) over the token's life. It does not alert (no thresholds): whoever
+    minted the token set the balance. Both it and the tenant's budgets bind, so the
+    smaller remainder refuses first: the claim narrows the tenant's budget for that
+    token, and never widens it."""
+    return Budget(
+        budget_id=f"key:{credential_sha256}|total",
+        entity=f"key:{credential_sha256}",
+        num_limit_nanos=to_nanos(balance),
+        period=Period("total"),
+        thresholds=(),
+    )
 
 
 class BudgetBook:

@@ -76,7 +76,7 @@ from stream_jobs.routing import RoutingWeights, choose
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.auth import Authenticator, AuthError, Principal
-from tokenbus.budget_config import BudgetConfig
+from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
@@ -365,6 +365,9 @@ class Dispatcher:
         # gives the budgets their reservation back.
         subject = Subject(item.tenant_id, item.model, principal.key_sha256)
         applicable = self._budgets.applicable(subject)
+        if principal.quota_balance is not None:
+            credential = principal.key_sha256 or principal.credential_id
+            applicable.append(budgets.token_budget(credential, principal.quota_balance))
         if applicable:
             cost = budgets.max_cost_nanos(self._pricer, item, num_prompt)
             spend_verdict = budgets.reserve(
@@ -495,9 +498,10 @@ class Dispatcher:
         )
 
     async def _alert_refused(self, budget: Budget, item: WorkItem) -> None:
-        """A hard budget's first refusal of a period is its 100% alert, if not sent yet."""
+        """A hard budget's first refusal of a period is its 100% alert, if not sent yet;
+        a budget without thresholds (a token's balance) does not alert."""
         bucket = budget.period.bucket_of(item.admitted_at)
-        if 100 in self._spend.fired(budget.budget_id, bucket):
+        if not budget.thresholds or 100 in self._spend.fired(budget.budget_id, bucket):
             return
         alert = self._alert(budget, item.tenant_id, item.admitted_at, 100, "refused")
         await self._publish(self._topics.budget_alerts, item.tenant_id.encode(), encode(alert))
@@ -569,14 +573,15 @@ class Dispatcher:
         reconciliation compares with ClickHouse."""
         rows: list[dict[str, object]] = []
         for budget_id, bucket, held, settled in self._spend.buckets():
-            budget = self._budgets.get(budget_id)
-            start, end = budget.period.bounds(bucket) if budget else (None, None)
+            # Its id names its period: a token's balance or a removed budget has bounds too.
+            _, period, tz = parse_budget_id(budget_id)
+            start, end = budgets.Period.parse(period, tz or "UTC").bounds(bucket)
             rows.append(
                 {
                     "budget_id": budget_id,
                     "bucket": bucket,
-                    "start": start.isoformat() if start else None,
-                    "end": end.isoformat() if end else None,
+                    "start": start.isoformat(),
+                    "end": end.isoformat(),
                     "spent": str(budgets.to_units(settled)),
                     "reserved": str(budgets.to_units(held - settled)),
                 }
@@ -656,13 +661,6 @@ class Dispatcher:
                 code="invalid_request",
                 message=f"sampling.max_tokens {item.sampling.max_tokens} is above "
                 f"the tenant's max_output_tokens {tenant.max_output_tokens}",
-            )
-        balance = principal.quota_balance
-        if balance is not None and num_prompt + item.sampling.max_tokens > balance:
-            return ErrorInfo(
-                code="insufficient_quota",
-                message=f"the credential's quota balance ({balance} tokens) does not cover "
-                f"{num_prompt} prompt tokens plus max_tokens {item.sampling.max_tokens}",
             )
         return None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
+from decimal import Decimal
 from typing import Any
 
 import jwt
@@ -322,3 +324,29 @@ def test_the_key_behind_a_credential_is_known_for_key_budgets() -> None:
         "a", "tokenbus.replies.bridge-1", key_sha256=by_key.key_sha256
     )
     assert auth.authenticate(f"Bearer {token}").key_sha256 == by_key.key_sha256
+
+
+def test_a_quota_balance_is_cost_units_and_the_token_is_its_own_key() -> None:
+    token = tenant_token({"tenant": "acme", "quota_balance": "2.5"})
+    caller = authenticator().authenticate(f"Bearer {token}")
+    assert caller.quota_balance == Decimal("2.5")
+    # A tenant JWT is the credential its balance is charged to, by its SHA-256.
+    assert caller.key_sha256 == hashlib.sha256(token.encode()).hexdigest()
+    assert authenticator().authenticate(
+        f"Bearer {tenant_token({'tenant': 'acme', 'quota_balance': 3})}"
+    ).quota_balance == Decimal(3)
+    # The bridge carries it exactly, with the caller's hash, to the job.
+    relayed = ServiceTokens(SERVICE_SECRET).token(
+        "acme",
+        "tokenbus.replies.bridge-1",
+        quota_balance=Decimal("0.000000001"),
+        key_sha256=caller.key_sha256,
+    )
+    on_bus = authenticator().authenticate(f"Bearer {relayed}")
+    assert (on_bus.quota_balance, on_bus.key_sha256) == (Decimal("1E-9"), caller.key_sha256)
+
+
+@pytest.mark.parametrize("balance", [-1, "0.0000000001", "lots", True, [1], "NaN", "1e40"])
+def test_a_quota_balance_that_is_not_exact_cost_units_is_refused(balance: object) -> None:
+    error = refused(tenant_token({"tenant": "acme", "quota_balance": balance}))
+    assert "quota_balance" in error.message

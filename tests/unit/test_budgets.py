@@ -25,6 +25,7 @@ from stream_jobs.budgets import (
     reserve,
     settle,
     to_nanos,
+    token_budget,
 )
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.usage import usage_of
@@ -124,6 +125,28 @@ def test_every_applicable_budget_binds_and_the_smaller_refuses() -> None:
     assert reserve(store, by_tenant, "team", "t1", 700, MARCH).admitted
     refused = reserve(store, by_tenant, "team", "t2", 1, MARCH)
     assert refused.refused_by is not None and refused.refused_by.entity == "tenant:team"
+
+
+def test_a_token_s_balance_and_its_tenant_s_remainder_the_smaller_binds() -> None:
+    token = "cd" * 32
+    tenant = budget("tenant:team", 1000)
+    balance = token_budget(token, Decimal("0.000000400"))  # 400 nano-units for its life
+    assert (balance.budget_id, balance.num_limit_nanos) == (f"key:{token}|total", 400)
+    store = MemorySpendStore()
+    # The token's balance is the smaller remainder: it refuses, the tenant has room.
+    assert reserve(store, [tenant, balance], "team", "t1", 300, MARCH).admitted
+    refused = reserve(store, [tenant, balance], "team", "t2", 200, MARCH)
+    assert refused.refused_by == balance and refused.resets_at is None  # never turns
+    # Other credentials spend the tenant down until its remainder is the smaller one.
+    assert reserve(store, [tenant], "team", "o1", 650, MARCH).admitted
+    refused = reserve(store, [tenant, balance], "team", "t3", 60, MARCH)
+    assert refused.refused_by == tenant  # 50 left of the tenant's, 100 of the token's
+    assert reserve(store, [tenant, balance], "team", "t4", 50, MARCH).admitted
+    # The balance spans periods: next month the tenant has room, the token has 50.
+    april = MARCH + timedelta(days=31)
+    refused = reserve(store, [tenant, balance], "team", "t5", 60, april)
+    assert refused.refused_by == balance
+    assert held_in(store, balance, april) == (350, 0)
 
 
 def test_a_model_budget_spans_tenants() -> None:

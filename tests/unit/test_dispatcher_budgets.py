@@ -17,7 +17,7 @@ import pytest
 from schemas import UsageEvent, WorkItem, decode, encode
 from schemas.budgets import BudgetAlert
 from stream_jobs.dispatcher import Dispatcher, Outcome
-from tests.unit.fakes import Recorder, bearer, reply_topic
+from tests.unit.fakes import Recorder, bearer, reply_topic, service_headers
 from tests.unit.test_dispatcher import admit, dispatcher_for, heartbeat, request
 from tokenbus.budget_config import BudgetConfig
 from tokenbus.config import Settings
@@ -140,4 +140,30 @@ async def test_a_budget_set_at_runtime_binds_and_can_be_removed(settings: Settin
     assert await (await admit(dispatcher, request(1, tenant="free"))) is Outcome.REFUSED
     dispatcher.observe_budget(budget_id, None)
     assert await (await admit(dispatcher, request(2, tenant="free"))) is Outcome.FORWARDED
+    loop.cancel()
+
+
+async def test_a_token_s_balance_binds_inside_its_tenant_s_budget(settings: Settings) -> None:
+    # The bridge relays a JWT caller's quota_balance (cost units) and the JWT's hash.
+    recorder = Recorder()
+    dispatcher, loop = await running(settings, recorder)
+    token = "ef" * 32
+
+    async def by_token(n: int) -> Outcome:
+        headers = service_headers("team", quota_balance="0.00002", key_sha256=token)
+        req = encode(request(n, tenant="team"))
+        return await dispatcher.handle_request("p", 0, 0, b"team", req, headers)
+
+    assert await by_token(1) is Outcome.FORWARDED  # reserves 18,000 of the 20,000
+    assert await by_token(2) is Outcome.REFUSED  # the tenant has 32,000 left: the token binds
+    refusal = recorder.chunks_on(reply_topic("team"))[-1]
+    assert refusal.error is not None and refusal.error.code == "insufficient_quota"
+    assert f"key:{token}|total" in refusal.error.message
+    assert refusal.error.retry_after_s is None  # a balance does not turn
+    assert recorder.on(ALERTS) == []  # whoever minted the token set it: no alert
+    dispatcher.observe_usage(usage(1, "team"))
+    (bucket,) = [b for b in dispatcher.budget_buckets() if b["budget_id"] == f"key:{token}|total"]
+    assert (bucket["spent"], bucket["start"]) == ("0.000009000", "1970-01-01T00:00:00+00:00")
+    assert await by_token(3) is Outcome.REFUSED  # 11,000 left, 18,000 asked
+    assert await (await admit(dispatcher, request(4, tenant="team"))) is Outcome.FORWARDED
     loop.cancel()
