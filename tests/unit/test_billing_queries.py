@@ -21,6 +21,7 @@ QUESTIONS = {
     "cost_per_1k_by_context_bucket",
     "ttft_by_tenant_and_priority",
     "budget_vs_actual",
+    "recent_budget_alerts",
 }
 GOOD = """-- Title here
 -- What it answers,

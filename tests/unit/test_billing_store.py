@@ -69,8 +69,14 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
         ledger = client.query(
             "SELECT version, name FROM schema_migrations ORDER BY version"
         ).result_rows
-        assert ledger == [(1, "usage_events"), (2, "cost_and_rollups"), (3, "usage_key")]
-        for table in ("usage_events", "prices"):
+        assert ledger == [
+            (1, "usage_events"),
+            (2, "cost_and_rollups"),
+            (3, "usage_key"),
+            (4, "budget_alerts"),
+        ]
+        assert len(ledger) == len(bundled_migrations())
+        for table in ("usage_events", "prices", "budget_alerts"):
             assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
     finally:
         client.close()
