@@ -392,5 +392,47 @@ def budget_show() -> None:
     Console().print(table)
 
 
+@budget.command("reconcile")
+@click.option(
+    "--period",
+    "periods",
+    multiple=True,
+    metavar="BUCKET",
+    help="Only this bucket (2026-03-01 for a month or day, total for a token's balance); "
+    "repeatable. Default: every bucket the job holds.",
+)
+@click.option("--settle-s", type=float, help="Wait before reading a drifting bucket again.")
+def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
+    """Compare the job's spend per budget and period with ClickHouse's billed_units;
+    print any drift and exit 1 if there is some."""
+    from billing.reader import QueryError, open_reader
+    from tokenbus.budget_admin import job_budgets
+    from tokenbus.reconcile import reconcile
+
+    settings = Settings()
+
+    def buckets() -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = job_budgets(settings)["buckets"]
+        return [r for r in rows if not periods or r["bucket"] in periods]
+
+    try:
+        reader = open_reader(settings)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        wait = settings.budget_reconcile_settle_s if settle_s is None else settle_s
+        num_buckets, drifts = reconcile(buckets, reader, settle_s=wait)
+    finally:
+        reader.close()
+    for drift in drifts:
+        click.echo(
+            f"drift {drift.budget_id} {drift.bucket}: job {drift.job_units}, "
+            f"ClickHouse {drift.billed_units} ({drift.drift_units:+})"
+        )
+    click.echo(f"{num_buckets} buckets compared, {len(drifts)} drifting")
+    if drifts:
+        raise SystemExit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -217,6 +217,13 @@ class Settings(BaseSettings):
     """Signs each alert's body (``X-Tokenbus-Signature: sha256=<HMAC-SHA256 hex>``)."""
     budget_webhook_max_backoff_s: float = 30.0
     """A failing webhook is retried with doubling waits up to this, until it answers."""
+    alerts_port: int = 18125
+    """``python -m alerts`` serves ``/healthz`` and ``/metrics`` (reconciliation drift)."""
+    budget_reconcile_interval_s: float = 86400.0
+    """How often ``python -m alerts`` reconciles the job's spend with ClickHouse (first
+    run one interval after its start); 0: never."""
+    budget_reconcile_settle_s: float = 5.0
+    """A bucket that drifts is read again after this, and reported only if it still does."""
     clock_offset_file: Path | None = None
     """Tests only: seconds read from this file are added to the job's clock (admission
     time, quota windows, budget periods and prices all move together)."""
