@@ -9,8 +9,12 @@ ignore_eos it is billed at most that (less if its prompt was cached).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,17 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 
-from alerts.__main__ import send_alerts
-from alerts.webhook import WebhookSender, verify
+from alerts.webhook import verify
 from billing.reader import open_reader
 from producers import TokenbusClient
 from schemas import SamplingParams, TokenChunk
 from tests.integration.conftest import eventually, free_port
 from tokenbus.budget_admin import job_budgets
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus.reconcile import reconcile
+from tokenbus.stack import Stack, settings_env
 from tokenbus.tenants import hash_api_key
 
 SHORT = SamplingParams(max_tokens=22, ignore_eos=True)
@@ -50,7 +55,9 @@ TENANTS = {
     },
     "bud-soft": {"budgets": [{"limit": "0.00002", "enforce": "soft"}]},
     "bud-day": {"budgets": [{"limit": "0.00001", "period": "day"}]},  # one a day
+    "bud-token": {"budgets": [{"limit": "0.00005", "period": "month"}]},
 }
+JWT_SECRET = "bud-jwt-hs256-secret-0123456789abcdef"
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -88,6 +95,7 @@ def budget_stack(
         billing_query_port=free_port(),
         faust_web_port=free_port(),
         bridge_port=free_port(),
+        alerts_port=free_port(),
         model_path=model_dir,
         tenants_file=tenants_file,
         client_timeout_s=60,
@@ -95,6 +103,7 @@ def budget_stack(
         clock_offset_file=home / "clock-offset",
         budget_webhook_url=webhook,
         budget_webhook_secret=WEBHOOK_SECRET,
+        jwt_hs256_secret=JWT_SECRET,
     )
     stack = Stack(settings, on_progress=print)
     asyncio.run(stack.start())
@@ -107,18 +116,6 @@ async def client(budget_stack: Stack) -> AsyncIterator[TokenbusClient]:
     budget_stack.check()
     async with TokenbusClient(budget_stack.settings) as client:
         yield client
-
-
-@pytest.fixture
-async def alert_sender(budget_stack: Stack) -> AsyncIterator[None]:
-    settings = budget_stack.settings
-    assert settings.budget_webhook_url and settings.budget_webhook_secret
-    sender = WebhookSender(settings.budget_webhook_url, settings.budget_webhook_secret)
-    task = asyncio.create_task(send_alerts(settings, sender))
-    yield
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await sender.close()
 
 
 async def ask(client: TokenbusClient, tenant: str) -> TokenChunk:
@@ -194,7 +191,7 @@ async def test_a_key_s_budget_binds_inside_its_team_s(
 
 
 async def test_soft_alerts_reach_the_webhook_once_each_across_a_job_sigkill(
-    budget_stack: Stack, client: TokenbusClient, alert_sender: None
+    budget_stack: Stack, client: TokenbusClient
 ) -> None:
     settings = budget_stack.settings
     Receiver.received.clear()
@@ -242,3 +239,51 @@ async def test_moving_the_clock_into_the_next_period_admits_again(
         assert (await ask(client, "bud-day")).error is None
     finally:
         settings.clock_offset_file.write_text("0")
+
+
+async def test_a_token_s_balance_binds_before_its_tenant_s_budget(
+    budget_stack: Stack, client: TokenbusClient
+) -> None:
+    settings = budget_stack.settings
+    claims = {"tenant": "bud-token", "aud": "tokenbus", "exp": int(time.time()) + 600}
+    token = jwt.encode({**claims, "quota_balance": "0.00001"}, JWT_SECRET, algorithm="HS256")
+    budget_id = f"key:{hashlib.sha256(token.encode()).hexdigest()}|total"
+    async with TokenbusClient(settings, tenant_id="bud-token", credential=token) as by_token:
+        assert (await ask(by_token, "bud-token")).error is None  # 6,800 of its 10,000
+        refused = await ask(by_token, "bud-token")  # the tenant has 43,200 left
+    assert refused.error is not None and refused.error.code == "insufficient_quota"
+    assert budget_id in refused.error.message
+    assert (await ask(client, "bud-token")).error is None  # the tenant's other credentials
+    await until_billed(settings, "bud-token", 2)
+
+
+async def test_alerts_land_in_clickhouse_and_the_job_reconciles_with_it(
+    budget_stack: Stack,
+) -> None:
+    # After the tests above: every budget and bucket they spent in, alerts included.
+    settings = budget_stack.settings
+
+    def soft_alerts() -> list[int]:
+        rows = open_reader(settings).query(
+            "SELECT threshold FROM budget_alerts WHERE tenant_id = 'bud-soft' ORDER BY threshold"
+        )
+        return [int(r["threshold"]) for r in rows]
+
+    assert await eventually(soft_alerts, until=lambda t: len(t) >= 4) == [50, 80, 95, 100]
+    url = f"http://127.0.0.1:{settings.billing_query_port}/dashboard"
+    page = (await asyncio.to_thread(httpx.get, url)).text
+    assert "tenant:bud-soft|month@UTC" in page
+    buckets = job_budgets(settings)["buckets"]
+    num_buckets, drifts = reconcile(lambda: buckets, open_reader(settings), settle_s=5)
+    assert drifts == [] and num_buckets >= 6
+    assert any(b["budget_id"].endswith("|total") for b in buckets)  # the token's balance
+    assert any(b["budget_id"].startswith("key:") and "@" in b["budget_id"] for b in buckets)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tokenbus.cli", "budget", "reconcile"],
+        env=settings_env(settings),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    assert b"0 drifting" in done.stdout
