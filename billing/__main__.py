@@ -1,4 +1,5 @@
-"""``python -m billing``: the sink and its query server, until SIGINT or SIGTERM.
+"""``python -m billing``: the sinks (usage, budget alerts) and the query server, until
+SIGINT or SIGTERM.
 
 This process owns the ClickHouse data (see ``billing.query_server`` for why that
 matters with chdb). ``billing_report`` is re-exported here for the CLI.
@@ -12,6 +13,7 @@ import signal
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from billing.alert_sink import AlertSink
 from billing.console import billing_report
 from billing.price_file import load_price_book
 from billing.pricing import Pricer
@@ -38,7 +40,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         load_price_book(settings), PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
     )
     # The same topics as the local stack creates; existing ones are left alone.
-    await ensure_topics(settings, {topics.usage: settings.num_partitions, topics.dead_letters: 1})
+    await ensure_topics(
+        settings,
+        {
+            topics.usage: settings.num_partitions,
+            topics.dead_letters: 1,
+            topics.budget_alerts: 1,  # as the local stack makes it
+        },
+    )
     # The writer migrates first; the query side gets a client of its own, read-only,
     # so outside SQL can never write and never waits on the sink's inserts.
     store = await _open_writer(settings.clickhouse)
@@ -50,7 +59,12 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         )
         try:
             sink = BillingSink(settings, store, pricer)
-            app = create_app(query_store, dsn=settings.clickhouse, stats=sink.stats)
+            alert_sink = AlertSink(settings, store)
+
+            def stats() -> dict[str, int]:
+                return {**sink.stats(), "num_alerts": alert_sink.num_alerts}
+
+            app = create_app(query_store, dsn=settings.clickhouse, stats=stats)
             runner = await start_query_server(app, settings.billing_query_port)
             log.info(
                 "billing: %s --> %s; queries on http://127.0.0.1:%d",
@@ -59,7 +73,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 settings.billing_query_port,
             )
             try:
-                await sink.run(stop)
+                # Usage and budget alerts, each in its own group; one writer client.
+                await asyncio.gather(sink.run(stop), alert_sink.run(stop))
             finally:
                 await runner.cleanup()
         finally:

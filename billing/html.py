@@ -100,6 +100,13 @@ def render_dashboard(
             _ttft(rows("ttft_by_tenant_and_priority")),
             errors.get("ttft_by_tenant_and_priority"),
         ),
+        _card(
+            "Recent budget alerts",
+            "Each budget alert fired in the window, newest first per tenant: the threshold "
+            "reached (a hard budget's first refusal is its 100%) and the spend then.",
+            _alerts(rows("recent_budget_alerts")),
+            errors.get("recent_budget_alerts"),
+        ),
     ]
     form = "".join(
         f'<label>{escape(name)} <input name="{escape(name)}" value="{escape(value)}"></label>'
@@ -230,6 +237,22 @@ def _ttft(rows: Rows) -> str:
     return chart + _table(
         rows, ("tenant_id", "priority", "num_attempts", "p50_ttft_ms", "p99_ttft_ms")
     )
+
+
+def _alerts(rows: Rows) -> str:
+    if not rows:
+        return '<p class="note">no budget alerts in this window</p>'
+    shown = [
+        {
+            **r,
+            "fired_at": str(r["fired_at"])[:19].replace("T", " "),
+            "threshold": f"{int(number(r['threshold']))}%",
+            "spent / limit": f"{r['spent_units']} / {r['limit_units']}",
+        }
+        for r in rows
+    ]
+    columns = ("tenant_id", "fired_at", "budget_id", "threshold", "reason", "spent / limit")
+    return _table(shown, columns)
 
 
 def _table(rows: Rows, columns: Sequence[str], percent: Sequence[str] = ()) -> str:

@@ -80,7 +80,11 @@ class QueryServerReader:
         pass  # one connection per query: nothing held
 
 
-def open_reader(settings: Settings, *, probe_timeout_s: float = 1.0) -> Reader:
+def open_reader(
+    settings: Settings, *, probe_timeout_s: float = 1.0, borrow_directory: bool = True
+) -> Reader:
+    """``borrow_directory=False``: never case c (a long-running service must not hold
+    the sink's directory); a ``QueryError`` instead while its owner does not answer."""
     dsn = settings.clickhouse
     path = chdb_path(dsn)
     if path is None:
@@ -90,6 +94,8 @@ def open_reader(settings: Settings, *, probe_timeout_s: float = 1.0) -> Reader:
     server = QueryServerReader(f"http://127.0.0.1:{settings.billing_query_port}")
     if _owner_answers(server.base_url, path, probe_timeout_s):
         return server
+    if not borrow_directory:
+        raise QueryError(f"the billing sink that owns {path} does not answer on {server.base_url}")
     # Nobody serves the directory. Migrating it makes a never-used one answer with
     # empty tables rather than UNKNOWN_TABLE.
     return _direct(dsn, migrate=True)

@@ -33,6 +33,7 @@ USAGE_COLUMNS: tuple[str, ...] = (
     "cost_units",
     "billed_units",
     "price_version",
+    "key_sha256",
     "created_at",
     "finished_at",
 )
@@ -82,6 +83,7 @@ def usage_row(event: UsageEvent, charge: Charge) -> tuple[Any, ...]:
         charge.cost_units,
         charge.billed_units,
         charge.price_version,
+        event.key_sha256 or "",
         _utc(event.created_at),
         _utc(event.finished_at),
     )

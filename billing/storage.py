@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 
+from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
@@ -99,6 +100,32 @@ class ClickHouseStore:
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
 
+    def existing_alert_keys(self, keys: Sequence[AlertKey]) -> set[AlertKey]:
+        """The (tenant, alert id) keys among ``keys`` that ``budget_alerts`` holds."""
+        if not keys:
+            return set()
+        parameters = {
+            "tenants": sorted({k[0] for k in keys}),
+            "alerts": sorted({k[1] for k in keys}),
+        }
+        with self._lock:
+            result = self._client.query(_EXISTING_ALERTS_SQL, parameters=parameters)
+        wanted = set(keys)
+        return {(row[0], row[1]) for row in result.result_rows} & wanted
+
+    def insert_alerts(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        """Writes alert rows (``ALERT_COLUMNS`` order) as one block; a repeat of a block
+        that landed, with the same token, is dropped."""
+        if not rows:
+            return
+        with self._lock:
+            self._client.insert(
+                "budget_alerts",
+                list(rows),
+                column_names=ALERT_COLUMNS,
+                settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
+            )
+
     def sync_prices(self, book: PriceBook) -> int:
         """Copies the book into ``prices``; returns how many versions were new.
 
@@ -159,6 +186,11 @@ FROM usage_events
 WHERE tenant_id IN {tenants:Array(String)}
   AND session_id IN {sessions:Array(String)}
   AND request_id IN {requests:Array(String)}"""
+_EXISTING_ALERTS_SQL = """\
+SELECT tenant_id, alert_id
+FROM budget_alerts
+WHERE tenant_id IN {tenants:Array(String)}
+  AND alert_id IN {alerts:Array(String)}"""
 _DEDUP_SETTINGS: dict[str, Any] = {
     # The default, said out loud: the sink's retries rely on it.
     "insert_deduplicate": 1,

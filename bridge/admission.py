@@ -19,8 +19,6 @@ from bridge.errors import (
     invalid_request,
     model_not_allowed,
     model_not_found,
-    rate_limit_headers,
-    rate_limited,
     too_large,
 )
 from bridge.hygiene import PatternScreen, pass_text, rewrite_text
@@ -161,21 +159,8 @@ def _sampling(
         max_tokens = tenant.max_output_tokens
         if requested is not None:  # only a limit the client asked for is worth a flag
             flags.append(CAPPED_FLAG)
-    if caller.quota_balance is not None:
-        left = caller.quota_balance - num_prompt
-        if left < 1:
-            raise rate_limited(
-                f"Your token's quota balance ({caller.quota_balance} tokens) does not cover "
-                f"this prompt ({num_prompt} tokens).",
-                "insufficient_quota",
-                rate_limit_headers(
-                    kind="tokens", limit=caller.quota_balance, remaining=0, reset_s=60.0
-                ),
-            )
-        if max_tokens > left:
-            max_tokens = left
-            if CAPPED_FLAG not in flags:
-                flags.append(CAPPED_FLAG)
+    # A token's quota_balance is in cost units, over the token's life: the job holds
+    # what it spent, so the job refuses (insufficient_quota), not the bridge.
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,

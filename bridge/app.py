@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bridge.admin import admin_routes
 from bridge.admission import Planner
 from bridge.api_types import Health, ModelCard, ModelList
 from bridge.auth import Authenticator
@@ -179,6 +180,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
+            *admin_routes(settings),
         ],
         exception_handlers={
             ApiError: api_error,

@@ -124,6 +124,15 @@ def rejection(error: ErrorInfo, *, tokens_per_minute: int) -> ApiError:
                 kind="tokens", limit=tokens_per_minute, remaining=0, reset_s=retry
             )
         return rate_limited(error.message, "quota_exceeded", headers)
+    if error.code == "insufficient_quota":
+        # OpenAI's answer to a spent budget: 429 with this code, and no Retry-After
+        # unless the budget says when its period turns.
+        headers = {}
+        if error.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        return ApiError(
+            429, error.message, type="insufficient_quota", code=error.code, headers=headers
+        )
     if error.code == "model_not_allowed":
         return ApiError(403, error.message, type="permission_error", code=error.code, param="model")
     if error.code == "prompt_too_long":

@@ -180,6 +180,7 @@ class Gateway:
             narrowed=caller.tenant,
             quota_balance=caller.quota_balance,
             flags=tuple(plan.flags),
+            key_sha256=caller.key_sha256,
         )
         request = await self._bus.submit(
             tenant_id=caller.tenant.tenant_id,

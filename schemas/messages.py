@@ -67,6 +67,7 @@ INTERNAL_FIELDS = frozenset(
         "cache_salt",
         "flags",
         "adapter",
+        "key_sha256",
     }
 )
 """Fields of a ``WorkItem`` that tokenbus derives: a producer that writes one is refused."""
@@ -200,6 +201,10 @@ class WorkItem(Message):
         """The model name as the client gave it: ``base:adapter`` for an adapter."""
         return f"{self.model}:{self.adapter.name}" if self.adapter else self.model
 
+    key_sha256: str | None = None
+    """The SHA-256 of the credential behind the request (an API key, or a token with its
+    own balance), as the job charged its budgets: travels to the UsageEvent."""
+
     @property
     def engine_request_id(self) -> str:
         """Unique on a worker: request ids are unique only within a tenant."""
@@ -298,6 +303,8 @@ class UsageEvent(Message):
     precision: str = "fp16"
     """Weights precision (fp32, fp16, bf16, int8), for the cost weights."""
     flags: list[str] = Field(default_factory=list)
+    key_sha256: str | None = None
+    """The credential's hash the job charged key budgets to (``WorkItem.key_sha256``)."""
     created_at: datetime
     """When the job admitted the request: what prices and peak hours go by."""
     finished_at: datetime = Field(default_factory=_now)

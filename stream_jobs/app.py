@@ -1,7 +1,8 @@
 """The Faust app: topics and agents wired to the Dispatcher.
 
 # requests.p0/p1/p2 --> admit agents --> Dispatcher --> worker topics / reply topics
-# usage --> settle agent --> Dispatcher.observe_usage (quota settles on real counts)
+# usage --> settle agent --> Dispatcher.observe_usage (quota and budgets settle) --> alerts
+# budgets (compacted) --> budgets task (every instance, from the start) --> BudgetBook
 # cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
 
@@ -9,12 +10,23 @@ Commits: Faust acks an event when the agent's loop moves past it and commits ack
 offsets every ``faust_commit_interval_s``. The admit agent moves on only after the
 Dispatcher has forwarded, refused or dead-lettered the request, so nothing admitted
 is lost; a crash redelivers at most the last interval's requests.
+
+Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
+agent of the tenant's partition (requests and usage are co-partitioned), so one
+instance owns each tenant's budgets, and two instances are exact for tenant, key and
+tenant x model budgets. A model budget spanning tenants sums what this instance holds:
+exact with one instance. The settle agent publishes a threshold's alert after marking
+it fired, before its event is acked: a crash in between loses that alert only if the
+mark reached the changelog and the alert did not reach the topic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -22,9 +34,10 @@ import orjson
 from aiokafka import TopicPartition
 from faust.types import TableT
 
+from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry
-from stream_jobs.metrics import render_metrics
+from stream_jobs.metrics import render_budget_metrics, render_metrics
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
 from tokenbus.config import Settings
@@ -147,6 +160,132 @@ class TableLedger:
         return self._index
 
 
+_SEP = "\t"
+"""Separates the parts of a budget table's key: budget ids hold ``|``, ``:`` and ``/``."""
+
+
+class TableSpendStore:
+    """``stream_jobs.budgets.SpendStore`` in three changelog-backed tables, each keyed
+    tenant first: spend ``tenant, budget, bucket`` -> [held, settled]; reservations
+    ``tenant, request`` -> ``Reservation``; fired thresholds ``tenant, budget, bucket``
+    -> [percent, ...]. Totals across tenants (a model's budget) and the expiry index of
+    settled reservations are rebuilt in one pass after each start or rebalance."""
+
+    def __init__(
+        self,
+        spend: TableT[bytes, bytes],
+        reservations: TableT[bytes, bytes],
+        fired: TableT[bytes, bytes],
+    ) -> None:
+        self._spend = spend
+        self._reservations = reservations
+        self._fired = fired
+        self._totals: dict[tuple[str, str], tuple[int, int]] | None = None
+        self._fired_totals: dict[tuple[str, str], set[int]] | None = None
+        self._expiries: dict[str, dict[str, float]] | None = None
+
+    @staticmethod
+    def _key(*parts: str) -> bytes:
+        return _SEP.join(parts).encode()
+
+    def spent(self, budget_id: str, bucket: str) -> tuple[int, int]:
+        return self._totals_now().get((budget_id, bucket), (0, 0))
+
+    def add(self, tenant_id: str, budget_id: str, bucket: str, held: int, settled: int) -> None:
+        key = self._key(tenant_id, budget_id, bucket)
+        raw = self._spend.get(key)
+        old_held, old_settled = orjson.loads(raw) if raw else (0, 0)
+        self._spend[key] = orjson.dumps([old_held + held, old_settled + settled])
+        totals = self._totals_now()
+        total_held, total_settled = totals.get((budget_id, bucket), (0, 0))
+        totals[(budget_id, bucket)] = (total_held + held, total_settled + settled)
+
+    def reservation(self, tenant_id: str, request_id: str) -> Reservation | None:
+        raw = self._reservations.get(self._key(tenant_id, request_id))
+        return Reservation.from_json(orjson.loads(raw)) if raw else None
+
+    def put_reservation(
+        self, tenant_id: str, request_id: str, reservation: Reservation | None
+    ) -> None:
+        key = self._key(tenant_id, request_id)
+        expiries = self._expiries_now().setdefault(tenant_id, {})
+        if reservation is None:
+            self._reservations.pop(key, None)
+            expiries.pop(request_id, None)
+            return
+        self._reservations[key] = orjson.dumps(reservation.to_json())
+        if reservation.settled:
+            expiries[request_id] = reservation.expires_at
+
+    def sweep(self, tenant_id: str, now: float) -> None:
+        """Forgets settled reservations past their expiry, a bounded share per request."""
+        expiries = self._expiries_now().get(tenant_id)
+        if not expiries:
+            return
+        expired = [rid for rid, at in expiries.items() if at <= now][:64]
+        for request_id in expired:
+            self.put_reservation(tenant_id, request_id, None)
+
+    def fired(self, budget_id: str, bucket: str) -> frozenset[int]:
+        return frozenset(self._fired_now().get((budget_id, bucket), ()))
+
+    def fire(self, tenant_id: str, budget_id: str, bucket: str, threshold: int) -> None:
+        key = self._key(tenant_id, budget_id, bucket)
+        raw = self._fired.get(key)
+        marks = set(orjson.loads(raw)) if raw else set()
+        self._fired[key] = orjson.dumps(sorted(marks | {threshold}))
+        self._fired_now().setdefault((budget_id, bucket), set()).add(threshold)
+
+    def buckets(self) -> list[tuple[str, str, int, int]]:
+        return [(b, k, h, s) for (b, k), (h, s) in sorted(self._totals_now().items())]
+
+    def forget(self) -> None:
+        self._totals = self._fired_totals = self._expiries = None
+
+    def _totals_now(self) -> dict[tuple[str, str], tuple[int, int]]:
+        if self._totals is None:
+            self._totals = {}
+            for key, value in self._spend.items():
+                _, budget_id, bucket = key.decode().split(_SEP)
+                held, settled = orjson.loads(value)
+                old = self._totals.get((budget_id, bucket), (0, 0))
+                self._totals[(budget_id, bucket)] = (old[0] + held, old[1] + settled)
+        return self._totals
+
+    def _fired_now(self) -> dict[tuple[str, str], set[int]]:
+        if self._fired_totals is None:
+            self._fired_totals = defaultdict(set)
+            for key, value in self._fired.items():
+                _, budget_id, bucket = key.decode().split(_SEP)
+                self._fired_totals[(budget_id, bucket)] |= set(orjson.loads(value))
+        return self._fired_totals
+
+    def _expiries_now(self) -> dict[str, dict[str, float]]:
+        if self._expiries is None:
+            self._expiries = defaultdict(dict)
+            for key, value in self._reservations.items():
+                tenant_id, request_id = key.decode().split(_SEP)
+                reservation = Reservation.from_json(orjson.loads(value))
+                if reservation.settled:
+                    self._expiries[tenant_id][request_id] = reservation.expires_at
+        return self._expiries
+
+
+def job_clock(settings: Settings) -> Callable[[], float]:
+    """The job's clock: the system's, moved by ``clock_offset_file`` in tests."""
+    path = settings.clock_offset_file
+    if path is None:
+        return time.time
+
+    def clock() -> float:
+        try:
+            return time.time() + float(path.read_text() or 0)
+        except (OSError, ValueError):
+            return time.time()
+
+    return clock
+
+
 def create_app(settings: Settings) -> faust.App:
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     topics = Topics(settings.topic_prefix)
@@ -199,11 +338,25 @@ def create_app(settings: Settings) -> faust.App:
         )
     )
 
+    # Spend budgets: keyed tenant first, written from the tenant's partition.
+    spend = TableSpendStore(
+        *(
+            app.Table(
+                name,
+                default=None,
+                key_type=bytes,
+                value_type=bytes,
+                partitions=settings.num_partitions,
+            )
+            for name in ("budget-spend", "budget-reservations", "budget-fired")
+        )
+    )
     assigned: list[bool] = []
 
     def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         store.forget()
         ledger.forget()
+        spend.forget()
 
     def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         on_partitions_moved(sender, *args, signal=signal, **kwargs)
@@ -214,6 +367,7 @@ def create_app(settings: Settings) -> faust.App:
     app.on_partitions_assigned.connect(on_partitions_assigned)  # type: ignore[arg-type]
 
     state: dict[str, Dispatcher] = {}
+    clock = job_clock(settings)
 
     async def publish(topic: str, key: bytes, value: bytes) -> Any:
         return await app.producer.send_and_wait(
@@ -223,7 +377,13 @@ def create_app(settings: Settings) -> faust.App:
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
             state["dispatcher"] = Dispatcher(
-                settings, publish, store, KafkaReplyLog(settings), ledger
+                settings,
+                publish,
+                store,
+                KafkaReplyLog(settings),
+                ledger,
+                clock=clock,
+                spend=spend,
             )
         return state["dispatcher"]
 
@@ -234,6 +394,8 @@ def create_app(settings: Settings) -> faust.App:
             async for event in stream.events():
                 message = event.message
                 dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
+                await budgets_read.wait()  # runtime budgets bind from the first request
+                spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
                 await dispatcher().handle_request(
                     message.topic,
                     message.partition,
@@ -255,6 +417,7 @@ def create_app(settings: Settings) -> faust.App:
         async for event in stream.events():
             dispatcher().note_lag("usage", event.message.timestamp)
             dispatcher().observe_usage(event.message.value)
+            await dispatcher().publish_alerts()
 
     cancels_topic = app.topic(topics.cancels, key_type=bytes, value_type=bytes)
 
@@ -289,6 +452,38 @@ def create_app(settings: Settings) -> faust.App:
         finally:
             await consumer.stop()
 
+    budgets_read = asyncio.Event()
+
+    @app.task
+    async def follow_budgets() -> None:
+        # No consumer group: every instance applies every budget change, from the start
+        # of the compacted topic; admission waits until it has read up to the end.
+        consumer = make_consumer(settings, group_id=None, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            await consumer.topics()
+            partitions = [
+                TopicPartition(topics.budgets, p)
+                for p in consumer.partitions_for_topic(topics.budgets) or {0}
+            ]
+            consumer.assign(partitions)
+            await consumer.seek_to_beginning(*partitions)
+            ends = await consumer.end_offsets(partitions)
+            while not budgets_read.is_set():
+                positions = [await consumer.position(tp) for tp in partitions]
+                if all(at >= ends[tp] for at, tp in zip(positions, partitions, strict=True)):
+                    budgets_read.set()
+                    break
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    for record in records:
+                        dispatcher().observe_budget(record.key, record.value)
+            async for record in consumer:
+                dispatcher().observe_budget(record.key, record.value)
+        finally:
+            budgets_read.set()  # a broken budgets topic must not stop admission for good
+            await consumer.stop()
+
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         """200 once this instance holds its share of the group's partitions and has
@@ -303,6 +498,15 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
-        return web.bytes(render_metrics(dispatcher().metrics), content_type="text/plain")
+        body = render_metrics(dispatcher().metrics) + render_budget_metrics(
+            dispatcher().budget_rows()
+        )
+        return web.bytes(body, content_type="text/plain")
+
+    @app.page("/budgets")
+    async def budget_state(web: Any, request: Any) -> Any:
+        return web.json(
+            {"budgets": dispatcher().budget_rows(), "buckets": dispatcher().budget_buckets()}
+        )
 
     return app

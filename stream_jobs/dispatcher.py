@@ -2,10 +2,12 @@
 
 # record + authorization header --> InferenceRequest (public) --> Principal (tokenbus.auth)
 # --> reply topic owned? tenant and key its own? --> WorkItem --> ledger (one id, one run)
-# --> tenant rules --> overload tier --> TPM/RPM window
+# --> tenant rules --> overload tier --> spend budgets (max cost) --> TPM/RPM window
 # admitted request --> FairQueue (class, then VTC share) --> routing.choose --> worker topic
 # a worker run lost (registry.reap) --> its requests: usage written, or sent again resumed
-# UsageEvent --> settle the window, free the slot, correct the tenant's VTC counter
+# UsageEvent --> settle the window and the budgets (billed cost), free the slot, correct
+#   the tenant's VTC counter; a budget threshold reached --> BudgetAlert (budget-alerts)
+# budgets topic (runtime changes, every instance) --> the BudgetBook
 # CancelRequest + credential --> drop the request if it is still waiting, else --> aborts
 
 Delivery: ``handle_request`` returns only once its request has been forwarded to a
@@ -44,6 +46,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from billing.price_file import load_price_book
+from billing.pricing import Pricer
 from schemas import (
     REASSIGNED,
     Adapter,
@@ -61,7 +65,10 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.budgets import BudgetAlert
+from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
+from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
 from stream_jobs.prompt_tokens import PromptCounter
@@ -71,6 +78,7 @@ from stream_jobs.routing import RoutingWeights
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.auth import Authenticator, AuthError, Principal
+from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
@@ -163,6 +171,8 @@ class _InFlight:
 class DispatchMetrics:
     num_admitted: int = 0
     num_rejected_quota: int = 0
+    num_rejected_budget: int = 0
+    num_budget_alerts: int = 0
     num_rejected_invalid: int = 0
     num_unauthenticated: int = 0
     """Requests refused for their credential: missing, invalid, expired, unknown tenant."""
@@ -210,6 +220,8 @@ class Dispatcher:
         *,
         authenticator: Authenticator | None = None,
         clock: Callable[[], float] = time.time,
+        spend: SpendStore | None = None,
+        pricer: Pricer | None = None,
     ) -> None:
         self._settings = settings
         self._publish = publish
@@ -245,6 +257,14 @@ class Dispatcher:
         )
         self._tier = Tier.NORMAL
         self._peak_hours = PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
+        # Budgets price requests as billing does (same prices, peak hours, charge shares).
+        self._pricer = pricer or Pricer(load_price_book(settings), self._peak_hours)
+        self._spend: SpendStore = spend if spend is not None else MemorySpendStore()
+        self._budgets = BudgetBook(
+            Budget.from_config(config, settings.budget_tz)
+            for config in self._tenants.budget_configs()
+        )
+        self._alerts: list[BudgetAlert] = []
         self._wake = asyncio.Event()
         self._started_at = time.monotonic()
         self.metrics = DispatchMetrics()
@@ -346,6 +366,26 @@ class Dispatcher:
             updates["flags"] = [*item.flags, "max_tokens_capped"]
         item = item.model_copy(update=updates)
 
+        # Spend budgets first: a refusal here charges nothing; a window refusal below
+        # gives the budgets their reservation back.
+        subject = Subject(item.tenant_id, item.model, principal.key_sha256)
+        applicable = self._budgets.applicable(subject)
+        if principal.quota_balance is not None:
+            credential = principal.key_sha256 or principal.credential_id
+            applicable.append(budgets.token_budget(credential, principal.quota_balance))
+        if applicable:
+            cost = budgets.max_cost_nanos(self._pricer, item, num_prompt)
+            spend_verdict = budgets.reserve(
+                self._spend, applicable, item.tenant_id, item.request_id, cost, item.admitted_at
+            )
+            if not spend_verdict.admitted:
+                self.metrics.num_rejected_budget += 1
+                await self._refuse(item, self._budget_refusal(item, spend_verdict, cost))
+                assert spend_verdict.refused_by is not None
+                await self._alert_refused(spend_verdict.refused_by, item)
+                self._remember(item, State.DONE, now)
+                return Outcome.REFUSED
+
         state = self._store.load(item.tenant_id)
         # The quota counts cost-weighted tokens, by the same rule billing prices with; the
         # precision is not known before a worker is picked, so settling corrects it.
@@ -358,6 +398,7 @@ class Dispatcher:
             now,
         )
         if not decision.admitted:
+            budgets.release(self._spend, item.tenant_id, item.request_id)
             self.metrics.num_rejected_quota += 1
             by_requests = decision.reason == "rpm"
             return await self._turn_down(
@@ -413,7 +454,144 @@ class Dispatcher:
             state = self._store.load(item.tenant_id)
             release(state, item.request_id, self._clock())
             self._store.save(item.tenant_id, state)
+            budgets.release(self._spend, item.tenant_id, item.request_id)
         return outcome
+
+    # -- spend budgets ------------------------------------------------------------------
+    def _budget_refusal(
+        self, item: WorkItem, verdict: budgets.BudgetDecision, cost: int
+    ) -> ErrorInfo:
+        """OpenAI's answer to a spent budget, ``insufficient_quota``, naming the budget."""
+        budget = verdict.refused_by
+        assert budget is not None
+        left = max(0, budget.num_limit_nanos - verdict.num_used_nanos)
+        retry = (
+            (verdict.resets_at - item.admitted_at).total_seconds() if verdict.resets_at else None
+        )
+        return ErrorInfo(
+            code="insufficient_quota",
+            message=(
+                f"budget {budget.budget_id} is spent: {budgets.to_units(left)} of "
+                f"{budgets.to_units(budget.num_limit_nanos)} cost units left this period, and "
+                f"this request may cost up to {budgets.to_units(cost)} (its prompt plus "
+                f"max_tokens); a smaller max_tokens may fit"
+            ),
+            retry_after_s=round(retry, 3) if retry else None,
+        )
+
+    def _alert(
+        self, budget: Budget, tenant_id: str, at: datetime, threshold: int, reason: str
+    ) -> BudgetAlert:
+        bucket = budget.period.bucket_of(at)
+        start, end = budget.period.bounds(bucket)
+        _, settled = budgets.held_in(self._spend, budget, at)
+        self._spend.fire(tenant_id, budget.budget_id, bucket, threshold)
+        self.metrics.num_budget_alerts += 1
+        return BudgetAlert(
+            alert_id=f"{budget.budget_id}|{bucket}|{threshold}",
+            budget_id=budget.budget_id,
+            entity=budget.entity,
+            tenant_id=tenant_id,
+            period_start=start,
+            period_end=end,
+            threshold=threshold,
+            limit_units=str(budgets.to_units(budget.num_limit_nanos)),
+            spent_units=str(budgets.to_units(settled)),
+            enforce="hard" if budget.hard else "soft",
+            reason="refused" if reason == "refused" else "threshold",
+            fired_at=datetime.fromtimestamp(self._clock(), UTC),
+        )
+
+    async def _alert_refused(self, budget: Budget, item: WorkItem) -> None:
+        """A hard budget's first refusal of a period is its 100% alert, if not sent yet;
+        a budget without thresholds (a token's balance) does not alert."""
+        bucket = budget.period.bucket_of(item.admitted_at)
+        if not budget.thresholds or 100 in self._spend.fired(budget.budget_id, bucket):
+            return
+        alert = self._alert(budget, item.tenant_id, item.admitted_at, 100, "refused")
+        await self._publish(self._topics.budget_alerts, item.tenant_id.encode(), encode(alert))
+
+    def _settle_budgets(self, usage: UsageEvent) -> None:
+        counters = budgets.settle(
+            self._spend,
+            usage.tenant_id,
+            usage.request_id,
+            budgets.billed_nanos(self._pricer, usage),
+            self._clock() + self._settings.request_dedupe_s,
+            usage.attempt,
+        )
+        for budget_id, _ in counters:
+            budget = self._budgets.get(budget_id)
+            if budget is None:
+                continue  # removed since: its spend is kept, nothing alerts
+            for threshold in budgets.due_thresholds(self._spend, budget, usage.created_at):
+                reason = "threshold"
+                self._alerts.append(
+                    self._alert(budget, usage.tenant_id, usage.created_at, threshold, reason)
+                )
+
+    async def publish_alerts(self) -> None:
+        """Sends the alerts ``observe_usage`` raised; the usage agent calls it next."""
+        alerts, self._alerts = self._alerts, []
+        for alert in alerts:
+            await self._publish(self._topics.budget_alerts, alert.tenant_id.encode(), encode(alert))
+
+    def observe_budget(self, key: bytes | None, value: bytes | None) -> None:
+        """A runtime change from the budgets topic: a ``BudgetConfig``, or none to remove."""
+        budget_id = (key or b"").decode("utf-8", "replace")
+        if not value:
+            self._budgets.put(budget_id, None)
+            return
+        try:
+            config = BudgetConfig.model_validate_json(value)
+            budget = Budget.from_config(config, self._settings.budget_tz)
+        except ValueError as exc:
+            log.warning("ignoring budget %r: %s", budget_id, exc)
+            return
+        if budget.budget_id != budget_id:
+            log.warning("ignoring budget keyed %r: its id is %r", budget_id, budget.budget_id)
+            return
+        self._budgets.put(budget_id, budget)
+
+    def budget_rows(self) -> list[dict[str, object]]:
+        """Each budget this instance holds spend for, now: for /metrics and ``/budgets``."""
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        rows: list[dict[str, object]] = []
+        for budget in self._budgets:
+            held, settled = budgets.held_in(self._spend, budget, now)
+            rows.append(
+                {
+                    "budget_id": budget.budget_id,
+                    "entity": budget.entity,
+                    "enforce": "hard" if budget.hard else "soft",
+                    "period": budget.period.bucket_of(now),
+                    "limit": str(budgets.to_units(budget.num_limit_nanos)),
+                    "spent": str(budgets.to_units(settled)),
+                    "reserved": str(budgets.to_units(held - settled)),
+                    "remaining": str(budgets.to_units(budget.num_limit_nanos - held)),
+                }
+            )
+        return rows
+
+    def budget_buckets(self) -> list[dict[str, object]]:
+        """Settled spend per budget and bucket, with the bucket's instants: what the
+        reconciliation compares with ClickHouse."""
+        rows: list[dict[str, object]] = []
+        for budget_id, bucket, held, settled in self._spend.buckets():
+            # Its id names its period: a token's balance or a removed budget has bounds too.
+            _, period, tz = parse_budget_id(budget_id)
+            start, end = budgets.Period.parse(period, tz or "UTC").bounds(bucket)
+            rows.append(
+                {
+                    "budget_id": budget_id,
+                    "bucket": bucket,
+                    "start": start.isoformat(),
+                    "end": end.isoformat(),
+                    "spent": str(budgets.to_units(settled)),
+                    "reserved": str(budgets.to_units(held - settled)),
+                }
+            )
+        return rows
 
     def _work_item(self, request: InferenceRequest, principal: Principal, now: float) -> WorkItem:
         """The request as the job hands it on: every field a producer could forge is
@@ -449,6 +627,7 @@ class Dispatcher:
             admitted_at=admitted,
             cache_salt=salt,
             flags=list(principal.flags),
+            key_sha256=principal.key_sha256,
         )
 
     @staticmethod
@@ -498,13 +677,6 @@ class Dispatcher:
                 code="invalid_request",
                 message=f"sampling.max_tokens {item.sampling.max_tokens} is above "
                 f"the tenant's max_output_tokens {tenant.max_output_tokens}",
-            )
-        balance = principal.quota_balance
-        if balance is not None and num_prompt + item.sampling.max_tokens > balance:
-            return ErrorInfo(
-                code="insufficient_quota",
-                message=f"the credential's quota balance ({balance} tokens) does not cover "
-                f"{num_prompt} prompt tokens plus max_tokens {item.sampling.max_tokens}",
             )
         return None
 
@@ -673,6 +845,7 @@ class Dispatcher:
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         if settle(state, usage.request_id, actual, self._clock()) is not None:
             self._store.save(usage.tenant_id, state)
+        self._settle_budgets(usage)
         ident = (usage.tenant_id, usage.request_id)
         if usage.status is not UsageStatus.REJECTED:
             # It ran (or was cancelled): the same id produced again is a duplicate. (The

@@ -7,6 +7,8 @@ from stream_jobs.dispatcher import DispatchMetrics
 _COUNTERS = (
     "num_admitted",
     "num_rejected_quota",
+    "num_rejected_budget",
+    "num_budget_alerts",
     "num_rejected_invalid",
     "num_shed",
     "num_capped",
@@ -89,3 +91,17 @@ def render_metrics(metrics: DispatchMetrics) -> bytes:
                 f'model="{status.model}",adapter="{adapter}"}} 1'
             )
     return ("\n".join(lines) + "\n").encode()
+
+
+def render_budget_metrics(rows: list[dict[str, object]]) -> bytes:
+    """Spend, reservations and what is left of each budget this period, in cost units."""
+    lines: list[str] = []
+    for name in ("limit", "spent", "reserved", "remaining"):
+        lines.append(f"# TYPE tokenbus_job_budget_{name}_units gauge")
+        for row in rows:
+            lines.append(
+                f'tokenbus_job_budget_{name}_units{{budget="{row["budget_id"]}",'
+                f'entity="{row["entity"]}",enforce="{row["enforce"]}",'
+                f'period="{row["period"]}"}} {row[name]}'
+            )
+    return ("\n".join(lines) + "\n").encode() if rows else b""

@@ -11,7 +11,9 @@ reads it from the ``authorization`` header of every request record. Three kinds:
 - a tenant JWT, HS256 or RS256, from the operator's issuer. ``exp`` and ``aud`` are
   required, ``nbf`` is checked when present. Claims: ``tenant`` (required),
   ``priority_class``, ``model_access``, ``quota_balance`` and ``reply_prefix``; they
-  only narrow the tenant's config;
+  only narrow the tenant's config. ``quota_balance`` is what the token may spend over
+  its life, in the price table's cost units (a number or a decimal string): the job
+  charges it as a hard budget of its own, keyed by the token's SHA-256;
 - a service token (header ``kid: tokenbus-service``), HS256 under
   ``Settings.bus_service_secret``, which only tokenbus's own services hold: the bridge
   authenticates its HTTP caller once and carries the result to the job this way,
@@ -32,6 +34,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import jwt
@@ -44,6 +47,7 @@ SERVICE_KID = "tokenbus-service"
 SERVICE_AUDIENCE = "tokenbus-bus"
 TENANT_ID = re.compile(TENANT_ID_PATTERN)
 _CACHE_SIZE = 10_000
+_NANO = Decimal("0.000000001")
 
 
 class AuthError(Exception):
@@ -63,11 +67,16 @@ class Principal:
     """SHA-256 of the token: a throttle's key; never the token itself."""
     reply_prefix: str
     """Reply topics this credential may name: those that start with this."""
-    quota_balance: int | None = None
-    """Tokens the credential may spend on one request; None: no such limit."""
+    quota_balance: Decimal | None = None
+    """Cost units the credential may spend over its life (its own hard budget, keyed by
+    ``key_sha256``); None: no such limit."""
     service: bool = False
     """A tokenbus service's token: its ``flags`` claim is believed."""
     flags: tuple[str, ...] = field(default_factory=tuple)
+    key_sha256: str | None = None
+    """The SHA-256 of the credential behind this one, which key budgets (and a token's
+    balance) are charged to: an API key's, as the tenants file lists it; a tenant
+    JWT's own; or the one a service token says its caller used."""
 
     @property
     def tenant_id(self) -> str:
@@ -99,6 +108,22 @@ def narrow(tenant: TenantConfig, claims: dict[str, Any]) -> TenantConfig:
             allowed = [m for m in access if tenant.may_use(m)]
         updates["models"] = allowed
     return tenant.model_copy(update=updates) if updates else tenant
+
+
+def cost_units(claim: Any) -> Decimal | None:
+    """The ``quota_balance`` claim: cost units, at most nine decimals, not negative."""
+    if claim is None:
+        return None
+    if isinstance(claim, bool) or not isinstance(claim, int | float | str):
+        raise AuthError("Token claim quota_balance must be a number of cost units.")
+    try:
+        value = Decimal(str(claim))
+        exact = value.is_finite() and value >= 0 and value == value.quantize(_NANO)
+    except InvalidOperation:
+        exact = False
+    if not exact:
+        raise AuthError("Token claim quota_balance must be cost units >= 0, to nine decimals.")
+    return value
 
 
 def tenant_reply_prefix(topics: Topics, tenant_id: str) -> str:
@@ -192,16 +217,15 @@ class Authenticator:
                 raise AuthError("Incorrect API key provided.", "invalid_api_key")
             prefix = tenant_reply_prefix(self._topics, tenant.tenant_id)
             # Re-read now and then, so a revoked key stops working.
-            return Principal(tenant, credential_id, prefix), self._clock() + 60.0
+            principal = Principal(tenant, credential_id, prefix, key_sha256=credential_id)
+            return principal, self._clock() + 60.0
         claims, service = self._decode(token)
         tenant_id = claims["tenant"]
         if not isinstance(tenant_id, str) or not TENANT_ID.match(tenant_id):
             raise AuthError("Token claim tenant is not a valid tenant ID.")
         if tenant_id not in self._directory and not self._allow_unlisted:
             raise AuthError(f"Tenant {tenant_id!r} is not configured here.", "unknown_tenant")
-        balance = claims.get("quota_balance")
-        if balance is not None and (not isinstance(balance, int) or isinstance(balance, bool)):
-            raise AuthError("Token claim quota_balance must be an integer.")
+        balance = cost_units(claims.get("quota_balance"))
         claimed_prefix = claims.get("reply_prefix")
         replies = self._topics.replies("")
         if claimed_prefix is None:
@@ -217,6 +241,10 @@ class Authenticator:
         flags = claims.get("flags", []) if service else []
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise AuthError("Token claim flags must be a list of strings.")
+        # A tenant JWT is its own credential; a service token names its caller's.
+        key_sha256 = claims.get("key_sha256") if service else credential_id
+        if key_sha256 is not None and not isinstance(key_sha256, str):
+            raise AuthError("Token claim key_sha256 must be a string.")
         principal = Principal(
             tenant=narrow(self._directory.get(tenant_id), claims),
             credential_id=credential_id,
@@ -224,6 +252,7 @@ class Authenticator:
             quota_balance=balance,
             service=service,
             flags=tuple(flags),
+            key_sha256=key_sha256,
         )
         return principal, float(claims["exp"])
 
@@ -281,11 +310,13 @@ class ServiceTokens:
         reply_prefix: str,
         *,
         narrowed: TenantConfig | None = None,
-        quota_balance: int | None = None,
+        quota_balance: Decimal | None = None,
         flags: tuple[str, ...] = (),
+        key_sha256: str | None = None,
     ) -> str:
         """A token for ``tenant_id``; ``narrowed``: its config as authenticated (a
-        token's narrower class and models), carried as claims."""
+        token's narrower class and models), carried as claims; ``key_sha256``: the API
+        key the caller used, so the job charges that key's budgets."""
         key = (
             tenant_id,
             narrowed.priority_class if narrowed else None,
@@ -293,6 +324,7 @@ class ServiceTokens:
             quota_balance,
             reply_prefix,
             flags,
+            key_sha256,
         )
         now = self._clock()
         cached = self._tokens.get(key)
@@ -303,9 +335,11 @@ class ServiceTokens:
             claims["priority_class"] = narrowed.priority_class
             claims["model_access"] = list(narrowed.models)
         if quota_balance is not None:
-            claims["quota_balance"] = quota_balance
+            claims["quota_balance"] = str(quota_balance)  # exact, as text
         if flags:
             claims["flags"] = list(flags)
+        if key_sha256 is not None:
+            claims["key_sha256"] = key_sha256
         minted = mint_service_token(
             self._secret,
             tenant_id,

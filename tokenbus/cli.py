@@ -320,5 +320,119 @@ def billing_query(name: str | None, params: tuple[str, ...]) -> None:
     run_query(Settings(), Console(), name, values)
 
 
+@main.group()
+def budget() -> None:
+    """Spend budgets: set, remove and show them while the stack runs."""
+
+
+@budget.command("set")
+@click.option("--tenant", help="The tenant's budget (with --model: tenant x model).")
+@click.option("--model", help="A model's (or adapter's) budget; with --tenant, that pair's.")
+@click.option("--key-sha256", help="An API key's budget, by the SHA-256 in the tenants file.")
+@click.option("--limit", required=True, help="Cost units per period (the price table's unit).")
+@click.option("--period", default="month", show_default=True, help="day|week|month|rolling:Nh")
+@click.option("--tz", help="Zone of a calendar period; default TOKENBUS_BUDGET_TZ.")
+@click.option("--soft", is_flag=True, help="Alert only; never refuse.")
+@click.option("--thresholds", default="50,80,95,100", show_default=True, help="Alert at these %.")
+@click.option("--delete", is_flag=True, help="Remove the budget these options name.")
+def budget_set(
+    tenant: str | None,
+    model: str | None,
+    key_sha256: str | None,
+    limit: str,
+    period: str,
+    tz: str | None,
+    soft: bool,
+    thresholds: str,
+    delete: bool,
+) -> None:
+    """Write a budget to the budgets topic; every job instance applies it."""
+    from pydantic import ValidationError
+
+    from tokenbus.budget_admin import budget_record, publish_budget_change
+    from tokenbus.budget_config import BudgetConfig
+
+    settings = Settings()
+    try:
+        config = BudgetConfig(
+            tenant=tenant,
+            model=model,
+            key_sha256=key_sha256,
+            limit=limit,  # type: ignore[arg-type]
+            period=period,
+            tz=tz,
+            enforce="soft" if soft else "hard",
+            thresholds=tuple(int(t) for t in thresholds.split(",") if t.strip()),
+        )
+        key, value = budget_record(config, settings.budget_tz)
+    except (ValidationError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    asyncio.run(publish_budget_change(settings, key, None if delete else value))
+    click.echo(f"{'removed' if delete else 'set'} {key.decode()}")
+
+
+@budget.command("show")
+def budget_show() -> None:
+    """Each budget's limit, spend, reservations and remainder this period (from the job)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenbus.budget_admin import job_budgets
+
+    rows = job_budgets(Settings())["budgets"]
+    table = Table("budget", "enforce", "period", "limit", "spent", "reserved", "remaining")
+    for row in rows:
+        table.add_row(
+            *(
+                str(row[c])
+                for c in ("budget_id", "enforce", "period", "limit", "spent", "reserved")
+            ),
+            str(row["remaining"]),
+        )
+    Console().print(table)
+
+
+@budget.command("reconcile")
+@click.option(
+    "--period",
+    "periods",
+    multiple=True,
+    metavar="BUCKET",
+    help="Only this bucket (2026-03-01 for a month or day, total for a token's balance); "
+    "repeatable. Default: every bucket the job holds.",
+)
+@click.option("--settle-s", type=float, help="Wait before reading a drifting bucket again.")
+def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
+    """Compare the job's spend per budget and period with ClickHouse's billed_units;
+    print any drift and exit 1 if there is some."""
+    from billing.reader import QueryError, open_reader
+    from tokenbus.budget_admin import job_budgets
+    from tokenbus.reconcile import reconcile
+
+    settings = Settings()
+
+    def buckets() -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = job_budgets(settings)["buckets"]
+        return [r for r in rows if not periods or r["bucket"] in periods]
+
+    try:
+        reader = open_reader(settings)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        wait = settings.budget_reconcile_settle_s if settle_s is None else settle_s
+        num_buckets, drifts = reconcile(buckets, reader, settle_s=wait)
+    finally:
+        reader.close()
+    for drift in drifts:
+        click.echo(
+            f"drift {drift.budget_id} {drift.bucket}: job {drift.job_units}, "
+            f"ClickHouse {drift.billed_units} ({drift.drift_units:+})"
+        )
+    click.echo(f"{num_buckets} buckets compared, {len(drifts)} drifting")
+    if drifts:
+        raise SystemExit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,15 +1,17 @@
-"""The local stack on loopback: broker, topics, model, Faust job, worker, billing sink.
+"""The local stack on loopback: broker, topics, model, Faust job, worker, billing sink,
+alerts service (webhook and reconciliation), bridge.
 
 ``tokenbus up`` and the integration tests both start it through ``Stack``. Each
 service is a child process with its own log file under ``<home>/logs``; the worker
 runs on the worker environment's interpreter, the rest on this one.
 
 Like a service manager: each service is ready when its health says so (``/healthz`` of
-the bridge, the billing sink and the Faust job; a worker's heartbeat on the bus), never
-by text in a log; the services stop in reverse order of start; each one gets SIGTERM
-from the kernel when the process that started it dies, even by SIGKILL; and the stack
-writes itself down in ``<home>/stack.json`` (tokenbus.stack_state), so that a later
-``tokenbus up`` finds what an earlier one left behind and ``tokenbus down`` stops it.
+the bridge, the billing sink, the alerts service and the Faust job; a worker's heartbeat
+on the bus), never by text in a log; the services stop in reverse order of start; each
+one gets SIGTERM from the kernel when the process that started it dies, even by
+SIGKILL; and the stack writes itself down in ``<home>/stack.json``
+(tokenbus.stack_state), so that a later ``tokenbus up`` finds what an earlier one
+left behind and ``tokenbus down`` stops it.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.aborts] = settings.num_partitions
     partitions[topics.heartbeats] = 1
     partitions[topics.dead_letters] = 1
+    partitions[topics.budgets] = 1
+    partitions[topics.budget_alerts] = 1
     return partitions
 
 
@@ -283,10 +287,14 @@ class Stack:
             "stream_job", [sys.executable, "-m", "stream_jobs"], "faust_web_port"
         )
         workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
+        self.on_progress("starting the alerts service")
+        alerts = self._spawn_http("alerts", [sys.executable, "-m", "alerts"], "alerts_port")
         self.on_progress("starting the SSE bridge")
         bridge = self._spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
         self.on_progress("waiting for the billing sink")
         await self.wait_ready(billing, 60)
+        self.on_progress("waiting for the alerts service")
+        await self.wait_ready(alerts, 60)
         self.on_progress("waiting for the Faust job to join its group")
         await self.wait_ready(job, 120)
         for worker in workers:

@@ -35,6 +35,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas import TENANT_ID_PATTERN
+from tokenbus.budget_config import BudgetConfig
 
 
 class TenantConfigError(ValueError):
@@ -94,6 +95,9 @@ class TenantConfig(BaseModel):
     rewrite_prompts: bool = False
     """The bridge NFKC-normalizes this tenant's prompts and strips control and format
     characters before the model sees them. Off: the model gets the text as sent."""
+    budgets: list[BudgetConfig] = Field(default_factory=list)
+    """Spend caps on the tenant, one of its keys (``key_sha256``) or the tenant x a
+    ``model`` (see tokenbus.budget_config); their ``tenant`` is this tenant."""
 
     adapters: dict[Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)], AdapterConfig] = Field(
         default_factory=dict
@@ -124,9 +128,15 @@ def hash_api_key(key: str) -> str:
 class TenantDirectory:
     """All tenants; a tenant not in the file gets ``default`` with its own id."""
 
-    def __init__(self, tenants: dict[str, TenantConfig], default: TenantConfig) -> None:
+    def __init__(
+        self,
+        tenants: dict[str, TenantConfig],
+        default: TenantConfig,
+        budgets: list[BudgetConfig] | None = None,
+    ) -> None:
         self._tenants = _with_shared_adapters(tenants)
         self._default = default
+        self._budgets = budgets or []
 
     @classmethod
     def from_file(cls, path: Path, default: TenantConfig) -> TenantDirectory:
@@ -147,13 +157,22 @@ class TenantDirectory:
                 tenants[tenant_id] = TenantConfig.model_validate({**fields, "tenant_id": tenant_id})
             except (ValidationError, TypeError) as exc:
                 raise TenantConfigError(f"{path}: tenant {tenant_id!r}: {exc}") from None
-        return cls(tenants, default)
+        budgets: list[BudgetConfig] = []
+        for n, fields in enumerate(data.get("budgets", []), start=1):
+            try:
+                budget = BudgetConfig.model_validate(fields)
+                if budget.scope != "model":
+                    raise ValueError("a top-level budget names a model; others sit in a tenant")
+            except (ValidationError, TypeError, ValueError) as exc:
+                raise TenantConfigError(f"{path}: [[budgets]] #{n}: {exc}") from None
+            budgets.append(budget)
+        return cls(tenants, default, budgets)
 
     def with_overrides(self, overrides: dict[str, dict[str, object]]) -> TenantDirectory:
         tenants = dict(self._tenants)
         for tenant_id, fields in overrides.items():
             tenants[tenant_id] = self.get(tenant_id).model_copy(update=fields)
-        return TenantDirectory(tenants, self._default)
+        return TenantDirectory(tenants, self._default, self._budgets)
 
     def get(self, tenant_id: str) -> TenantConfig:
         config = self._tenants.get(tenant_id)
@@ -173,6 +192,13 @@ class TenantDirectory:
             for stored in config.api_key_sha256:
                 if hmac.compare_digest(stored, digest):
                     found = config
+        return found
+
+    def budget_configs(self) -> list[BudgetConfig]:
+        """Every budget of the file: the tenants' (with their tenant) and the models'."""
+        found = list(self._budgets)
+        for config in self._tenants.values():
+            found += [b.model_copy(update={"tenant": config.tenant_id}) for b in config.budgets]
         return found
 
     def __iter__(self) -> Iterator[TenantConfig]:

@@ -48,6 +48,18 @@ class Topics:
         return f"{self.prefix}.heartbeats"
 
     @property
+    def budgets(self) -> str:
+        """Runtime budget changes, keyed by budget id (a ``BudgetConfig``, or empty to
+        remove one): compacted; written by the bridge's admin API and ``tokenbus budget
+        set``, read from the start by every job instance."""
+        return f"{self.prefix}.budgets"
+
+    @property
+    def budget_alerts(self) -> str:
+        """``BudgetAlert``s from the job, keyed by tenant; read by the webhook sender."""
+        return f"{self.prefix}.budget-alerts"
+
+    @property
     def dead_letters(self) -> str:
         """Messages a consumer could not parse, with the reason."""
         return f"{self.prefix}.dlq"

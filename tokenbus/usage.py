@@ -37,6 +37,7 @@ def usage_of(
         overload_tier=request.overload_tier,
         flags=fields.pop("flags", request.flags),
         adapter=request.adapter.name if request.adapter else None,
+        key_sha256=request.key_sha256,
         created_at=request.admitted_at,
         **fields,
     )

@@ -31,6 +31,7 @@ def env_for(home: Path, model_dir: Path) -> dict[str, str]:
         "TOKENBUS_KAFKA_PORT": str(free_port()),
         "TOKENBUS_BRIDGE_PORT": str(free_port()),
         "TOKENBUS_BILLING_QUERY_PORT": str(free_port()),
+        "TOKENBUS_ALERTS_PORT": str(free_port()),
         "TERM": "dumb",
     }
 
@@ -80,13 +81,14 @@ def test_a_signal_stops_the_whole_stack_in_order(
         status = subprocess.run([*TOKENBUS, "status"], env=env, capture_output=True, timeout=60)
         table = status.stdout.decode()
         assert status.returncode == 0, table + status.stderr.decode()
-        for name in ("broker", "billing", "stream_job", "worker-0", "bridge"):
+        for name in ("broker", "billing", "stream_job", "alerts", "worker-0", "bridge"):
             assert name in table, table
         services = services_of(tmp_path)
         assert {s.name for s in services} == {
             "broker",
             "billing",
             "stream_job",
+            "alerts",
             "worker-0",
             "bridge",
         }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
+from decimal import Decimal
 from typing import Any
 
 import jwt
@@ -303,3 +305,48 @@ def test_service_tokens_carry_the_narrowed_config() -> None:
     caller = authenticator().authenticate(f"Bearer {token}")
     assert caller.tenant.priority_class == 2 and caller.tenant.models == ["tiny-llama"]
     assert caller.quota_balance == 50 and caller.reply_prefix == "tokenbus.replies.bridge-1"
+
+
+def test_the_key_behind_a_credential_is_known_for_key_budgets() -> None:
+    from tokenbus.auth import Authenticator, ServiceTokens
+    from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key
+    from tokenbus.topics import Topics
+
+    directory = TenantDirectory(
+        {"a": TenantConfig(tenant_id="a", api_key_sha256=[hash_api_key("sk-a-123")])},
+        TenantConfig(tenant_id="*"),
+    )
+    secret = "service-secret-0123456789abcdef0123"
+    auth = Authenticator(directory, Topics(), audience="tokenbus", service_secret=secret)
+    by_key = auth.authenticate("Bearer sk-a-123")
+    assert by_key.key_sha256 == hash_api_key("sk-a-123") == by_key.credential_id
+    token = ServiceTokens(secret).token(
+        "a", "tokenbus.replies.bridge-1", key_sha256=by_key.key_sha256
+    )
+    assert auth.authenticate(f"Bearer {token}").key_sha256 == by_key.key_sha256
+
+
+def test_a_quota_balance_is_cost_units_and_the_token_is_its_own_key() -> None:
+    token = tenant_token({"tenant": "acme", "quota_balance": "2.5"})
+    caller = authenticator().authenticate(f"Bearer {token}")
+    assert caller.quota_balance == Decimal("2.5")
+    # A tenant JWT is the credential its balance is charged to, by its SHA-256.
+    assert caller.key_sha256 == hashlib.sha256(token.encode()).hexdigest()
+    assert authenticator().authenticate(
+        f"Bearer {tenant_token({'tenant': 'acme', 'quota_balance': 3})}"
+    ).quota_balance == Decimal(3)
+    # The bridge carries it exactly, with the caller's hash, to the job.
+    relayed = ServiceTokens(SERVICE_SECRET).token(
+        "acme",
+        "tokenbus.replies.bridge-1",
+        quota_balance=Decimal("0.000000001"),
+        key_sha256=caller.key_sha256,
+    )
+    on_bus = authenticator().authenticate(f"Bearer {relayed}")
+    assert (on_bus.quota_balance, on_bus.key_sha256) == (Decimal("1E-9"), caller.key_sha256)
+
+
+@pytest.mark.parametrize("balance", [-1, "0.0000000001", "lots", True, [1], "NaN", "1e40"])
+def test_a_quota_balance_that_is_not_exact_cost_units_is_refused(balance: object) -> None:
+    error = refused(tenant_token({"tenant": "acme", "quota_balance": balance}))
+    assert "quota_balance" in error.message

@@ -101,3 +101,43 @@ def test_context_buckets_are_labelled_in_k_tokens() -> None:
 
     for label in ("0-2k", "2k-4k", "14k-16k"):
         assert f">{label}</text>" in page
+
+
+def test_recent_budget_alerts_are_a_table_per_tenant_and_escaped() -> None:
+    rows = [
+        {
+            "tenant_id": "acme",
+            "fired_at": datetime(2026, 3, 2, 11, 59, 30, tzinfo=UTC),
+            "budget_id": "tenant:acme|month@UTC",
+            "entity": "tenant:acme",
+            "threshold": 80,
+            "reason": "threshold",
+            "enforce": "hard",
+            "spent_units": "1.600000000",  # as it crossed the query server's JSON
+            "limit_units": "2.000000000",
+            "period_start": "2026-03-01T00:00:00+00:00",
+            "period_end": "2026-04-01T00:00:00+00:00",
+        },
+        {
+            "tenant_id": "<beta>",
+            "fired_at": "2026-03-02T10:00:00+00:00",
+            "budget_id": "model:m|day@UTC",
+            "entity": "model:m",
+            "threshold": 100,
+            "reason": "refused",
+            "enforce": "hard",
+            "spent_units": Decimal("5.000000000"),
+            "limit_units": Decimal("5.000000000"),
+            "period_start": "2026-03-02T00:00:00+00:00",
+            "period_end": "2026-03-03T00:00:00+00:00",
+        },
+    ]
+    page = render_dashboard({"recent_budget_alerts": rows}, FILTERS, generated_at=NOW)
+
+    assert "Recent budget alerts" in page
+    assert "<td>tenant:acme|month@UTC</td><td>80%</td><td>threshold</td>" in page
+    assert "<td>1.600000000 / 2.000000000</td>" in page  # to the last digit
+    assert "<td>2026-03-02 11:59:30</td>" in page and "<td>2026-03-02 10:00:00</td>" in page
+    assert "&lt;beta&gt;" in page and "<beta>" not in page
+    empty = render_dashboard({}, FILTERS, generated_at=NOW)
+    assert "no budget alerts in this window" in empty

@@ -21,6 +21,8 @@ QUESTIONS = {
     "cost_per_1k_by_context_bucket",
     "ttft_by_tenant_and_priority",
     "spend_by_adapter",
+    "budget_vs_actual",
+    "recent_budget_alerts",
 }
 GOOD = """-- Title here
 -- What it answers,

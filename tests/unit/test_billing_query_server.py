@@ -10,14 +10,32 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from billing.alert_sink import write_alerts
 from billing.dedup import write_usage
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.query_server import create_app, dashboard_filters
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
+from schemas.budgets import BudgetAlert
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
+
+
+def budget_alert(tenant: str, threshold: int) -> BudgetAlert:
+    return BudgetAlert(
+        alert_id=f"tenant:{tenant}|month@UTC|2026-01-01|{threshold}",
+        budget_id=f"tenant:{tenant}|month@UTC",
+        entity=f"tenant:{tenant}",
+        tenant_id=tenant,
+        period_start=datetime(2026, 1, 1, tzinfo=UTC),
+        period_end=datetime(2026, 2, 1, tzinfo=UTC),
+        threshold=threshold,
+        limit_units="1",
+        spent_units="0.8",
+        enforce="hard",
+        fired_at=datetime(2026, 1, 1, 10, 30, tzinfo=UTC),
+    )
 
 
 @pytest.fixture
@@ -171,6 +189,7 @@ async def test_the_dashboard_page_shows_every_query_for_the_window(
         for n, tenant in enumerate(["acme", "acme", "beta"])
     ]
     write_usage(stores[0], events, PRICER)
+    write_alerts(stores[0], [budget_alert("acme", 80)])
 
     response = await client.get(
         "/dashboard", params={"since": "2026-01-01 00:00:00", "until": "2026-01-02 00:00:00"}
@@ -186,8 +205,10 @@ async def test_the_dashboard_page_shows_every_query_for_the_window(
         "Share of failed and cancelled work",
         "Cost per 1k tokens by context length",
         "p50 and p99 TTFT by tenant and priority",
+        "Recent budget alerts",
     ):
         assert title in page
+    assert "<td>tenant:acme|month@UTC</td><td>80%</td>" in page
     assert page.count("<svg") >= 6
     assert "sess_&lt;b&gt;" in page and "sess_<b>" not in page
     assert 'class="error"' not in page

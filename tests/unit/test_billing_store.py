@@ -69,8 +69,15 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
         ledger = client.query(
             "SELECT version, name FROM schema_migrations ORDER BY version"
         ).result_rows
-        assert ledger == [(1, "usage_events"), (2, "cost_and_rollups"), (3, "adapter")]
-        for table in ("usage_events", "prices"):
+        assert ledger == [
+            (1, "usage_events"),
+            (2, "cost_and_rollups"),
+            (3, "adapter"),
+            (4, "usage_key"),
+            (5, "budget_alerts"),
+        ]
+        assert len(ledger) == len(bundled_migrations())
+        for table in ("usage_events", "prices", "budget_alerts"):
             assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
     finally:
         client.close()
@@ -170,6 +177,7 @@ def test_rows_round_trip(store: ClickHouseStore) -> None:
         precision="int8",
         flags=["injection_suspected"],
         overload_tier=1,
+        key_sha256="ab" * 32,
     )
     write_usage(store, [event], PRICER)
 
@@ -190,6 +198,9 @@ def test_rows_round_trip(store: ClickHouseStore) -> None:
     assert row["cost_units"] == charge.cost_units > 0  # Decimal, to the last digit
     assert row["billed_units"] == charge.billed_units
     assert (row["cost_weight"], row["price_version"]) == (0.7, 1)
+    write_usage(store, [_event("acme", "sess_b", 2)], PRICER)
+    keys = store.query("SELECT key_sha256 FROM usage_events ORDER BY session_id")
+    assert [r["key_sha256"] for r in keys] == ["ab" * 32, ""]  # no key behind it: ''
 
 
 def test_existing_keys_are_exactly_the_stored_ones(store: ClickHouseStore) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from bridge.admission import CAPPED_FLAG, Planner
@@ -28,7 +30,7 @@ def planner(max_prompt_chars: int = 10_000) -> Planner:
     )
 
 
-def caller(tenant: TenantConfig = TENANT, balance: int | None = None) -> Caller:
+def caller(tenant: TenantConfig = TENANT, balance: Decimal | None = None) -> Caller:
     return Caller(
         tenant=tenant,
         credential_id="k",
@@ -156,14 +158,12 @@ def test_injection_is_flagged_or_blocked_by_tenant_policy() -> None:
     assert status(caught) == (400, "content_blocked", "prompt")
 
 
-def test_quota_balance_caps_output_and_refuses_an_uncoverable_prompt() -> None:
-    plan = planner().plan_completion(completion(max_tokens=50), caller(balance=12))
-    assert plan.sampling.max_tokens == 12 - plan.num_prompt_tokens
-    assert CAPPED_FLAG in plan.flags
-    with pytest.raises(ApiError) as caught:
-        planner().plan_completion(completion(), caller(balance=1))
-    assert status(caught)[:2] == (429, "insufficient_quota")
-    assert caught.value.headers["x-ratelimit-remaining-tokens"] == "0"
+def test_a_quota_balance_is_the_job_s_to_enforce_not_a_token_cap() -> None:
+    # The balance is cost units over the token's life: the bridge cannot know what is
+    # left of it, so it leaves max_tokens alone and the job refuses if it must.
+    plan = planner().plan_completion(completion(max_tokens=50), caller(balance=Decimal("1")))
+    assert plan.sampling.max_tokens == 50
+    assert CAPPED_FLAG not in plan.flags
 
 
 def test_sampling_fields_pass_through() -> None:

@@ -64,3 +64,17 @@ def test_retry_after_is_at_least_one_second() -> None:
         rate_limit_headers(kind="requests", limit=5, remaining=0, reset_s=0.01)["Retry-After"]
         == "1"
     )
+
+
+def test_a_spent_budget_is_openai_s_insufficient_quota() -> None:
+    error = rejection(
+        ErrorInfo(code="insufficient_quota", message="budget spent", retry_after_s=3600.5),
+        tokens_per_minute=100,
+    )
+    assert (error.status, error.type, error.code) == (
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
+    assert error.body()["error"]["message"] == "budget spent"
+    assert error.headers == {"Retry-After": "3601"}

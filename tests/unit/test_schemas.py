@@ -145,6 +145,7 @@ INTERNAL_VALUES: dict[str, object] = {
     "cache_salt": "other-tenant",
     "flags": ["usage_from_replies"],
     "adapter": {"name": "other-adapter", "path": "/etc", "lora_int_id": 1},
+    "key_sha256": "0" * 64,
 }
 
 

@@ -1,0 +1,1 @@
+"""The budget alert sender: ``budget-alerts`` --> a signed HTTP webhook."""

@@ -1,0 +1,118 @@
+"""``python -m alerts``: budget alerts to the webhook, and the daily reconciliation.
+
+# budget-alerts (group <prefix>-alerts) --> WebhookSender.deliver --> commit
+# every budget_reconcile_interval_s --> alerts.reconciler --> log, /metrics
+# /healthz, /metrics on alerts_port
+
+Commits: an alert's offset is committed only after its webhook answered 2xx (the
+sender retries with backoff until it does), one record at a time, in order. A crash
+before the commit sends that alert again on restart: nothing is lost, and the receiver
+drops the repeat by ``X-Tokenbus-Alert-Id``. The job writes each threshold once per
+period (its fired marks are in a changelog-backed table), so repeats come only from
+that window. Without a webhook configured the service reads no alerts (and commits
+none): a webhook set later gets them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from alerts.reconciler import ReconcileMetrics, reconcile_forever
+from alerts.webhook import WebhookSender
+from schemas import SchemaError, decode
+from schemas.budgets import BudgetAlert
+from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer
+from tokenbus.loops import run
+from tokenbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def alerts_group_id(settings: Settings) -> str:
+    return f"{settings.topic_prefix}-alerts"
+
+
+async def send_alerts(settings: Settings, sender: WebhookSender) -> None:
+    topics = Topics(settings.topic_prefix)
+    consumer = make_consumer(settings, topics.budget_alerts, group_id=alerts_group_id(settings))
+    await consumer.start()
+    try:
+        async for record in consumer:
+            try:
+                alert = decode(BudgetAlert, record.value)
+            except SchemaError as exc:
+                log.warning("skipping an unreadable alert at %d: %s", record.offset, exc)
+            else:
+                assert record.value is not None
+                await sender.deliver(alert.alert_id, record.value)
+                log.info("alert %s delivered", alert.alert_id)
+            partition = TopicPartition(record.topic, record.partition)
+            await consumer.commit({partition: OffsetAndMetadata(record.offset + 1, "")})
+    finally:
+        await consumer.stop()
+
+
+def create_app(metrics: ReconcileMetrics) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(text=metrics.render(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    metrics = ReconcileMetrics()
+    runner = web.AppRunner(create_app(metrics), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", settings.alerts_port).start()
+    tasks = []
+    if settings.budget_reconcile_interval_s > 0:
+        tasks.append(asyncio.create_task(reconcile_forever(settings, metrics, stop)))
+    if settings.budget_webhook_url and settings.budget_webhook_secret:
+        sender = WebhookSender(settings.budget_webhook_url, settings.budget_webhook_secret)
+        tasks.append(asyncio.create_task(send_alerts(settings, sender)))
+    else:
+        log.info("no TOKENBUS_BUDGET_WEBHOOK_URL/_SECRET: alerts stay on the topic")
+    log.info("alerts on http://127.0.0.1:%d", settings.alerts_port)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        # A loop that fails ends the service, so whoever started it sees it exit.
+        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done - {stopping}:
+            task.result()
+    finally:
+        stopping.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+
+async def _main(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(settings, stop)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = Settings()
+    run(_main(settings), settings)
+
+
+if __name__ == "__main__":
+    main()

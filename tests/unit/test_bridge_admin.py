@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from bridge.admin import admin_routes
+from bridge.errors import ApiError
+from tokenbus.config import Settings
+
+
+def client_for(settings: Settings, sent: list[tuple[bytes, bytes | None]]) -> TestClient:
+    async def publish(settings: Settings, key: bytes, value: bytes | None) -> None:
+        sent.append((key, value))
+
+    async def api_error(request: object, exc: Exception) -> object:
+        from starlette.responses import JSONResponse
+
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), exc.status)
+
+    app = Starlette(
+        routes=admin_routes(settings, publish), exception_handlers={ApiError: api_error}
+    )  # type: ignore[dict-item]
+    return TestClient(app)
+
+
+def test_only_the_admin_key_sets_and_removes_budgets(tmp_path: Path) -> None:
+    sent: list[tuple[bytes, bytes | None]] = []
+    client = client_for(Settings(home=tmp_path, admin_key="adm-123"), sent)
+    body = {"tenant": "acme", "limit": "500", "period": "month"}
+    assert client.put("/admin/budgets", json=body).status_code == 401
+    assert (
+        client.put(
+            "/admin/budgets", json=body, headers={"Authorization": "Bearer sk-acme"}
+        ).status_code
+        == 401
+    )
+    admin = {"Authorization": "Bearer adm-123"}
+    answer = client.put("/admin/budgets", json=body, headers=admin)
+    assert answer.status_code == 200 and answer.json()["budget_id"] == "tenant:acme|month@UTC"
+    assert client.put("/admin/budgets", json={"limit": "1"}, headers=admin).status_code == 400
+    gone = client.delete("/admin/budgets/tenant:acme|month@UTC", headers=admin)
+    assert gone.status_code == 200
+    assert [k for k, _ in sent] == [b"tenant:acme|month@UTC"] * 2 and sent[1][1] is None
+
+
+def test_no_admin_key_no_admin_api(tmp_path: Path) -> None:
+    client = client_for(Settings(home=tmp_path), [])
+    assert client.get("/admin/budgets", headers={"Authorization": "Bearer x"}).status_code == 404
