@@ -101,12 +101,16 @@ async def under_steady_load(
     async with TokenbusClient(stack.settings) as client:
         load = SteadyLoad(client, tenants)
         load.start()
-        await asyncio.sleep(WARM_UP_S)
-        start = time.monotonic()
-        await asyncio.sleep(baseline_s)
-        baseline = load.rate(start, time.monotonic())
-        repaired_at, notes, passed = await fault(stack, load, baseline)
-        recovery = await load.recovery_s(baseline, repaired_at, RECOVERY_LIMIT_S)
+        try:
+            await asyncio.sleep(WARM_UP_S)
+            start = time.monotonic()
+            await asyncio.sleep(baseline_s)
+            baseline = load.rate(start, time.monotonic())
+            repaired_at, notes, passed = await fault(stack, load, baseline)
+            recovery = await load.recovery_s(baseline, repaired_at, RECOVERY_LIMIT_S)
+        except BaseException:
+            load.abandon()
+            raise
         await load.stop()
         print(
             f"{name}: tokens/s per 10 s from the baseline's start ({baseline:.0f} before the "
@@ -341,31 +345,46 @@ async def chaos(rows: list[str], abuse_s: float, delay_s: float, home: Path) -> 
     with network_namespace() as wrapper:
         proxy = DelayProxy(listen_in(NETNS, HOST_ADDR, kafka_port), (HOST_ADDR, kafka_port))
         await proxy.start()
-        stack = await start_stack(home, kafka_port, wrapper)
+        try:
+            stack = await start_stack(home, kafka_port, wrapper)
+        except BaseException:
+            await proxy.stop()
+            raise
         try:
             for name in rows:
-                stack.check()
-                if name == "quota_abuse":
-                    abuser: dict[str, list[TokenChunk]] = {}
-                    row = await under_steady_load(
-                        stack,
-                        "abuse",
-                        quota_abuse(abuse_s, abuser),
-                        extra_outcomes=abuser,
-                        extra_tenants=(ABUSER,),
-                    )
-                elif name == "instance_loss":
-                    row = await under_steady_load(stack, "loss", instance_loss(KILLED_WORKER))
-                elif name == "network_delay":
-                    row = await under_steady_load(stack, "delay", network_delay(proxy, delay_s))
-                else:
-                    row = await under_steady_load(stack, "jobkill", job_loss)
-                row.name = name
-                results.append(row)
+                try:
+                    results.append(await _run_row(stack, proxy, name, abuse_s, delay_s))
+                except Exception as exc:  # the next row still runs; this one failed
+                    print(f"{name}: failed: {exc!r}", flush=True)
+                    empty = Audit(0, 0, {}, 0, 0, 0, 0, 0, 0, [], [])
+                    results.append(Row(name, None, empty, f"failed: {exc!r}", False, []))
         finally:
             stack.stop()
             await proxy.stop()
     return results
+
+
+async def _run_row(
+    stack: Stack, proxy: DelayProxy, name: str, abuse_s: float, delay_s: float
+) -> Row:
+    stack.check()
+    if name == "quota_abuse":
+        abuser: dict[str, list[TokenChunk]] = {}
+        row = await under_steady_load(
+            stack,
+            "abuse",
+            quota_abuse(abuse_s, abuser),
+            extra_outcomes=abuser,
+            extra_tenants=(ABUSER,),
+        )
+    elif name == "instance_loss":
+        row = await under_steady_load(stack, "loss", instance_loss(KILLED_WORKER))
+    elif name == "network_delay":
+        row = await under_steady_load(stack, "delay", network_delay(proxy, delay_s))
+    else:
+        row = await under_steady_load(stack, "jobkill", job_loss)
+    row.name = name
+    return row
 
 
 def table(rows: list[Row]) -> str:

@@ -67,6 +67,12 @@ class SteadyLoad:
         self._stop.set()
         await asyncio.wait_for(asyncio.gather(*self._loops), timeout=timeout_s)
 
+    def abandon(self) -> None:
+        """Stops the tenants' loops at once, streams in flight and all."""
+        self._stop.set()
+        for loop in self._loops:
+            loop.cancel()
+
     async def _tenant_loop(self, tenant: str) -> None:
         sampling = SamplingParams(max_tokens=self.max_tokens, ignore_eos=True)
         while not self._stop.is_set():
