@@ -265,7 +265,7 @@ async def _admitted_per_minute(settings: Settings, began: float, ended: float) -
     first = as_time(admitted[0]["created_at"])
     minutes = []
     start: datetime = first
-    while (start + timedelta(seconds=60)).timestamp() <= ended:
+    while (start + timedelta(seconds=59.9)).timestamp() <= ended:
         minutes.append(
             sum(
                 r["prompt_tokens"] + r["completion_tokens"]
