@@ -143,6 +143,8 @@ class Audit:
     tokens_billed: int
     num_unbilled: int
     """Requests with no usage row when the audit gave up waiting."""
+    num_resumed: int
+    """Requests whose stream another worker resumed (a usage row flagged ``resumed``)."""
     mismatched: list[str]
     """Requests whose billed completion tokens differ from the delivered ones."""
     rows: list[dict[str, Any]]
@@ -155,7 +157,7 @@ class Audit:
         return (
             f"{self.num_requests} requests ({self.num_ok} ok, errors {self.errors}), "
             f"lost {self.num_lost}, run twice {self.num_run_twice}, extra usage rows "
-            f"{self.num_extra_rows}, billed {self.tokens_billed} / delivered "
+            f"{self.num_extra_rows}, {self.num_resumed} resumed, billed {self.tokens_billed} / delivered "
             f"{self.tokens_delivered} tokens, {len(self.mismatched)} requests differ, "
             f"{self.num_unbilled} unbilled"
         )
@@ -206,6 +208,7 @@ async def audit(
         tokens_delivered=sum(sent.values()),
         tokens_billed=sum(billed[rid] for rid in sent),
         num_unbilled=sum(1 for rid in sent if rid not in num_rows),
+        num_resumed=len({r["request_id"] for r in rows if "resumed" in r["flags"]}),
         mismatched=sorted(rid for rid, n in sent.items() if billed[rid] != n),
         rows=rows,
     )

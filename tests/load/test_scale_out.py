@@ -136,7 +136,7 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
             rid: tokens for _, _, rid, tokens in answers
         }
 
-        errors = []
+        errors, admitted_tokens = [], {}
         for tenant in TENANTS:
             admitted = [r for r in rows if r["tenant_id"] == tenant and r["status"] == "ok"]
             first = as_time(admitted[0]["created_at"])
@@ -144,6 +144,7 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
                 r for r in admitted if as_time(r["created_at"]) < first + timedelta(seconds=59.9)
             ]
             tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in in_window)
+            admitted_tokens[tenant] = tokens
             if not 0.99 * TPM <= tokens <= TPM:
                 errors.append((tenant, tokens))
         print(
@@ -151,6 +152,12 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
             f"{sum(delivered.values())} tokens delivered and billed), {len(answers)} through "
             f"the bridges; job instance stopped at {stopped_at:.0f} s and "
             f"started at {revived_at:.0f} s; tenants outside 1% of {TPM} TPM: {errors}"
+        )
+        worst = max(abs(t - TPM) / TPM for t in admitted_tokens.values())
+        print(
+            f"scale-out: admitted tokens in each tenant's first minute (limit {TPM}): "
+            f"{admitted_tokens}; largest error {worst:.2%}; lost 0, run twice 0 "
+            f"(one usage row for each of {len(per_request)} requests)"
         )
         assert not errors
     finally:
