@@ -157,8 +157,8 @@ class Audit:
         return (
             f"{self.num_requests} requests ({self.num_ok} ok, errors {self.errors}), "
             f"lost {self.num_lost}, run twice {self.num_run_twice}, extra usage rows "
-            f"{self.num_extra_rows}, {self.num_resumed} resumed, billed {self.tokens_billed} / delivered "
-            f"{self.tokens_delivered} tokens, {len(self.mismatched)} requests differ, "
+            f"{self.num_extra_rows}, {self.num_resumed} resumed, billed {self.tokens_billed} "
+            f"/ delivered {self.tokens_delivered} tokens, {len(self.mismatched)} requests differ, "
             f"{self.num_unbilled} unbilled"
         )
 
