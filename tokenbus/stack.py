@@ -221,6 +221,9 @@ class Stack:
     on_progress: Callable[[str], None] = lambda message: None
     services: list[Service] = field(default_factory=list)
     _lock_file: IO[str] | None = None
+    _wrote_state: bool = False
+    """Whether ``stack.json`` is this stack's: one that refused to start over an earlier
+    stack's services leaves that stack's record for ``tokenbus down``."""
 
     @property
     def logs(self) -> Path:
@@ -551,8 +554,9 @@ class Stack:
         """Stops the services in reverse order of start: the bridge first, the workers
         (which drain), the job, the billing sink, the broker last."""
         stop_services(self.services, timeout_s)
-        if self._lock_file is not None:
+        if self._wrote_state:
             StackState.clear(self.settings.home)
+            self._wrote_state = False
         self._release_lock()
 
     def _write_state(self) -> None:
@@ -565,6 +569,7 @@ class Stack:
             broker_profile=self.settings.broker_profile,
             services=[s.record() for s in self.services],
         ).save(self.settings.home)
+        self._wrote_state = True
 
     def _take_lock(self) -> None:
         path = self.settings.home / "stack.lock"
