@@ -42,14 +42,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import orjson
+
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.conftest import free_port
-from tests.integration.test_quotas import as_time, job_metrics, run
+from tests.integration.test_quotas import as_time, job_metrics
 from tests.load.delay_proxy import DelayProxy, listen_in
 from tests.load.steady import Audit, SteadyLoad, audit, worker_gauge, worker_gauges
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus.stack import REPO_ROOT, Stack, settings_env
 
 NUM_TENANTS = 20
 WARM_UP_S = 10.0
@@ -58,6 +60,8 @@ RECOVERY_LIMIT_S = 90.0
 
 ABUSER = "chaos-abuser"
 ABUSER_TPM = 2400
+ABUSE_BASELINE_S = 60.0
+"""The others' TTFT before the abuse: a p99 wants a few hundred samples."""
 ABUSE_REQUEST = SamplingParams(max_tokens=22, ignore_eos=True)  # prompt "x": 24 tokens
 
 NETNS = "tokenbus-chaos"
@@ -99,7 +103,7 @@ async def under_steady_load(
     fault; the time until the clients are served as before; then the audit."""
     tenants = [f"{name}-{n:02d}" for n in range(NUM_TENANTS)]
     async with TokenbusClient(stack.settings) as client:
-        load = SteadyLoad(client, tenants)
+        load = SteadyLoad(client, tenants, baseline_s=baseline_s)
         load.start()
         try:
             await asyncio.sleep(WARM_UP_S)
@@ -212,34 +216,50 @@ def network_delay(proxy: DelayProxy, delay_s: float) -> Fault:
 
 
 def quota_abuse(abuse_s: float, outcomes: dict[str, list[TokenChunk]]) -> Fault:
-    """One more tenant at 300% of its TPM for ``abuse_s``; its admitted tokens in every
-    whole minute of it, and the others' TTFT p99 before and during."""
+    """One more tenant at 300% of its TPM for ``abuse_s``, from a process of its own
+    (tests/load/abuser.py); its admitted tokens in every whole minute of it, and the
+    others' TTFT before and during."""
 
     async def fault(stack: Stack, load: SteadyLoad, baseline: float) -> tuple[float, str, bool]:
         per_second = 3 * ABUSER_TPM / 24 / 60
-        tasks: list[asyncio.Task[list[TokenChunk]]] = []
+        out = stack.settings.home / f"abuser-{int(time.time())}.jsonl"
         began = time.monotonic()
-        began_wall = time.time()
-        i = 0
-        while time.monotonic() - began < abuse_s:
-            request = await load.client.submit(tenant_id=ABUSER, prompt="x", sampling=ABUSE_REQUEST)
-            tasks.append(asyncio.create_task(run(load.client, request)))
-            i += 1
-            await asyncio.sleep(max(0.0, began + i / per_second - time.monotonic()))
-        ended = time.monotonic()
-        for chunks in await asyncio.gather(*tasks):
-            outcomes[chunks[0].request_id] = chunks
-        p99_before = load.ttft_p99(began - BASELINE_S, began)
-        p99_during = load.ttft_p99(began, ended, exclude=ABUSER)
+        abuser = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.load.abuser",
+            ABUSER,
+            str(abuse_s),
+            str(per_second),
+            str(ABUSE_REQUEST.max_tokens),
+            str(out),
+            env=settings_env(stack.settings),
+            cwd=REPO_ROOT,
+        )
+        assert await abuser.wait() == 0, f"the abuser failed ({abuser.returncode})"
+        lines = out.read_bytes().splitlines()
+        times = orjson.loads(lines[0])
+        for line in lines[1:]:
+            request = orjson.loads(line)
+            outcomes[request["request_id"]] = [
+                TokenChunk.model_validate(c) for c in request["chunks"]
+            ]
+        # The abuse's own span, on this process's clock.
+        ended = time.monotonic() - (time.time() - times["ended"])
+        sent_from = time.monotonic() - (time.time() - times["began"])
+        before = (began - load.baseline_s, began)
+        p50_before, p99_before = load.ttft_quantiles(*before)
+        p50_during, p99_during = load.ttft_quantiles(sent_from, ended)
         change = p99_during / p99_before - 1
-        minutes = await _admitted_per_minute(stack.settings, began_wall, began_wall + abuse_s)
+        minutes = await _admitted_per_minute(stack.settings, times["began"], times["ended"])
         within = bool(minutes) and all(0.99 * ABUSER_TPM <= t <= ABUSER_TPM for t in minutes)
         error = max((abs(t - ABUSER_TPM) / ABUSER_TPM for t in minutes), default=float("nan"))
         notes = (
-            f"{len(tasks)} requests at 300% of {ABUSER_TPM} TPM for {abuse_s:.0f} s; admitted "
-            f"tokens per minute {minutes} (error up to {error:.2%}); "
-            f"others' TTFT p99 {1000 * p99_before:.0f} ms before, {1000 * p99_during:.0f} ms "
-            f"during ({change:+.1%})"
+            f"{len(outcomes)} requests at 300% of {ABUSER_TPM} TPM for {abuse_s:.0f} s; admitted "
+            f"tokens per minute {minutes} (error up to {error:.2%}); others' TTFT p50 / p99 "
+            f"{1000 * p50_before:.0f} / {1000 * p99_before:.0f} ms in the {load.baseline_s:.0f} s "
+            f"before, {1000 * p50_during:.0f} / {1000 * p99_during:.0f} ms during (p99 "
+            f"{change:+.1%})"
         )
         return ended, notes, within and abs(change) < 0.20
 
@@ -374,6 +394,7 @@ async def _run_row(
             stack,
             "abuse",
             quota_abuse(abuse_s, abuser),
+            baseline_s=ABUSE_BASELINE_S,
             extra_outcomes=abuser,
             extra_tenants=(ABUSER,),
         )

@@ -48,6 +48,8 @@ class SteadyLoad:
     tenants: list[str]
     max_tokens: int = 48
     think_s: float = 2.0
+    baseline_s: float = 30.0
+    """How long the load runs before a fault, for the figures to compare against."""
     """Steady, not flat out: on two shared cores, under a saturating load, a restarting
     engine took 6-8 minutes to load."""
     outcomes: dict[str, list[TokenChunk]] = field(default_factory=dict)
@@ -97,13 +99,14 @@ class SteadyLoad:
         """Tokens a second the clients received between two monotonic times."""
         return sum(n for t, n in self.delivered if since <= t < until) / (until - since)
 
-    def ttft_p99(self, since: float, until: float, exclude: str | None = None) -> float:
-        samples = sorted(
-            s for t, s, tenant in self.ttft if since <= t < until and tenant != exclude
-        )
+    def ttft_quantiles(self, since: float, until: float) -> tuple[float, float]:
+        """p50 and p99 of the time to first token of requests submitted in the span."""
+        samples = sorted(s for t, s, _ in self.ttft if since <= t < until)
         if not samples:
-            return float("nan")
-        return samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+            return float("nan"), float("nan")
+        return tuple(  # type: ignore[return-value]
+            samples[min(len(samples) - 1, int(q * len(samples)))] for q in (0.5, 0.99)
+        )
 
     def mid_stream(self) -> int:
         return sum(1 for chunks in self.outcomes.values() if chunks and not chunks[-1].is_last)
