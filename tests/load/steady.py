@@ -148,6 +148,8 @@ class Audit:
     """Requests with no usage row when the audit gave up waiting."""
     num_resumed: int
     """Requests whose stream another worker resumed (a usage row flagged ``resumed``)."""
+    num_attempted_again: int
+    """Requests run again from the start (a usage row of attempt 1 or later)."""
     mismatched: list[str]
     """Requests whose billed completion tokens differ from the delivered ones."""
     rows: list[dict[str, Any]]
@@ -160,7 +162,8 @@ class Audit:
         return (
             f"{self.num_requests} requests ({self.num_ok} ok, errors {self.errors}), "
             f"lost {self.num_lost}, run twice {self.num_run_twice}, extra usage rows "
-            f"{self.num_extra_rows}, {self.num_resumed} resumed, billed {self.tokens_billed} "
+            f"{self.num_extra_rows}, {self.num_resumed} resumed, {self.num_attempted_again} "
+            f"attempted again, billed {self.tokens_billed} "
             f"/ delivered {self.tokens_delivered} tokens, {len(self.mismatched)} requests differ, "
             f"{self.num_unbilled} unbilled"
         )
@@ -212,6 +215,7 @@ async def audit(
         tokens_billed=sum(billed[rid] for rid in sent),
         num_unbilled=sum(1 for rid in sent if rid not in num_rows),
         num_resumed=len({r["request_id"] for r in rows if "resumed" in r["flags"]}),
+        num_attempted_again=len({r["request_id"] for r in rows if r["attempt"] > 0}),
         mismatched=sorted(rid for rid, n in sent.items() if billed[rid] != n),
         rows=rows,
     )
