@@ -63,5 +63,12 @@ fleet: setup
 scale: setup
 	$(STREAM)/bin/python -m pytest -q -s -p no:cacheprovider tests/load/test_scale_out.py
 
+# The chaos matrix (CHAOS.md): quota abuse, instance loss, network delay, job loss, each
+# under steady load from 20 tenants; prints a table. Root (a network namespace).
+# CHAOS_ARGS="--quota-abuse-s 65" shortens the abuse row (5 minutes by default).
+.PHONY: chaos
+chaos: setup
+	$(STREAM)/bin/python -m tests.load.chaos $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENVS) .tokenbus

@@ -298,7 +298,7 @@ def create_app(settings: Settings) -> faust.App:
         web_enabled=settings.faust_web_port is not None,
         web_port=settings.faust_web_port or 6066,
         web_bind="127.0.0.1",
-        datadir=str(settings.home / "faust"),
+        datadir=str(settings.faust_dir),
         topic_partitions=settings.num_partitions,
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,

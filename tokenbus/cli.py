@@ -48,7 +48,9 @@ def up(model_path: Path | None, num_workers: int) -> None:
     )
     from tokenbus.stack_state import stop_left_behind
 
-    console = Console(stderr=True)
+    # Not wrapped at 80 columns where stderr is no terminal (a log, a service manager):
+    # a message is one line there, whole, for whoever searches for it.
+    console = Console(stderr=True, soft_wrap=True)
     settings = _settings(model_path=model_path)
     stack = Stack(settings, num_workers=num_workers)
     received: list[int] = []

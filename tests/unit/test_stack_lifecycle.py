@@ -4,6 +4,7 @@ left behind is found and stopped (tokenbus.stack, tokenbus.stack_state)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,9 +12,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tokenbus import procfs
-from tokenbus.stack import Service, stop_services
+from tokenbus.config import Settings
+from tokenbus.stack import Service, Stack, StackLeftBehind, settings_env, stop_services
 from tokenbus.stack_state import ServiceRecord, StackState, stop_left_behind
 
 
@@ -127,3 +132,40 @@ def test_down_stops_what_a_dead_stack_left_behind(tmp_path: Path) -> None:
         for process in orphans:
             process.kill()
             process.wait()
+
+
+def test_each_job_instance_has_a_faust_data_directory_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = Stack(Settings(home=tmp_path))
+    spawned: dict[str, dict[str, Any]] = {}
+
+    def spawn_http(name: str, argv: list[str], port_field: str, **overrides: Any) -> None:
+        spawned[name] = overrides
+
+    monkeypatch.setattr(stack, "_spawn_http", spawn_http)
+    stack.add_job("stream_job-1")
+    datadir = spawned["stream_job-1"]["faust_datadir"]
+    assert datadir == tmp_path / "faust-stream_job-1" != stack.settings.faust_dir
+    env = settings_env(stack.settings, faust_datadir=datadir)
+    assert Settings(home=tmp_path, faust_datadir=env["TOKENBUS_FAUST_DATADIR"]).faust_dir == datadir
+    assert Settings(home=tmp_path).faust_dir == tmp_path / "faust"
+
+
+def test_the_bundled_broker_is_reached_on_its_host() -> None:
+    assert Settings(kafka_port=9).bootstrap == "127.0.0.1:9"
+    assert Settings(kafka_host="10.0.0.1", kafka_port=9).bootstrap == "10.0.0.1:9"
+
+
+def test_a_refused_start_leaves_the_earlier_stacks_record_for_down(tmp_path: Path) -> None:
+    orphan = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        record = ServiceRecord("broker", orphan.pid, procfs.start_time(orphan.pid))
+        StackState(orphan.pid + 1_000_000, None, "127.0.0.1:9", "tansu", [record]).save(tmp_path)
+        with pytest.raises(StackLeftBehind):
+            asyncio.run(Stack(Settings(home=tmp_path)).start())
+        state = StackState.load(tmp_path)
+        assert state is not None and state.live_services() == [record]
+    finally:
+        orphan.kill()
+        orphan.wait()
