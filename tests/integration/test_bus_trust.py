@@ -295,6 +295,7 @@ INTERNAL_VALUES: dict[str, Any] = {
     "overload_tier": 0,
     "cache_salt": "group:docs",
     "flags": ["injection_suspected"],
+    "key_sha256": "0" * 64,
     "adapter": {"name": "trust-a-adapter", "path": "/etc/passwd", "lora_int_id": 7},
 }
 

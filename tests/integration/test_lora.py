@@ -238,4 +238,4 @@ async def test_billing_rows_carry_the_adapter_and_add_up(
         tokens[key(r)] += int(r["completion_tokens"])
     assert {k: int(row["num_attempts"]) for k, row in by_adapter.items()} == dict(attempts)
     assert {k: int(row["completion_tokens"]) for k, row in by_adapter.items()} == dict(tokens)
-    assert by_adapter[("tiny-llama", "lora-a1")]["billed_units"] > 0
+    assert float(by_adapter[("tiny-llama", "lora-a1")]["billed_units"]) > 0
