@@ -306,7 +306,7 @@ class Dispatcher:
             assert error is not None
             await self._dead_letter(where, f"{error.code}: {error.message}")
             if owns_reply_topic and not self._known(*ident):
-                await self._answer_only(item, error)
+                await self._reply_only(item.reply_to, item.tenant_id, item.request_id, 0, error)
             return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
         entry = self._ledger.get(*ident)
@@ -736,18 +736,10 @@ class Dispatcher:
             tenant_id = (where[3] or b"").decode("utf-8", "replace")
         if not (isinstance(request_id, str) and isinstance(reply_to, str)):
             return
-        if not self._is_reply_topic(reply_to) or self._known(tenant_id, request_id):
+        if not self._topics.is_reply_topic(reply_to) or self._known(tenant_id, request_id):
             return
         error = ErrorInfo(code="invalid_request", message=reason)
-        chunk = TokenChunk(
-            request_id=request_id,
-            tenant_id=tenant_id,
-            seq=0,
-            finish_reason=FinishReason.REJECTED,
-            error=error,
-        )
-        batch = TokenChunkBatch(tenant_id=tenant_id, chunks=[chunk])
-        await self._publish(reply_to, reply_batch_key(tenant_id), encode(batch))
+        await self._reply_only(reply_to, tenant_id, request_id, 0, error)
 
     async def _refuse_unproven(
         self,
@@ -781,48 +773,39 @@ class Dispatcher:
             cache_salt=claimed,
         )
         error = ErrorInfo(code=exc.code, message=exc.message)
-        if self._is_reply_topic(request.reply_to):
+        if self._topics.is_reply_topic(request.reply_to):
             await self._answer(item, FinishReason.REJECTED, UsageStatus.REJECTED, error)
         else:
             await self._publish_rejected(item, exc.code)
-
-    def _is_reply_topic(self, topic: str) -> bool:
-        replies = self._topics.replies("")
-        return topic.startswith(replies) and len(topic) > len(replies)
 
     async def _publish_rejected(self, item: WorkItem, code: str) -> None:
         usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)
         await self._publish(self._topics.usage, item.tenant_id.encode(), encode(usage))
 
-    async def _answer_only(self, item: WorkItem, error: ErrorInfo) -> None:
-        """A refusal chunk and nothing else: no UsageEvent, no ledger entry."""
+    async def _reply_only(
+        self, reply_to: str, tenant_id: str, request_id: str, seq: int, error: ErrorInfo
+    ) -> None:
+        """One refusal chunk and nothing else: no UsageEvent, no ledger entry."""
         chunk = TokenChunk(
-            request_id=item.request_id,
-            tenant_id=item.tenant_id,
-            seq=0,
+            request_id=request_id,
+            tenant_id=tenant_id,
+            seq=seq,
             finish_reason=FinishReason.REJECTED,
             error=error,
         )
-        batch = TokenChunkBatch(tenant_id=item.tenant_id, chunks=[chunk])
-        await self._publish(item.reply_to, reply_batch_key(item.tenant_id), encode(batch))
+        batch = TokenChunkBatch(tenant_id=tenant_id, chunks=[chunk])
+        await self._publish(reply_to, reply_batch_key(tenant_id), encode(batch))
 
     async def _answer_duplicate(self, item: WorkItem, seq: int, finished: bool) -> None:
         """A repeat of a request that ran: one chunk, after the stream it repeats (so no
         seq is repeated), and no UsageEvent (the run has its one)."""
         status = "finished" if finished else "running for another reply topic"
-        chunk = TokenChunk(
-            request_id=item.request_id,
-            tenant_id=item.tenant_id,
-            seq=seq,
-            finish_reason=FinishReason.REJECTED,
-            error=ErrorInfo(
-                code="duplicate_request",
-                message=f"request {item.request_id!r} of tenant {item.tenant_id!r} has "
-                f"run already ({status}); it runs once per id",
-            ),
+        error = ErrorInfo(
+            code="duplicate_request",
+            message=f"request {item.request_id!r} of tenant {item.tenant_id!r} has "
+            f"run already ({status}); it runs once per id",
         )
-        batch = TokenChunkBatch(tenant_id=item.tenant_id, chunks=[chunk])
-        await self._publish(item.reply_to, reply_batch_key(item.tenant_id), encode(batch))
+        await self._reply_only(item.reply_to, item.tenant_id, item.request_id, seq, error)
 
     # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
     def note_lag(self, stream: str, since: float) -> None:

@@ -230,11 +230,7 @@ class Authenticator:
         replies = self._topics.replies("")
         if claimed_prefix is None:
             reply_prefix = tenant_reply_prefix(self._topics, tenant_id)
-        elif (
-            isinstance(claimed_prefix, str)
-            and claimed_prefix.startswith(replies)
-            and claimed_prefix != replies
-        ):
+        elif isinstance(claimed_prefix, str) and self._topics.is_reply_topic(claimed_prefix):
             reply_prefix = claimed_prefix
         else:
             raise AuthError(f"Token claim reply_prefix must name topics under {replies!r}.")

@@ -25,6 +25,11 @@ class Topics:
         """One client's TokenChunkBatches, keyed by tenant (``reply_batch_key``)."""
         return f"{self.prefix}.replies.{client_id}"
 
+    def is_reply_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is some client's reply topic (the only place answers go)."""
+        root = self.replies("")
+        return topic.startswith(root) and len(topic) > len(root)
+
     @property
     def usage(self) -> str:
         """One UsageEvent per request attempt, keyed by tenant."""

@@ -163,30 +163,18 @@ class Worker:
             try:
                 request = decode(WorkItem, record.value)
             except SchemaError as exc:
-                assert self._producer is not None
-                await dead_letter_record(
-                    publisher(self._producer),
-                    self._topics,
-                    record,
-                    consumer=self.worker_id,
-                    reason=str(exc),
-                )
+                await self._dead_letter(record, str(exc))
                 return
             if request.worker_incarnation not in (None, self.incarnation):
                 # Addressed to an earlier run of this worker: the dispatcher has already
                 # sent it again, to whichever worker it picked.
                 log.info("skipping %s: it was sent to an earlier run", request.request_id)
                 return
-            if not self._is_reply_topic(request.reply_to):
+            if not self._topics.is_reply_topic(request.reply_to):
                 # Only the job writes here, and it checks; a record from anyone else
                 # never makes this worker write outside the reply topics.
-                assert self._producer is not None
-                await dead_letter_record(
-                    publisher(self._producer),
-                    self._topics,
-                    record,
-                    consumer=self.worker_id,
-                    reason=f"reply_to {request.reply_to!r} is not a reply topic",
+                await self._dead_letter(
+                    record, f"reply_to {request.reply_to!r} is not a reply topic"
                 )
                 return
             await self._serve(request)
@@ -196,6 +184,12 @@ class Worker:
             log.exception("request at offset %d was not reported", record.offset)
         finally:
             self._slots.release()
+
+    async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        assert self._producer is not None
+        await dead_letter_record(
+            publisher(self._producer), self._topics, record, consumer=self.worker_id, reason=reason
+        )
 
     async def _serve(self, request: WorkItem) -> None:
         assert self._replies is not None
@@ -375,10 +369,6 @@ class Worker:
         await self._producer.send_and_wait(
             self._topics.usage, encode(usage), key=request.tenant_id.encode()
         )
-
-    def _is_reply_topic(self, topic: str) -> bool:
-        replies = self._topics.replies("")
-        return topic.startswith(replies) and len(topic) > len(replies)
 
     # -- cancels ---------------------------------------------------------------------------
     async def _follow_cancels(self) -> AIOKafkaConsumer:
