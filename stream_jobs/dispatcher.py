@@ -394,7 +394,7 @@ class Dispatcher:
             state,
             item.request_id,
             math.ceil((num_prompt + item.sampling.max_tokens) * weight),
-            Limits(tpm=tenant.tpm, rpm=tenant.rpm),
+            Limits(tpm=tenant.tpm, rpm=tenant.rpm, burst_s=tenant.burst_s),
             now,
         )
         if not decision.admitted:

@@ -7,7 +7,12 @@ keeps it in a changelog-backed table and a restarted job resumes with the same c
 - ``settle`` replaces the estimate by the real count when the UsageEvent arrives,
   refunding what went unused or charging an overrun, in the bucket it was reserved in;
 - a request already reserved (a redelivery after a restart) is admitted without being
-  charged twice.
+  charged twice;
+- optionally, ``Limits.burst_s`` smooths a tenant's spending: in any ``burst_s`` seconds
+  it may reserve at most its minute's tokens pro rata (``tpm * burst_s / 60``), so a
+  tenant sending far above its TPM spends its minute evenly instead of in the minute's
+  first seconds, and the fleet's other tenants do not take that burst. A request larger
+  than the allowance still fits a short window that is empty.
 
 The bucket sums are small (at most 600 buckets) and travel as JSON. Reservations, one
 per request of the last 60 s, live in a ``Reservations`` mapping of their own, so that a
@@ -41,6 +46,12 @@ def _oldest(now: float) -> int:
 class Limits:
     tpm: int
     rpm: int
+    burst_s: float = 0.0
+    """Smoothing over any ``burst_s`` seconds (see the module's docstring); 0 is off: the
+    whole minute's tokens may be spent at once."""
+
+    def burst_allowance(self) -> float:
+        return self.tpm * self.burst_s / WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,17 @@ def reserve(
             num_requests_used=requests,
             reason="tpm" if tokens + num_tokens > limits.tpm else "rpm",
         )
+    if limits.burst_s > 0:
+        recent = _recent_tokens(state, now, limits.burst_s)
+        if recent > 0 and recent + num_tokens > limits.burst_allowance():
+            return Decision(
+                False,
+                retry_after_s=_burst_retry_after(state, num_tokens, limits, now),
+                num_tokens_used=tokens,
+                num_requests_used=requests,
+                reason=f"tpm_burst: at most {limits.burst_allowance():.0f} tokens in any "
+                f"{limits.burst_s:g} s (the minute's {limits.tpm} spread evenly)",
+            )
     key = _bucket(now)
     bucket = state.buckets.setdefault(key, [0, 0])
     bucket[0] += num_tokens
@@ -203,3 +225,24 @@ def _retry_after(state: WindowState, num_tokens: int, limits: Limits, now: float
         if tokens + num_tokens <= limits.tpm and requests + 1 <= limits.rpm:
             return max(0.001, key / BUCKETS_PER_S + WINDOW_S - now)
     return float(WINDOW_S)
+
+
+def _short_window(now: float, burst_s: float) -> int:
+    """The oldest bucket of the last ``burst_s`` seconds at ``now``."""
+    return _bucket(now) - math.ceil(burst_s * BUCKETS_PER_S - 1e-6) + 1
+
+
+def _recent_tokens(state: WindowState, now: float, burst_s: float) -> int:
+    oldest = _short_window(now, burst_s)
+    return sum(tokens for key, (tokens, _) in state.buckets.items() if key >= oldest)
+
+
+def _burst_retry_after(state: WindowState, num_tokens: int, limits: Limits, now: float) -> float:
+    """Seconds until enough of the short window has slid out for this request to fit."""
+    oldest = _short_window(now, limits.burst_s)
+    recent = _recent_tokens(state, now, limits.burst_s)
+    for key in sorted(k for k in state.buckets if k >= oldest):
+        recent -= state.buckets[key][0]
+        if recent <= 0 or recent + num_tokens <= limits.burst_allowance():
+            return max(0.001, key / BUCKETS_PER_S + limits.burst_s - now)
+    return limits.burst_s

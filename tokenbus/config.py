@@ -125,6 +125,8 @@ class Settings(BaseSettings):
     # -- admission and scheduling ------------------------------------------------------
     default_tpm: int = 1_000_000
     default_rpm: int = 6_000
+    default_burst_s: float = 0.0
+    """Spending smoothing for tenants not in the tenants file (see TenantConfig.burst_s)."""
     default_priority_class: int = 1
     """The best class a tenant not in the tenants file may use (0 VIP, 1, 2 batch)."""
     tenant_tpm: dict[str, int] = Field(default_factory=dict)
@@ -329,6 +331,7 @@ class Settings(BaseSettings):
             tenant_id="*",
             tpm=self.default_tpm,
             rpm=self.default_rpm,
+            burst_s=self.default_burst_s,
             priority_class=self.default_priority_class,
         )
         if self.tenants_file is not None:

@@ -6,6 +6,7 @@ names the tenant and the field. JWT claims (in the bridge) can only narrow these
     [tenants.acme]
     rpm = 600
     tpm = 120000
+    burst_s = 10                           # at most tpm/6 tokens in any 10 s (0: off)
     priority_class = 1
     weight = 2.0
     max_prompt_tokens = 8192
@@ -80,6 +81,10 @@ class TenantConfig(BaseModel):
     tenant_id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)] | Literal["*"]
     rpm: Annotated[int, Field(ge=1)] = 600
     tpm: Annotated[int, Field(ge=1)] = 1_000_000
+    burst_s: Annotated[float, Field(ge=0, le=60)] = 0.0
+    """Smooths spending: at most ``tpm * burst_s / 60`` tokens in any ``burst_s`` seconds
+    (so 10 means a sixth of the minute's tokens in any 10 s). 0 is off: the whole
+    minute's tokens may be spent in its first second."""
     priority_class: Annotated[int, Field(ge=0, le=2)] = 1
     weight: Annotated[float, Field(gt=0)] = 1.0
     max_prompt_tokens: Annotated[int, Field(ge=1)] = 16_384

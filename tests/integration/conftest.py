@@ -37,6 +37,7 @@ TENANTS: dict[str, dict[str, object]] = {
     # Quotas: accuracy, restart.
     **{f"acc-{x}": {"tpm": 2400, "rpm": 100_000} for x in "abc"},
     "restart": {"tpm": 2400, "rpm": 100_000},
+    "smooth": {"tpm": 2400, "rpm": 100_000, "burst_s": 10},  # 400 tokens in any 10 s
     # Scale-out (tests/load/test_scale_out.py): 20 tenants with a small quota each.
     **{f"scale-{n:02d}": {"tpm": 600, "rpm": 100_000} for n in range(20)},
     "scale-bridge": {},  # its requests go through both bridges while a job instance stops

@@ -104,6 +104,38 @@ async def test_three_tenants_at_three_times_their_tpm_get_their_limit(
         assert 0.99 * TPM <= tokens <= TPM, (tenant, tokens)
 
 
+async def test_a_smoothed_tenant_spends_its_minute_evenly(
+    client: TokenbusClient, settings: Settings
+) -> None:
+    """``burst_s = 10``: at 3x its TPM for 25 s, no 10 s holds more than a sixth of the
+    minute's tokens, and the refusals name the burst and when to come back."""
+    tenant, burst_s, allowance = "smooth", 10, TPM // 6
+    per_second = 3 * TPM / 24 / 60
+    started = time.monotonic()
+    tasks: list[asyncio.Task[list[TokenChunk]]] = []
+    while time.monotonic() - started < 25.0:
+        request = await client.submit(tenant_id=tenant, prompt=PROMPT, sampling=SHORT)
+        tasks.append(asyncio.create_task(run(client, request)))
+        await asyncio.sleep(max(0.0, started + len(tasks) / per_second - time.monotonic()))
+    results = await asyncio.gather(*tasks)
+    refusals = [c[-1].error for c in results if c[-1].error is not None]
+    assert refusals and all(e.code == "quota_exceeded" for e in refusals)
+    assert all("tpm_burst" in e.message for e in refusals), refusals[0]
+    assert all(e.retry_after_s is not None and 0 < e.retry_after_s <= burst_s for e in refusals)
+
+    rows = await eventually(
+        lambda: usage(settings, [tenant]), until=lambda r: len(r) == len(tasks), timeout_s=60
+    )
+    admitted = [as_time(r["created_at"]) for r in rows if r["status"] == "ok"]
+    assert len(admitted) == len(results) - len(refusals)
+    for first in admitted:
+        # Within 9.9 s of an admission, as the job's 100 ms buckets saw it.
+        short = [t for t in admitted if first <= t < first + timedelta(seconds=burst_s - 0.1)]
+        assert len(short) * 24 <= allowance, (first, len(short))
+    # Smoothed, not starved: about the minute's share of the 25 s went through.
+    assert len(admitted) * 24 >= 0.8 * TPM * 20 / 60
+
+
 async def test_two_backlogged_tenants_share_two_to_one_by_weight(
     client: TokenbusClient, settings: Settings
 ) -> None:

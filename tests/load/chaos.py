@@ -353,12 +353,19 @@ def network_namespace() -> Iterator[list[str]]:
 
 
 # -- the stack and the table ----------------------------------------------------------------
-async def start_stack(home: Path, kafka_port: int, wrapper: list[str]) -> Stack:
+async def start_stack(
+    home: Path, kafka_port: int, wrapper: list[str], abuser_burst_s: float
+) -> Stack:
     """The stack on the veth's host address: broker, billing, job, bridge, worker-0 and
-    worker-1 on the host, worker-2 in the namespace."""
+    worker-1 on the host, worker-2 in the namespace. The abusing tenant's TPM is smoothed
+    over ``abuser_burst_s`` (0: off), as an operator protecting the others would set it."""
     model_dir = Stack(Settings(home=REPO_ROOT / ".tokenbus"), on_progress=print).build_model()
     tenants_file = home / "tenants.json"
-    tenants_file.write_text(json.dumps({"tenants": {ABUSER: {"tpm": ABUSER_TPM, "rpm": 100_000}}}))
+    tenants_file.write_text(
+        json.dumps(
+            {"tenants": {ABUSER: {"tpm": ABUSER_TPM, "rpm": 100_000, "burst_s": abuser_burst_s}}}
+        )
+    )
     settings = Settings(
         home=home,
         kafka_host=HOST_ADDR,
@@ -383,14 +390,16 @@ async def start_stack(home: Path, kafka_port: int, wrapper: list[str]) -> Stack:
 ROWS = ("quota_abuse", "instance_loss", "network_delay", "job_loss")
 
 
-async def chaos(rows: list[str], abuse_s: float, delay_s: float, home: Path) -> list[Row]:
+async def chaos(
+    rows: list[str], abuse_s: float, delay_s: float, home: Path, abuser_burst_s: float
+) -> list[Row]:
     results: list[Row] = []
     kafka_port = free_port()
     with network_namespace() as wrapper:
         proxy = DelayProxy(listen_in(NETNS, HOST_ADDR, kafka_port), (HOST_ADDR, kafka_port))
         await proxy.start()
         try:
-            stack = await start_stack(home, kafka_port, wrapper)
+            stack = await start_stack(home, kafka_port, wrapper, abuser_burst_s)
         except BaseException:
             await proxy.stop()
             raise
@@ -457,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated, in order")
     parser.add_argument("--quota-abuse-s", type=float, default=300.0)
     parser.add_argument("--delay-s", type=float, default=60.0)
+    parser.add_argument(
+        "--abuser-burst-s",
+        type=float,
+        default=10.0,
+        help="the abusing tenant's burst_s (README, Smoothing); 0 turns smoothing off",
+    )
     parser.add_argument("--home", type=Path, default=None, help="default: a temporary dir")
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -467,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: the stack stops, the namespace goes.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
-    results = asyncio.run(chaos(rows, args.quota_abuse_s, args.delay_s, home))
+    results = asyncio.run(chaos(rows, args.quota_abuse_s, args.delay_s, home, args.abuser_burst_s))
     print(f"\nchaos matrix, {time.monotonic() - started:.0f} s, home {home}:")
     print(table(results), flush=True)
     return 0 if all(r.passed for r in results) else 1

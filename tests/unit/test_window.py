@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +121,72 @@ def test_a_refused_request_fits_once_retry_after_has_passed(
             probe = WindowState.from_json(state.to_json())  # the sums decide the wait
             later = at + decision.retry_after_s
             assert reserve(probe, "probe", estimate, LIMITS, now=later).admitted
+
+
+SMOOTH = Limits(tpm=600, rpm=100, burst_s=10)  # at most 100 tokens in any 10 s
+
+
+def test_smoothing_spreads_the_minute_over_its_short_windows() -> None:
+    state = WindowState()
+    assert reserve(state, "a", 60, SMOOTH, now=0.0).admitted
+    refused = reserve(state, "b", 50, SMOOTH, now=1.0)
+    assert not refused.admitted and refused.reason.startswith("tpm_burst")
+    assert "100 tokens in any 10 s" in refused.reason
+    assert refused.retry_after_s == 9.0  # "a"'s bucket (0.0-0.1 s) leaves the 10 s at 10.0
+    assert not reserve(state, "b", 50, SMOOTH, now=9.9).admitted
+    assert reserve(state, "b", 50, SMOOTH, now=10.0).admitted
+
+
+def test_without_smoothing_the_whole_minute_may_go_at_once() -> None:
+    state = WindowState()
+    flat = Limits(tpm=600, rpm=100)
+    assert all(reserve(state, f"r{i}", 100, flat, now=0.0).admitted for i in range(6))
+    assert not reserve(state, "r6", 1, flat, now=0.0).admitted
+
+
+def test_a_request_larger_than_the_short_allowance_fits_an_empty_short_window() -> None:
+    state = WindowState()
+    assert reserve(state, "big", 300, SMOOTH, now=0.0).admitted
+    assert not reserve(state, "small", 1, SMOOTH, now=5.0).admitted
+    assert reserve(state, "small", 1, SMOOTH, now=10.0).admitted
+
+
+def test_settling_a_smaller_count_frees_the_short_window_too() -> None:
+    state = WindowState()
+    reserve(state, "a", 90, SMOOTH, now=0.0)
+    assert not reserve(state, "b", 50, SMOOTH, now=1.0).admitted
+    settle(state, "a", 20, now=2.0)
+    assert reserve(state, "b", 50, SMOOTH, now=2.0).admitted
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests)
+def test_smoothing_bounds_every_short_window_and_still_every_minute(
+    events: list[tuple[float, int, int]],
+) -> None:
+    limits = Limits(tpm=1000, rpm=50, burst_s=6)  # 100 tokens in any 6 s
+    state = WindowState()
+    admitted: list[tuple[int, int]] = []  # (bucket, tokens charged)
+    for i, (at, estimate, _) in enumerate(sorted(events)):
+        if reserve(state, f"r{i}", estimate, limits, now=at).admitted:
+            admitted.append((math.floor(at * 10 + 1e-6), estimate))
+    for first, _ in admitted:
+        short = [t for b, t in admitted if first <= b < first + 60]
+        # Over the allowance only by a request that came into an empty short window.
+        assert sum(short) <= limits.burst_allowance() or len(short) == 1
+        assert sum(t for b, t in admitted if first <= b < first + 600) <= limits.tpm
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests)
+def test_a_request_refused_for_a_burst_fits_once_retry_after_has_passed(
+    events: list[tuple[float, int, int]],
+) -> None:
+    state = WindowState()
+    for i, (at, estimate, _) in enumerate(sorted(events)):
+        decision = reserve(state, f"r{i}", estimate, SMOOTH, now=at)
+        if not decision.admitted and decision.reason.startswith("tpm_burst"):
+            probe = WindowState.from_json(state.to_json())
+            later = at + decision.retry_after_s
+            after = reserve(probe, "probe", estimate, SMOOTH, now=later)
+            assert after.admitted or not after.reason.startswith("tpm_burst")
