@@ -469,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--abuser-burst-s",
         type=float,
-        default=10.0,
-        help="the abusing tenant's burst_s (README, Smoothing); 0 turns smoothing off",
+        default=0.0,
+        help="the abusing tenant's burst_s (README, Smoothing); 0, the default: off",
     )
     parser.add_argument("--home", type=Path, default=None, help="default: a temporary dir")
     args = parser.parse_args(argv)
