@@ -27,7 +27,6 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -45,18 +44,16 @@ from bench.common import (
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
-from bench.prototypes import ENV as PROTOTYPES_ENV
 from bench.report import uptime_load, write_result
 from bench.stats import ratio, summarize
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus.stack import Stack
 
 TENANT = tenant(0)
 WARMUP_ROUND = -1
-HOOK_DIR = Path(__file__).resolve().parent / "_hook"
 STACK_SERVICES_ON_PATH = ("broker", "stream_job", "billing", "worker-0")
 
 
@@ -147,12 +144,6 @@ def wave_sizes(concurrency: int, args: argparse.Namespace) -> int:
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     settings = bench_settings(model_path=model_dir(), **parse_overrides(args.set))
-    if args.prototype:
-        # The stack's children inherit this environment; the hook patches only the job.
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(HOOK_DIR), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
-        os.environ[PROTOTYPES_ENV] = ",".join(args.prototype)
     (settings.home / "logs").mkdir(parents=True, exist_ok=True)
     console.print(f"[dim]TOKENBUS_HOME={settings.home}  load {load_start['load_1_5_15']}[/]")
 
@@ -314,7 +305,6 @@ def summarize_run(
             "max_tokens": args.max_tokens,
             "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
             "settings_overrides": parse_overrides(args.set),
-            "prototypes": args.prototype,
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
         },
         "load_start": load_start,
@@ -413,9 +403,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-requests", type=int, default=32, help="per wave")
     parser.add_argument("--requests-per-lane", type=int, default=2, help="per wave")
     parser.add_argument("--name", default="overhead", help="result file name")
-    parser.add_argument(
-        "--prototype", action="append", default=[], help="a bench.prototypes patch for the job"
-    )
     add_settings_args(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

@@ -37,28 +37,43 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "git": _git_head(),
+        **git_state(),
     }
 
 
-def _git_head() -> str:
+def _git(*argv: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=RESULTS_DIR.parent,
+            ["git", *argv], capture_output=True, text=True, check=False, cwd=RESULTS_DIR.parent
         )
     except OSError:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+# What the benchmarks write, not what they measure: rewriting them leaves the tree clean.
+GENERATED = ("BENCHMARKS.md", "bench/summary.json")
+
+
+def _changes() -> str | None:
+    """Tracked files that differ from HEAD, in the whole repository."""
+    excluded = [f":(top,exclude){path}" for path in GENERATED]
+    return _git("status", "--porcelain", "--untracked-files=no", "--", ":/", *excluded)
+
+
+def git_state() -> dict[str, Any]:
+    """The commit a result was measured on, and whether tracked files differed from it:
+    ``bench.summary`` takes figures only from results of a clean tree."""
+    commit = _git("rev-parse", "HEAD")
+    changes = _changes()
+    return {"commit": commit or "?", "dirty": commit is None or changes is None or bool(changes)}
+
+
+def _git_head() -> str:
+    short = _git("rev-parse", "--short", "HEAD")
+    if short is None:
         return "?"
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=RESULTS_DIR.parent,
-    ).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
+    return short + ("+dirty" if _changes() else "")
 
 
 def uptime_load() -> dict[str, Any]:
