@@ -43,6 +43,7 @@ from bench.common import (
 )
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
+from bench.hop import floor as hop_floor
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
 from bench.report import uptime_load, write_result
 from bench.stats import ratio, summarize
@@ -108,6 +109,10 @@ def stack_meter(stack: Stack) -> CpuMeter:
             ],
         }
     )
+
+
+def broker_pid(stack: Stack) -> int:
+    return next(s.process.pid for s in stack.services if s.name == "broker")
 
 
 def billing_timings(
@@ -221,15 +226,22 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             stack.check()
         expected = len(tokenbus.request_ids)
         timings = await asyncio.to_thread(billing_timings, settings, expected)
+        # The floor the TTFT legs stand on: one hop through this stack's broker, now.
+        floor = (
+            await hop_floor(settings, broker_pid(stack), args.hop_messages)
+            if args.hop_messages
+            else None
+        )
     finally:
         direct.stop()
         stack.stop()
     load_end = uptime_load()
     if not args.keep:
         shutil.rmtree(settings.home, ignore_errors=True)
-    return summarize_run(
+    result = summarize_run(
         args, results, tokenbus.request_ids, timings, idle_stack_cores, load_start, load_end
     )
+    return {**result, "hop_floor": floor}
 
 
 def summarize_run(
@@ -280,6 +292,17 @@ def summarize_run(
                         "billing": cpu_bus["billing"],
                         "client": cpu_bus["client"],
                         "worker_loop": worker_loop,
+                    }.items()
+                },
+                # The same split in µs of CPU per token, per process.
+                "us_cpu_per_token_by_process": {
+                    part: round(1e6 * value / max(1, t["num_tokens"]), 2)
+                    for part, value in {
+                        "stream_job": cpu_bus["stream_job"],
+                        "worker_loop": worker_loop,
+                        "client": cpu_bus["client"],
+                        "billing": cpu_bus["billing"],
+                        "broker": cpu_bus["broker"],
                     }.items()
                 },
                 "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
@@ -385,6 +408,20 @@ def render(result: dict[str, Any], console: Console) -> None:
             *(str(b[k].get("p50", "-")) for k in b),
         )
     console.print(breakdown)
+    split = Table(title="µs of CPU per token, by process")
+    for column in ("conc", "job", "worker loop", "client", "billing", "broker"):
+        split.add_column(column, justify="right")
+    for row in result["results"]:
+        us = row["us_cpu_per_token_by_process"]
+        split.add_row(str(row["concurrency"]), *(f"{v:.1f}" for v in us.values()))
+    console.print(split)
+    floor = result.get("hop_floor")
+    if floor:
+        console.print(
+            f"one hop through this stack's broker (fetch_max_wait_ms "
+            f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']} ms, "
+            f"p99 {floor['hop_ms']['p99']} ms"
+        )
     console.print(
         f"load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}; "
         f"billed {result['num_billed']}/{result['num_sent']}"
@@ -403,6 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-requests", type=int, default=32, help="per wave")
     parser.add_argument("--requests-per-lane", type=int, default=2, help="per wave")
     parser.add_argument("--name", default="overhead", help="result file name")
+    parser.add_argument(
+        "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
+    )
     add_settings_args(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
