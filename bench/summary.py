@@ -1,7 +1,6 @@
 """``bench/summary.json``: each goal's figure, from result JSONs of committed code.
 
-    python -m bench.summary collect admission --runs 3 --lock /tmp/tokenbus-heavy.lock \\
-        -- --requests 5000
+    python -m bench.summary collect admission [--runs 3] [--lock FILE] [-- --requests 5000]
     python -m bench.summary build [--runs 3]
 
 ``collect`` runs one benchmark script N times, one run after the other; with ``--lock``
@@ -556,6 +555,14 @@ def collect(script: str, runs: int, lock: Path | None, extra: Sequence[str]) -> 
     return written
 
 
+def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``collect``'s own options, and the script's (everything after ``--``)."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = list(argv).index("--")
+    return list(argv[:cut]), list(argv[cut + 1 :])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -565,14 +572,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("script", help="admission, relay, billing_ingest, overhead, bridge, hop")
     run.add_argument("--runs", type=int, default=MIN_RUNS)
     run.add_argument("--lock", type=Path, help="a lock file each run holds (and releases)")
-    run.add_argument("extra", nargs=argparse.REMAINDER, help="-- then the script's options")
     build = commands.add_parser("build", help="write bench/summary.json from the results")
     build.add_argument("--runs", type=int, default=MIN_RUNS, help="newest runs per benchmark")
     build.add_argument("--results", type=Path, default=RESULTS_DIR)
     build.add_argument("--out", type=Path, default=SUMMARY_PATH)
-    args = parser.parse_args(argv)
+    ours, extra = split_script_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(ours)
     if args.command == "collect":
-        extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
         for path in collect(args.script, args.runs, args.lock, extra):
             print(f"wrote {path}")
         return

@@ -151,3 +151,12 @@ def test_load_results_reads_only_stamped_files(tmp_path: Path) -> None:
     found = summary.load_results(tmp_path)
     assert list(found) == ["admission"]
     assert [r["source"] for r in found["admission"]] == ["admission-20261201-101010.json"]
+
+
+def test_collect_passes_what_follows_the_double_dash_to_the_script() -> None:
+    ours, theirs = summary.split_script_args(
+        ["collect", "admission", "--runs", "1", "--", "--requests", "2000", "--", "x"]
+    )
+    assert ours == ["collect", "admission", "--runs", "1"]
+    assert theirs == ["--requests", "2000", "--", "x"]
+    assert summary.split_script_args(["build"]) == (["build"], [])
