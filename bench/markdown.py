@@ -1,7 +1,7 @@
 """Prints the latest results as the Markdown tables BENCHMARKS.md keeps.
 
     .venvs/stream/bin/python -m bench.markdown [goals capacity overhead admission ...]
-    .venvs/stream/bin/python -m bench.markdown --update BENCHMARKS.md
+    .venvs/stream/bin/python -m bench.markdown --update BENCHMARKS.md [goals capacity ...]
 
 The goals table and the capacity model come from ``bench/summary.json`` (``python -m
 bench.summary build``); every other table from ``bench/results/<name>-latest.json``, so
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -537,14 +537,17 @@ def render(name: str, kind: str | None = None) -> str | None:
 _BLOCK = re.compile(r"(<!-- bench:([\w.-]+)(?: kind=(\w+))? -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
-def update(document: Path) -> int:
-    """Rewrites the marked blocks of ``document``; returns how many it rewrote."""
+def update(document: Path, only: Sequence[str] = ()) -> int:
+    """Rewrites the marked blocks of ``document`` (those named in ``only``, if any);
+    returns how many it rewrote."""
     text = document.read_text()
     count = 0
 
     def fill(match: re.Match[str]) -> str:
         nonlocal count
         opening, name, kind, _, closing = match.groups()
+        if only and name not in only:
+            return match.group(0)
         text = render(name, kind)
         if text is None:
             return match.group(0)  # no source here: keep what the document has
@@ -557,14 +560,14 @@ def update(document: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", default=[*SUMMARY_RENDERERS, *RENDERERS])
+    parser.add_argument("names", nargs="*", help="blocks to print (or, with --update, rewrite)")
     parser.add_argument("--kind", help="renderer, when a name is not one (overhead-fetch100)")
     parser.add_argument("--update", type=Path, help="rewrite the marked blocks of this file")
     args = parser.parse_args()
     if args.update:
-        print(f"rewrote {update(args.update)} blocks of {args.update}")
+        print(f"rewrote {update(args.update, args.names)} blocks of {args.update}")
         return
-    for name in args.names:
+    for name in args.names or [*SUMMARY_RENDERERS, *RENDERERS]:
         text = render(name, args.kind)
         print(f"<!-- {name} -->\n{text or '_no source file: run its benchmark first_'}\n")
 

@@ -116,3 +116,19 @@ def test_capacity_renders_a_row_per_fleet() -> None:
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| 8", "| 64", "| 512"]
     assert "bridge 0.220 cores" in text
     assert "5-common-pitfalls-when-using-apache-kafka" in text
+
+
+def test_update_rewrites_only_the_named_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(markdown, "render", lambda name, kind=None: f"new {name}")
+    doc = tmp_path / "B.md"
+    doc.write_text(
+        "<!-- bench:goals -->\nold\n<!-- /bench:goals -->\n"
+        "<!-- bench:relay -->\nold\n<!-- /bench:relay -->\n"
+    )
+    assert markdown.update(doc, ["goals"]) == 1
+    assert doc.read_text() == (
+        "<!-- bench:goals -->\nnew goals\n<!-- /bench:goals -->\n"
+        "<!-- bench:relay -->\nold\n<!-- /bench:relay -->\n"
+    )
