@@ -383,6 +383,10 @@ def _figure(figure: dict[str, Any], label: bool = False) -> str:
     return f"{figure['label']} {text}" if label else text
 
 
+REPORTED = ("hop.p50_ms", "hop.p99_ms", "admission.broker_us_per_request")
+"""Figures of no goal that the goals table still shows: the floor, the broker's share."""
+
+
 def goals(summary: dict[str, Any]) -> str:
     """The "Goals at a glance" table: one row per goal of ``bench/summary.json``."""
     figures = summary["figures"]
@@ -409,10 +413,17 @@ def goals(summary: dict[str, Any]) -> str:
             ]
         )
     header = ["goal", "measured", "load 1 min", "commit, last run", "beside it", "verdict"]
+    also = [
+        f"{_figure(figures[k], label=True)} (`{figures[k]['commit'][:10]}`, "
+        f"load {figures[k]['load_1min']['median']})"
+        for k in REPORTED
+        if k in figures
+    ]
     return (
         f"_From `bench/summary.json` ({summary['generated_at']}): each figure is the median "
         f"of its benchmark's newest runs on one clean commit, min..max in brackets._\n\n"
         + _table(header, rows)
+        + ("\n\nReported beside the goals: " + "; ".join(also) + "." if also else "")
     )
 
 
