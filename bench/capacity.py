@@ -39,10 +39,12 @@ class Costs:
     job_us_per_request: float
     billing_us_per_event: float
     worker_loop_us_per_token: float
-    """At one token per record (``bench.relay``): the worst case coalescing improves on."""
+    """``bench.relay`` at one token per chunk, with ``relay_tokens_per_record`` per record."""
     bridge_us_per_token: float
-    broker_us_per_record: float
-    """The bundled broker (tansu) at one token per record: not Apache Kafka's cost."""
+    broker_us_per_token: float
+    """The bundled broker (tansu) in the same relay run: not Apache Kafka's cost."""
+    relay_tokens_per_record: float
+    """Tokens per reply record in that relay run (``relay_tokens_per_record()``)."""
     request_record_bytes: float
     reply_record_bytes: float
     """A reply record of one chunk."""
@@ -62,7 +64,8 @@ SOURCES: dict[str, str] = {
     "billing_events_per_core_s": "billing.events_per_core_s",
     "worker_loop_us_per_token": "relay.worker_loop_us_per_token",
     "bridge_tokens_per_core_s": "bridge.tokens_per_core_s",
-    "broker_us_per_record": "relay.broker_us_per_token",
+    "broker_us_per_token": "relay.broker_us_per_token",
+    "relay_tokens_per_record": "relay.tokens_per_record",
     "request_record_bytes": "admission.request_record_bytes",
 }
 
@@ -89,7 +92,8 @@ def costs_from_summary(summary: Mapping[str, Any]) -> tuple[Costs | None, list[s
             billing_us_per_event=1e6 / median("billing_events_per_core_s"),
             worker_loop_us_per_token=median("worker_loop_us_per_token"),
             bridge_us_per_token=1e6 / median("bridge_tokens_per_core_s"),
-            broker_us_per_record=median("broker_us_per_record"),
+            broker_us_per_token=median("broker_us_per_token"),
+            relay_tokens_per_record=median("relay_tokens_per_record"),
             request_record_bytes=median("request_record_bytes"),
             reply_record_bytes=float(sizes["reply_record_one_chunk"]),
             reply_bytes_per_extra_chunk=float(sizes["reply_record_per_extra_chunk"]),
@@ -100,13 +104,29 @@ def costs_from_summary(summary: Mapping[str, Any]) -> tuple[Costs | None, list[s
 
 
 def cores_per_gpu(costs: Costs, rates: GpuRates) -> dict[str, float]:
-    """CPU cores each tokenbus process needs for one GPU's traffic."""
+    """CPU cores the job, the bridge and the billing sink need for one GPU's traffic:
+    costs per request and per token, whatever the records carry."""
     return {
         "stream_job": rates.requests_per_s * costs.job_us_per_request / 1e6,
-        "worker_loop": rates.tokens_per_s * costs.worker_loop_us_per_token / 1e6,
         "bridge": rates.tokens_per_s * costs.bridge_us_per_token / 1e6,
         "billing": rates.requests_per_s * costs.billing_us_per_event / 1e6,
     }
+
+
+def relay_tokens_per_record(concurrency: int, num_tenants: int, tokens_per_step: int) -> float:
+    """Tokens in each reply record of a ``bench.relay`` run (estimated): one client, so
+    one reply topic, and a record per tenant with requests in the step."""
+    return concurrency * tokens_per_step / distinct_keys(num_tenants, concurrency)
+
+
+def cores_between(
+    us_per_token: float, relay_tokens_per_record: float, tokens_per_s: float, records_per_s: float
+) -> tuple[float, float]:
+    """Cores for a cost measured per token at the relay's records: as low as if it were all
+    per token, as high as if it were all per record (records here carry other counts)."""
+    per_token = tokens_per_s * us_per_token / 1e6
+    per_record = records_per_s * us_per_token * relay_tokens_per_record / 1e6
+    return min(per_token, per_record), max(per_token, per_record)
 
 
 def instances(cores: float) -> int:
@@ -135,7 +155,9 @@ class Fleet:
     bytes_per_s: float
     reply_mb_s_per_topic: float
     """Each bridge reads one reply topic: what its partition carries."""
-    broker_cores_tansu: float
+    worker_loop_cores: tuple[float, float]
+    """Fleet-wide, low..high (``cores_between``); one worker loop per GPU."""
+    broker_cores_tansu: tuple[float, float]
 
     @property
     def records_per_s(self) -> float:
@@ -152,8 +174,7 @@ class Fleet:
 
 
 def fleet(costs: Costs, rates: GpuRates, num_gpus: int) -> Fleet:
-    per_gpu = cores_per_gpu(costs, rates)
-    cores = {name: value * num_gpus for name, value in per_gpu.items()}
+    cores = {name: value * num_gpus for name, value in cores_per_gpu(costs, rates).items()}
     counts = {name: instances(value) for name, value in cores.items()}
     steps_per_s = 1000 / rates.step_ms
     keys = counts["bridge"] * rates.num_tenants
@@ -176,5 +197,10 @@ def fleet(costs: Costs, rates: GpuRates, num_gpus: int) -> Fleet:
         request_records_per_s=3 * requests,
         bytes_per_s=reply_bytes + request_bytes,
         reply_mb_s_per_topic=reply_bytes / counts["bridge"] / 1e6,
-        broker_cores_tansu=(reply_records + 3 * requests) * costs.broker_us_per_record / 1e6,
+        worker_loop_cores=cores_between(
+            costs.worker_loop_us_per_token, costs.relay_tokens_per_record, tokens, reply_records
+        ),
+        broker_cores_tansu=cores_between(
+            costs.broker_us_per_token, costs.relay_tokens_per_record, tokens, reply_records
+        ),
     )

@@ -436,52 +436,53 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
             ", ".join(f"`{m}`" for m in missing) + "._"
         )
     per_gpu = cap.cores_per_gpu(costs, rates)
-    names = {"stream_job": "job", "worker_loop": "worker loop", "bridge": "bridge"}
-    names["billing"] = "billing"
+    fleets = [cap.fleet(costs, rates, num_gpus) for num_gpus in cap.FLEETS]
+    worker_high = max(f.worker_loop_cores[1] / f.num_gpus for f in fleets)
+    names = {"stream_job": "job", "bridge": "bridge", "billing": "billing"}
     lines = [
         f"_Worked from `bench/summary.json` ({summary['generated_at']}) by `bench/capacity.py`._",
         "",
         f"**Measured costs** (medians): job {_num(costs.job_us_per_request)} µs per request; "
-        f"billing sink {_num(costs.billing_us_per_event)} µs per event; worker loop "
-        f"{_num(costs.worker_loop_us_per_token)} µs per token (one token per record); bridge "
-        f"{_num(costs.bridge_us_per_token)} µs per token; the bundled broker "
-        f"{_num(costs.broker_us_per_record)} µs per record. Records: a request "
-        f"{costs.request_record_bytes:.0f} B, a reply record {costs.reply_record_bytes:.0f} B "
-        f"and {costs.reply_bytes_per_extra_chunk:.0f} B per further chunk, a usage event "
-        f"{costs.usage_record_bytes:.0f} B.",
+        f"billing sink {_num(costs.billing_us_per_event)} µs per event; bridge "
+        f"{_num(costs.bridge_us_per_token)} µs per token; worker loop "
+        f"{_num(costs.worker_loop_us_per_token)} and the bundled broker "
+        f"{_num(costs.broker_us_per_token)} µs per token in a relay run whose reply records "
+        f"carried ~{costs.relay_tokens_per_record:.1f} tokens each (estimated). Records: a "
+        f"request {costs.request_record_bytes:.0f} B, a reply record "
+        f"{costs.reply_record_bytes:.0f} B and {costs.reply_bytes_per_extra_chunk:.0f} B per "
+        f"further chunk, a usage event {costs.usage_record_bytes:.0f} B.",
         "",
         f"**Per GPU** at {rates.tokens_per_s:,.0f} tokens/s and {rates.requests_per_s:.0f} "
         f"requests/s (an 8B model on an H100): "
         + ", ".join(f"{names[k]} {v:.3f} cores" for k, v in per_gpu.items())
-        + f"; {sum(per_gpu.values()):.2f} cores of tokenbus beside each GPU. The worker "
-        f"loop is one process per GPU: "
+        + f", and the worker loop up to {worker_high:.3f} cores (its own process, one per "
+        "GPU: "
         + (
-            "it keeps up."
-            if per_gpu["worker_loop"] <= cap.INSTANCE_CORES
-            else f"**it does not keep up** (more than {cap.INSTANCE_CORES} of a core)."
+            "it keeps up)."
+            if worker_high <= cap.INSTANCE_CORES
+            else f"**it does not keep up** at more than {cap.INSTANCE_CORES} of a core)."
         ),
         "",
     ]
     rows = []
-    for num_gpus in cap.FLEETS:
-        f = cap.fleet(costs, rates, num_gpus)
+    for f in fleets:
         rows.append(
             [
-                num_gpus,
-                f"{num_gpus * rates.tokens_per_s:,.0f}",
-                f"{num_gpus * rates.requests_per_s:,.0f}",
+                f.num_gpus,
+                f"{f.num_gpus * rates.tokens_per_s:,.0f}",
+                f"{f.num_gpus * rates.requests_per_s:,.0f}",
                 *(
                     f"{f.cores[k]:.2f} ({f.instances[k]})"
                     for k in ("stream_job", "bridge", "billing")
                 ),
-                f"{f.cores['worker_loop']:.2f}",
+                "{:.2f}..{:.2f}".format(*f.worker_loop_cores),
                 f"{f.reply_records_per_s:,.0f}",
                 f"{f.tokens_per_reply_record:.2f}",
                 f"{f.records_per_s:,.0f}",
                 f"{f.bytes_per_s / 1e6:.1f}",
                 f"{f.reply_records_per_s_per_topic:,.0f}",
                 f"{f.reply_mb_s_per_topic:.2f} ({100 * f.partition_share:.0f}%)",
-                f"{f.broker_cores_tansu:.1f}",
+                "{:.1f}..{:.1f}".format(*f.broker_cores_tansu),
             ]
         )
     header = [
@@ -498,7 +499,7 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
         "broker MB/s in",
         "records/s per reply partition",
         f"MB/s per reply partition (of {cap.KAFKA_PARTITION_MB_S:.0f})",
-        "bundled broker cores",
+        "bundled broker cores (replies)",
     ]
     lines.append(_table(header, rows))
     lines += [
@@ -509,17 +510,21 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
         "record per engine step per (reply topic, tenant), so a record carries more than one "
         "token only where several running requests share a bridge and a tenant; with more "
         "bridges the records thin towards one token each. Instances run at "
-        f"{cap.INSTANCE_CORES:.0%} of a core. Broker bytes count each record's value "
+        f"{cap.INSTANCE_CORES:.0%} of a core. The worker loop's and the broker's costs were "
+        "measured per token at the relay's records; the table gives them as a range, from "
+        "all per token to all per record at this table's records. Broker bytes count "
+        "each record's value "
         "(requests twice: the requests topic and the worker topic; replies; usage), "
         "without headers or replication. The broker cores are the bundled broker's "
-        "measured cost per record; Apache Kafka's differs and is not measured here.",
+        "measured cost for the reply records; Apache Kafka's differs and is not measured here.",
         "",
         "Kafka's side: Confluent puts one partition's produce throughput at \"10s of "
         'MB/sec" and sizes a topic at max(t/p, t/c) partitions '
         "([5 common pitfalls when using Apache Kafka]"
         "(https://www.confluent.io/blog/5-common-pitfalls-when-using-apache-kafka/)); the "
         f"table checks each reply partition against the low end, {cap.KAFKA_PARTITION_MB_S:.0f}"
-        " MB/s. Records/s, not bytes, is the figure to watch: reply records are small.",
+        " MB/s. Records/s per reply partition is the other figure to check: reply records "
+        "are small, and a broker's cost is largely per record.",
     ]
     return "\n".join(lines)
 

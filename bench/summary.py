@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from bench.capacity import relay_tokens_per_record
 from bench.report import RESULTS_DIR
 
 SUMMARY_PATH = Path(__file__).resolve().parent / "summary.json"
@@ -78,6 +79,15 @@ def _relay_us(side: str) -> Callable[[Result], float | None]:
         return None if row is None else float(row["us_per_token"][side])
 
     return extract
+
+
+def _relay_tokens_per_record(result: Result) -> float | None:
+    row = _first_row(result, **RELAY_ROW)
+    if row is None:
+        return None
+    return relay_tokens_per_record(
+        int(row["concurrency"]), int(row["num_tenants"]), int(row["tokens_per_step"])
+    )
 
 
 def _overhead(concurrency: int, pick: Callable[[dict[str, Any]], Any]) -> Callable[[Result], Any]:
@@ -184,6 +194,13 @@ FIGURES: tuple[Figure, ...] = (
         "broker CPU per token at one token per record",
         "µs",
         _relay_us("broker"),
+    ),
+    Figure(
+        "relay.tokens_per_record",
+        "relay",
+        "tokens per reply record in the relay run (estimated)",
+        "tokens",
+        _relay_tokens_per_record,
     ),
     Figure(
         "bridge.tokens_per_core_s",

@@ -11,7 +11,8 @@ COSTS = cap.Costs(
     billing_us_per_event=40.0,
     worker_loop_us_per_token=50.0,
     bridge_us_per_token=40.0,
-    broker_us_per_record=20.0,
+    broker_us_per_token=20.0,
+    relay_tokens_per_record=2.0,
     request_record_bytes=1000.0,
     reply_record_bytes=150.0,
     reply_bytes_per_extra_chunk=100.0,
@@ -21,9 +22,19 @@ COSTS = cap.Costs(
 
 def test_cores_per_gpu_are_rate_times_cost() -> None:
     cores = cap.cores_per_gpu(COSTS, cap.GpuRates())
-    assert cores == pytest.approx(
-        {"stream_job": 0.02, "worker_loop": 0.275, "bridge": 0.22, "billing": 0.0008}
-    )
+    assert cores == pytest.approx({"stream_job": 0.02, "bridge": 0.22, "billing": 0.0008})
+
+
+def test_cores_between_all_per_token_and_all_per_record() -> None:
+    # 1,000 tokens/s in 100 records/s; measured 10 µs/token at 2 tokens per record.
+    assert cap.cores_between(10.0, 2.0, 1000, 100) == pytest.approx((0.002, 0.01))
+    # Records here fuller than the relay's: per record is the lower bound.
+    assert cap.cores_between(10.0, 2.0, 1000, 250) == pytest.approx((0.005, 0.01))
+
+
+def test_relay_tokens_per_record() -> None:
+    assert cap.relay_tokens_per_record(64, 1, 1) == 64
+    assert cap.relay_tokens_per_record(64, 10, 4) == pytest.approx(256 / (10 * (1 - 0.9**64)))
 
 
 def test_running_requests_by_littles_law() -> None:
@@ -48,14 +59,16 @@ def test_instances_round_up_at_the_planned_share_of_a_core() -> None:
 def test_fleet_of_one_bridge_and_one_tenant_sends_one_record_per_step() -> None:
     rates = cap.GpuRates(tokens_per_s=5500, requests_per_s=20, step_ms=20, num_tenants=1)
     f = cap.fleet(COSTS, rates, 1)
-    assert f.instances == {"stream_job": 1, "worker_loop": 1, "bridge": 1, "billing": 1}
+    assert f.instances == {"stream_job": 1, "bridge": 1, "billing": 1}
     assert f.reply_records_per_s == pytest.approx(50)
     assert f.tokens_per_reply_record == pytest.approx(110)
     assert f.request_records_per_s == 60
     reply_bytes = 50 * (150 + 109 * 100)
     assert f.bytes_per_s == pytest.approx(reply_bytes + 20 * (2 * 1000 + 500))
     assert f.reply_mb_s_per_topic == pytest.approx(reply_bytes / 1e6)
-    assert f.broker_cores_tansu == pytest.approx(110 * 20 / 1e6)
+    # 5,500 tokens/s at 20 µs: 0.11 cores; 50 records/s at 20 µs x 2 tokens: 0.002.
+    assert f.broker_cores_tansu == pytest.approx((0.002, 0.11))
+    assert f.worker_loop_cores == pytest.approx((50 * 50 * 2 / 1e6, 5500 * 50 / 1e6))
     assert f.records_per_s == pytest.approx(110)
     assert f.reply_records_per_s_per_topic == pytest.approx(50)
 
@@ -66,6 +79,10 @@ def test_more_bridges_and_tenants_thin_the_records_towards_one_token() -> None:
     assert large.tokens_per_reply_record < small.tokens_per_reply_record
     assert 1.0 <= large.tokens_per_reply_record < 1.01
     assert large.cores["stream_job"] == pytest.approx(512 * 0.02)
+    # Records of ~1 token, thinner than the relay's 2: per record is the upper bound.
+    low, high = large.worker_loop_cores
+    assert low == pytest.approx(512 * 5500 * 50 / 1e6)
+    assert high == pytest.approx(large.reply_records_per_s * 50 * 2 / 1e6)
 
 
 def test_costs_from_summary_names_what_is_missing() -> None:

@@ -133,6 +133,7 @@ def test_per_side_relay_figures_are_per_core_of_each_side() -> None:
             {
                 "tokens_per_step": 1,
                 "num_tenants": 10,
+                "concurrency": 64,
                 "us_per_token": {"worker_loop": 40.0, "client": 25.0, "broker": 20.0},
             },
         ],
@@ -141,6 +142,8 @@ def test_per_side_relay_figures_are_per_core_of_each_side() -> None:
     assert figures["relay.worker_loop_tokens_per_core_s"]["median"] == 25_000
     assert figures["relay.client_tokens_per_core_s"]["median"] == 40_000
     assert figures["relay.broker_us_per_token"]["median"] == 20.0
+    # 64 requests over 10 tenants, one reply topic: ~6.4 tokens per record.
+    assert figures["relay.tokens_per_record"]["median"] == pytest.approx(6.4, abs=0.01)
 
 
 def test_load_results_reads_only_stamped_files(tmp_path: Path) -> None:
