@@ -94,16 +94,22 @@ def overhead(result: dict[str, Any]) -> str:
         "worker -> client p50 ms",
     ]
     idle = result["idle_stack_cores_during_direct"]
-    return "\n\n".join(
-        [
-            _context(result),
-            _table(header, rows),
-            "Pipeline CPU (s per 1k tokens) by process, and the tokenbus TTFT split by the "
-            "worker's own timestamps:",
-            _table(header2, parts),
-            f"The idle stack (between its waves) burned {idle.get('p50', '-')} cores (p50).",
-        ]
-    )
+    blocks = [
+        _context(result),
+        _table(header, rows),
+        "Pipeline CPU (s per 1k tokens) by process, and the tokenbus TTFT split by the "
+        "worker's own timestamps:",
+        _table(header2, parts),
+        f"The idle stack (between its waves) burned {idle.get('p50', '-')} cores (p50).",
+    ]
+    floor = result.get("hop_floor")
+    if floor:
+        blocks.append(
+            f"One hop through the same stack's broker after the waves (fetch_max_wait_ms "
+            f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']:.2f} ms, p99 "
+            f"{floor['hop_ms']['p99']:.2f} ms."
+        )
+    return "\n\n".join(blocks)
 
 
 def admission(result: dict[str, Any]) -> str:

@@ -57,6 +57,13 @@ BRIDGE_ROW = {"concurrency": 64, "event_loop": "uvloop"}
 HOP_FETCH_MAX_WAIT_MS = 20
 """``Settings.fetch_max_wait_ms``: what the client, the bridge and the worker fetch with."""
 TOKENBUS_PROCESSES = ("stream_job", "worker_loop", "client", "billing")
+PROCESS_NAMES = {
+    "stream_job": "job",
+    "worker_loop": "worker loop",
+    "client": "client",
+    "billing": "billing",
+    "broker": "broker",
+}
 
 
 def _admission(field: str) -> Callable[[Result], float | None]:
@@ -227,7 +234,7 @@ FIGURES: tuple[Figure, ...] = (
         Figure(
             f"e2e.{part}_us_per_token",
             "overhead",
-            f"c=64: {part} CPU per token",
+            f"c=64: {PROCESS_NAMES[part]} CPU per token",
             "µs",
             _overhead(64, _parts_us([part])),
         )

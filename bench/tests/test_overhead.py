@@ -53,3 +53,28 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
     assert legs["client_to_dispatched"]["p50"] == 3.0
     assert legs["dispatched_to_worker_first_token"]["p50"] == 19.0
     assert legs["worker_first_token_to_client"]["p50"] == pytest.approx(8.0)
+
+
+def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
+    from bench import markdown
+
+    args = argparse.Namespace(
+        concurrency=[1], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
+        set=[], argv=[],
+    )  # fmt: skip
+    cpu = {"broker": 0.0, "stream_job": 0.0, "billing": 0.0, "client": 0.0, "worker_process": 0.0}
+    results = {
+        ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.0}]),
+        ("tokenbus", 1): ArmWaves([wave(0.030, 1000)], [cpu]),
+    }
+    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
+    result = {
+        **summarize_run(args, results, {}, [], [0.1], load, load),
+        "machine": {"git": "abc1234"},
+        "hop_floor": {"fetch_max_wait_ms": 20, "hop_ms": {"p50": 1.234, "p99": 5.0}},
+    }
+    text = markdown.overhead(result)
+    assert text.endswith(
+        "One hop through the same stack's broker after the waves (fetch_max_wait_ms 20): "
+        "p50 1.23 ms, p99 5.00 ms."
+    )
