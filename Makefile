@@ -35,7 +35,7 @@ lint: setup
 
 test: lint chromium
 	$(WORKER)/bin/python -m pytest -q -p no:cacheprovider tests/worker
-	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+	$(STREAM)/bin/python -m pytest -q -p no:cacheprovider tests/unit bench/tests tests/integration
 
 # Headless Chromium renders the billing dashboard in its integration test (a screenshot).
 # Debian's package; CI runs as root, elsewhere this needs sudo once.

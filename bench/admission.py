@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -101,7 +100,7 @@ def build_requests(
             prompt=text,
             sampling=SamplingParams(max_tokens=64, ignore_eos=True),
             reply_to=reply_to,
-            created_at=datetime.now(UTC),  # what trace_admission measures from
+            created_at=datetime.now(UTC),
         )
         out.append((tenant_id, encode(request), credentials.headers(tenant_id)))
     return out
@@ -115,7 +114,6 @@ async def run_admission(
     prompt_tokens: int = 150,
     overrides: dict[str, Any] | None = None,
     profile_to: Path | None = None,
-    prototypes: list[str] | None = None,
     num_latency_probes: int = 100,
     on_progress: Callable[[int], None] = lambda n: None,
 ) -> dict[str, Any]:
@@ -132,7 +130,7 @@ async def run_admission(
         await services.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
-        await services.start_job(prototypes)
+        await services.start_job()
         await counter.start()
         await _probe(settings, producer, counter, credentials)
         latency_ms = await _idle_latency(
@@ -168,7 +166,6 @@ async def run_admission(
         profile = top_frames(profiler.stop()) if profiler else None
         num_forwarded = counter.num_forwarded - base
         wall_s = max(1e-9, counter.last_at - started)
-        trace = _traces(services)
     finally:
         if beats is not None:
             beats.cancel()
@@ -178,7 +175,6 @@ async def run_admission(
         shutil.rmtree(settings.home, ignore_errors=True)
     return {
         "num_requests": num_requests,
-        "prototypes": prototypes or [],
         "num_forwarded": num_forwarded,
         "num_tenants": num_tenants,
         "num_workers": num_workers,
@@ -192,7 +188,6 @@ async def run_admission(
         "wall_s": round(wall_s, 3),
         "requests_per_s": round(num_forwarded / wall_s, 1),
         "idle_latency_ms": latency_ms,
-        "job_trace": trace,
         "cpu_s": cpu,
         "requests_per_core_s": round(num_forwarded / max(1e-9, cpu["stream_job"]), 1),
         "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
@@ -234,13 +229,6 @@ async def _idle_latency(
         samples.append(await arrival - started)
         await asyncio.sleep(0.02)
     return summarize(samples, 1000)
-
-
-def _traces(services: Services) -> list[dict[str, Any]]:
-    """The job's ``bench trace`` lines (prototype ``trace_admission``), oldest first."""
-    job = next(s for s in services.services if s.name == "stream_job")
-    lines = [line for line in job.log_tail(5000).splitlines() if "bench trace: " in line]
-    return [json.loads(line.split("bench trace: ", 1)[1]) for line in lines]
 
 
 async def _probe(
@@ -331,7 +319,6 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             prompt_tokens=args.prompt_tokens,
             overrides=parse_overrides(args.set),
             profile_to=RESULTS_DIR / "admission.pyspy.txt" if args.profile else None,
-            prototypes=args.prototype,
             on_progress=lambda n: bar.update(task, completed=n),
         )
     return {
@@ -351,18 +338,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=150)
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
-    parser.add_argument(
-        "--prototype", action="append", default=[], help="a bench.prototypes patch to measure"
-    )
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)
     args = parser.parse_args()
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(_main(args, console))
-    name = args.name or "-".join(
-        ["admission", *args.prototype, *(["profile"] if args.profile else [])]
-    )
+    name = args.name or ("admission-profile" if args.profile else "admission")
     path = write_result(name, result)
     render(result["results"], console, "admission through the Faust job")
     print_profile(result["results"][0]["profile"], console, "Faust job")

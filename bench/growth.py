@@ -43,7 +43,6 @@ def plan(
 ) -> list[tuple[str, str, int, Callable[[], Awaitable[dict[str, Any]]]]]:
     """(stage, axis, value, run) for every point of the sweep."""
     points: list[tuple[str, str, int, Callable[[], Awaitable[dict[str, Any]]]]] = []
-    protos = args.prototype
     if "admission" in args.stages:
         n = args.requests
         for t in TENANTS:
@@ -52,7 +51,7 @@ def plan(
                     "admission",
                     "tenants",
                     t,
-                    partial(run_admission, num_requests=n, num_tenants=t, prototypes=protos),
+                    partial(run_admission, num_requests=n, num_tenants=t),
                 )
             )
         for w in WORKERS:
@@ -61,7 +60,7 @@ def plan(
                     "admission",
                     "workers",
                     w,
-                    partial(run_admission, num_requests=n, num_workers=w, prototypes=protos),
+                    partial(run_admission, num_requests=n, num_workers=w),
                 )
             )
         for p in PROMPT_TOKENS:
@@ -70,7 +69,7 @@ def plan(
                     "admission",
                     "prompt_tokens",
                     p,
-                    partial(run_admission, num_requests=n, prompt_tokens=p, prototypes=protos),
+                    partial(run_admission, num_requests=n, prompt_tokens=p),
                 )
             )
     if "relay" in args.stages:
@@ -223,7 +222,6 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=["admission", "relay", "billing", "bridge"])
     parser.add_argument("--requests", type=int, default=3_000, help="per admission point")
     parser.add_argument("--events", type=int, default=100_000, help="per billing point")
-    parser.add_argument("--prototype", action="append", default=[], help="for admission points")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     exit_on_sigterm()

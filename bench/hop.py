@@ -22,7 +22,7 @@ from bench.report import uptime_load, write_result
 from bench.services import broker_only
 from bench.stats import summarize
 from tokenbus.config import Settings
-from tokenbus.kafka import make_consumer, make_producer
+from tokenbus.kafka import ensure_topics, make_consumer, make_producer
 
 TOPIC = "bench.hop"
 
@@ -85,6 +85,23 @@ async def one_setting(
     finally:
         await consumer.stop()
         await producer.stop()
+
+
+async def floor(
+    settings: Settings, broker_pid: int, num_messages: int = 100, idle_s: float = 1.0
+) -> dict[str, Any]:
+    """The hop on a running stack's broker, at the fetch wait its services use: what
+    ``bench.overhead`` puts beside the TTFT legs it measured in the same run."""
+    await ensure_topics(settings, {TOPIC: 1})
+    return await one_setting(
+        settings,
+        1,
+        settings.fetch_max_wait_ms,
+        num_messages,
+        idle_s,
+        broker_pid,
+        lambda: None,
+    )
 
 
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:

@@ -144,7 +144,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     try:
         await services.start_broker()
         await services.start_billing()
-        await services.start_job(args.prototype)
+        await services.start_job()
         for worker_id in worker_ids:
             await services.start_fake_worker(worker_id, step_ms=args.step_ms)
         meter = CpuMeter(
@@ -190,7 +190,6 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "prompt_tokens": args.prompt_tokens,
             "duration_s": args.duration_s,
             "slo_ttft_ms": args.slo_ttft_ms,
-            "prototypes": args.prototype,
         },
         "load_start": load_start,
         "load_end": uptime_load(),
@@ -291,16 +290,13 @@ def main() -> None:
         default=[25, 50, 75, 100, 125, 150, 200, 240, 300, 400, 600],
         help="req/s at the last point's tenants, upwards until one breaks",
     )
-    parser.add_argument(
-        "--prototype", action="append", default=[], help="a bench.prototypes patch for the job"
-    )
     parser.add_argument("--name", help="result file name (default: from the options)")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(measure(args, console))
-    path = write_result(args.name or "-".join(["load_table", *args.prototype]), result)
+    path = write_result(args.name or "load_table", result)
     render(result, console)
     console.print(f"[dim]wrote {path}[/]")
 

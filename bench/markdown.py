@@ -1,11 +1,13 @@
 """Prints the latest results as the Markdown tables BENCHMARKS.md keeps.
 
-    .venvs/stream/bin/python -m bench.markdown [overhead admission relay ...]
-    .venvs/stream/bin/python -m bench.markdown --update BENCHMARKS.md
+    .venvs/stream/bin/python -m bench.markdown [goals capacity overhead admission ...]
+    .venvs/stream/bin/python -m bench.markdown --update BENCHMARKS.md [goals capacity ...]
 
-Each table comes from ``bench/results/<name>-latest.json``, so the document shows the
-figures the scripts wrote, not figures copied by hand. ``--update`` rewrites every
-block between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the file.
+The goals table and the capacity model come from ``bench/summary.json`` (``python -m
+bench.summary build``); every other table from ``bench/results/<name>-latest.json``, so
+the document shows the figures the scripts wrote, not figures copied by hand.
+``--update`` rewrites every block between ``<!-- bench:NAME -->`` and
+``<!-- /bench:NAME -->`` in the file; a block whose source file is absent keeps its text.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import capacity as cap
 from bench.report import RESULTS_DIR
+from bench.summary import SUMMARY_PATH
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -90,22 +94,27 @@ def overhead(result: dict[str, Any]) -> str:
         "worker -> client p50 ms",
     ]
     idle = result["idle_stack_cores_during_direct"]
-    return "\n\n".join(
-        [
-            _context(result),
-            _table(header, rows),
-            "Pipeline CPU (s per 1k tokens) by process, and the tokenbus TTFT split by the "
-            "worker's own timestamps:",
-            _table(header2, parts),
-            f"The idle stack (between its waves) burned {idle.get('p50', '-')} cores (p50).",
-        ]
-    )
+    blocks = [
+        _context(result),
+        _table(header, rows),
+        "Pipeline CPU (s per 1k tokens) by process, and the tokenbus TTFT split by the "
+        "worker's own timestamps:",
+        _table(header2, parts),
+        f"The idle stack (between its waves) burned {idle.get('p50', '-')} cores (p50).",
+    ]
+    floor = result.get("hop_floor")
+    if floor:
+        blocks.append(
+            f"One hop through the same stack's broker after the waves (fetch_max_wait_ms "
+            f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']:.2f} ms, p99 "
+            f"{floor['hop_ms']['p99']:.2f} ms."
+        )
+    return "\n\n".join(blocks)
 
 
 def admission(result: dict[str, Any]) -> str:
     rows = [
         [
-            ", ".join(r.get("prototypes", [])) or "as is",
             "{p50} / {p99}".format(**r["idle_latency_ms"]) if "idle_latency_ms" in r else "-",
             r["num_tenants"],
             r["num_workers"],
@@ -119,7 +128,6 @@ def admission(result: dict[str, Any]) -> str:
         for r in result["results"]
     ]
     header = [
-        "job code",
         "idle latency p50 / p99 ms",
         "tenants",
         "workers",
@@ -137,7 +145,6 @@ def relay(result: dict[str, Any]) -> str:
     rows = [
         [
             r["tokens_per_step"],
-            ", ".join(r.get("worker_prototypes", [])) or "-",
             f"{r['tokens_per_s']:.0f}",
             f"{r['chunks_per_s']:.0f}",
             f"**{r['tokens_per_core_s']:.0f}**",
@@ -150,7 +157,6 @@ def relay(result: dict[str, Any]) -> str:
     ]
     header = [
         "tokens per chunk",
-        "worker prototypes",
         "tokens/s (wall)",
         "chunks/s",
         "tokens/s per core",
@@ -333,15 +339,14 @@ def overhead_runs() -> str:
         result = json.loads(path.read_text())
         if result.get("parameters", {}).get("rounds", 0) < 3:
             continue  # smoke runs
+        if result.get("parameters", {}).get("prototypes"):
+            continue  # measured with monkeypatched code that was never committed
         by_c = {r["concurrency"]: r for r in result["results"]}
         c1, c64 = by_c.get(1), by_c.get(64)
         if c1 is None or c64 is None:
             continue
         params = result["parameters"]
-        variant = ", ".join(
-            [f"{k}={v}" for k, v in params.get("settings_overrides", {}).items()]
-            + params.get("prototypes", [])
-        )
+        variant = ", ".join(f"{k}={v}" for k, v in params.get("settings_overrides", {}).items())
         rows.append(
             [
                 result["load_start"]["at"],
@@ -370,12 +375,183 @@ def overhead_runs() -> str:
     return _table(header, rows)
 
 
-def render(name: str, kind: str | None = None) -> str:
+def _num(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def _figure(figure: dict[str, Any], label: bool = False) -> str:
+    """``median unit (min..max)``, optionally after its label."""
+    text = f"{_num(figure['median'])} {figure['unit']}"
+    if figure["num_runs"] > 1:
+        text += f" ({_num(figure['min'])}..{_num(figure['max'])})"
+    return f"{figure['label']} {text}" if label else text
+
+
+REPORTED = ("hop.p50_ms", "hop.p99_ms", "admission.broker_us_per_request")
+"""Figures of no goal that the goals table still shows: the floor, the broker's share."""
+
+
+def goals(summary: dict[str, Any]) -> str:
+    """The "Goals at a glance" table: one row per goal of ``bench/summary.json``."""
+    figures = summary["figures"]
+    rows = []
+    for goal in summary["goals"]:
+        figure = figures.get(goal["figure"])
+        if figure is None:
+            rows.append([goal["title"], "-", "-", "-", "-", "not measured"])
+            continue
+        load = goal["load_1min"]
+        verdict = f"**{goal['verdict']}**"
+        if goal["num_runs"] < summary["min_runs"]:
+            verdict += f" ({goal['num_runs']} of {summary['min_runs']} runs: provisional)"
+        rows.append(
+            [
+                goal["title"],
+                f"**{_figure(figure)}**, median of {goal['num_runs']}",
+                f"{load['median']} ({load['min']}..{load['max']})"
+                if goal["num_runs"] > 1
+                else f"{load['median']}",
+                f"`{goal['commit'][:10]}`, {goal['date']}",
+                "; ".join(_figure(figures[k], label=True) for k in goal["beside"]) or "-",
+                verdict,
+            ]
+        )
+    header = ["goal", "measured", "load 1 min", "commit, last run", "beside it", "verdict"]
+    also = [
+        f"{_figure(figures[k], label=True)} (`{figures[k]['commit'][:10]}`, "
+        f"load {figures[k]['load_1min']['median']})"
+        for k in REPORTED
+        if k in figures
+    ]
+    return (
+        f"_From `bench/summary.json` ({summary['generated_at']}): each figure is the median "
+        f"of its benchmark's newest runs on one clean commit, min..max in brackets._\n\n"
+        + _table(header, rows)
+        + ("\n\nReported beside the goals: " + "; ".join(also) + "." if also else "")
+    )
+
+
+def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
+    """The capacity model worked from the summary's medians (``bench.capacity``)."""
+    rates = rates or cap.GpuRates()
+    costs, missing = cap.costs_from_summary(summary)
+    if costs is None:
+        return "_The capacity model needs these figures in `bench/summary.json`: " + (
+            ", ".join(f"`{m}`" for m in missing) + "._"
+        )
+    per_gpu = cap.cores_per_gpu(costs, rates)
+    fleets = [cap.fleet(costs, rates, num_gpus) for num_gpus in cap.FLEETS]
+    worker_high = max(f.worker_loop_cores[1] / f.num_gpus for f in fleets)
+    names = {"stream_job": "job", "bridge": "bridge", "billing": "billing"}
+    lines = [
+        f"_Worked from `bench/summary.json` ({summary['generated_at']}) by `bench/capacity.py`._",
+        "",
+        f"**Measured costs** (medians): job {_num(costs.job_us_per_request)} µs per request; "
+        f"billing sink {_num(costs.billing_us_per_event)} µs per event; bridge "
+        f"{_num(costs.bridge_us_per_token)} µs per token; worker loop "
+        f"{_num(costs.worker_loop_us_per_token)} and the bundled broker "
+        f"{_num(costs.broker_us_per_token)} µs per token in a relay run whose reply records "
+        f"carried ~{costs.relay_tokens_per_record:.1f} tokens each (estimated). Records: a "
+        f"request {costs.request_record_bytes:.0f} B, a reply record "
+        f"{costs.reply_record_bytes:.0f} B and {costs.reply_bytes_per_extra_chunk:.0f} B per "
+        f"further chunk, a usage event {costs.usage_record_bytes:.0f} B.",
+        "",
+        f"**Per GPU** at {rates.tokens_per_s:,.0f} tokens/s and {rates.requests_per_s:.0f} "
+        f"requests/s (an 8B model on an H100): "
+        + ", ".join(f"{names[k]} {v:.3f} cores" for k, v in per_gpu.items())
+        + f", and the worker loop up to {worker_high:.3f} cores (its own process, one per "
+        "GPU: "
+        + (
+            "it keeps up)."
+            if worker_high <= cap.INSTANCE_CORES
+            else f"**it does not keep up** at more than {cap.INSTANCE_CORES} of a core)."
+        ),
+        "",
+    ]
+    rows = []
+    for f in fleets:
+        rows.append(
+            [
+                f.num_gpus,
+                f"{f.num_gpus * rates.tokens_per_s:,.0f}",
+                f"{f.num_gpus * rates.requests_per_s:,.0f}",
+                *(
+                    f"{f.cores[k]:.2f} ({f.instances[k]})"
+                    for k in ("stream_job", "bridge", "billing")
+                ),
+                "{:.2f}..{:.2f}".format(*f.worker_loop_cores),
+                f"{f.reply_records_per_s:,.0f}",
+                f"{f.tokens_per_reply_record:.2f}",
+                f"{f.records_per_s:,.0f}",
+                f"{f.bytes_per_s / 1e6:.1f}",
+                f"{f.reply_records_per_s_per_topic:,.0f}",
+                f"{f.reply_mb_s_per_topic:.2f} ({100 * f.partition_share:.0f}%)",
+                "{:.1f}..{:.1f}".format(*f.broker_cores_tansu),
+            ]
+        )
+    header = [
+        "GPUs",
+        "tokens/s",
+        "requests/s",
+        "job cores (instances)",
+        "bridge cores (instances)",
+        "billing cores (instances)",
+        "worker loop cores",
+        "reply records/s",
+        "tokens per reply record",
+        "broker records/s",
+        "broker MB/s in",
+        "records/s per reply partition",
+        f"MB/s per reply partition (of {cap.KAFKA_PARTITION_MB_S:.0f})",
+        "bundled broker cores (replies)",
+    ]
+    lines.append(_table(header, rows))
+    lines += [
+        "",
+        f"Assumptions: one decode step every {rates.step_ms:.0f} ms, so "
+        f"{rates.num_running:.0f} requests run per GPU; {rates.num_tenants} tenants active; "
+        "requests spread evenly over the bridges and tenants. A worker sends one reply "
+        "record per engine step per (reply topic, tenant), so a record carries more than one "
+        "token only where several running requests share a bridge and a tenant; with more "
+        "bridges the records thin towards one token each. Instances run at "
+        f"{cap.INSTANCE_CORES:.0%} of a core. The worker loop's and the broker's costs were "
+        "measured per token at the relay's records; the table gives them as a range, from "
+        "all per token to all per record at this table's records. Broker bytes count "
+        "each record's value "
+        "(requests twice: the requests topic and the worker topic; replies; usage), "
+        "without headers or replication. The broker cores are the bundled broker's "
+        "measured cost for the reply records; Apache Kafka's differs and is not measured here.",
+        "",
+        "Kafka's side: Confluent puts one partition's produce throughput at \"10s of "
+        'MB/sec" and sizes a topic at max(t/p, t/c) partitions '
+        "([5 common pitfalls when using Apache Kafka]"
+        "(https://www.confluent.io/blog/5-common-pitfalls-when-using-apache-kafka/)); the "
+        f"table checks each reply partition against the low end, {cap.KAFKA_PARTITION_MB_S:.0f}"
+        " MB/s. Records/s per reply partition is the other figure to check: reply records "
+        "are small, and a broker's cost is largely per record.",
+    ]
+    return "\n".join(lines)
+
+
+SUMMARY_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "goals": goals,
+    "capacity": capacity,
+}
+
+
+def render(name: str, kind: str | None = None) -> str | None:
+    """The block ``name``, or None when its source file is absent."""
+    if name in SUMMARY_RENDERERS:
+        if not SUMMARY_PATH.exists():
+            return None
+        return SUMMARY_RENDERERS[name](json.loads(SUMMARY_PATH.read_text()))
     if name == "overhead-runs":
         return overhead_runs()
     path = RESULTS_DIR / f"{name}-latest.json"
     if not path.exists():
-        return f"_no results yet: run the script that writes {path.name}_"
+        return None
     renderer = RENDERERS[kind or name.split("-")[0]]
     return renderer(json.loads(path.read_text()))
 
@@ -383,16 +559,22 @@ def render(name: str, kind: str | None = None) -> str:
 _BLOCK = re.compile(r"(<!-- bench:([\w.-]+)(?: kind=(\w+))? -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
-def update(document: Path) -> int:
-    """Rewrites the marked blocks of ``document``; returns how many it rewrote."""
+def update(document: Path, only: Sequence[str] = ()) -> int:
+    """Rewrites the marked blocks of ``document`` (those named in ``only``, if any);
+    returns how many it rewrote."""
     text = document.read_text()
     count = 0
 
     def fill(match: re.Match[str]) -> str:
         nonlocal count
-        count += 1
         opening, name, kind, _, closing = match.groups()
-        return f"{opening}{render(name, kind)}\n{closing}"
+        if only and name not in only:
+            return match.group(0)
+        text = render(name, kind)
+        if text is None:
+            return match.group(0)  # no source here: keep what the document has
+        count += 1
+        return f"{opening}{text}\n{closing}"
 
     document.write_text(_BLOCK.sub(fill, text))
     return count
@@ -400,15 +582,16 @@ def update(document: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", default=list(RENDERERS))
+    parser.add_argument("names", nargs="*", help="blocks to print (or, with --update, rewrite)")
     parser.add_argument("--kind", help="renderer, when a name is not one (overhead-fetch100)")
     parser.add_argument("--update", type=Path, help="rewrite the marked blocks of this file")
     args = parser.parse_args()
     if args.update:
-        print(f"rewrote {update(args.update)} blocks of {args.update}")
+        print(f"rewrote {update(args.update, args.names)} blocks of {args.update}")
         return
-    for name in args.names:
-        print(f"<!-- {name}-latest.json -->\n{render(name, args.kind)}\n")
+    for name in args.names or [*SUMMARY_RENDERERS, *RENDERERS]:
+        text = render(name, args.kind)
+        print(f"<!-- {name} -->\n{text or '_no source file: run its benchmark first_'}\n")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -44,19 +43,18 @@ from bench.common import (
 )
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
+from bench.hop import floor as hop_floor
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
-from bench.prototypes import ENV as PROTOTYPES_ENV
 from bench.report import uptime_load, write_result
 from bench.stats import ratio, summarize
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus.stack import Stack
 
 TENANT = tenant(0)
 WARMUP_ROUND = -1
-HOOK_DIR = Path(__file__).resolve().parent / "_hook"
 STACK_SERVICES_ON_PATH = ("broker", "stream_job", "billing", "worker-0")
 
 
@@ -113,6 +111,10 @@ def stack_meter(stack: Stack) -> CpuMeter:
     )
 
 
+def broker_pid(stack: Stack) -> int:
+    return next(s.process.pid for s in stack.services if s.name == "broker")
+
+
 def billing_timings(
     settings: Settings, expected: int, timeout_s: float = 30.0
 ) -> list[dict[str, Any]]:
@@ -147,12 +149,6 @@ def wave_sizes(concurrency: int, args: argparse.Namespace) -> int:
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     settings = bench_settings(model_path=model_dir(), **parse_overrides(args.set))
-    if args.prototype:
-        # The stack's children inherit this environment; the hook patches only the job.
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(HOOK_DIR), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
-        os.environ[PROTOTYPES_ENV] = ",".join(args.prototype)
     (settings.home / "logs").mkdir(parents=True, exist_ok=True)
     console.print(f"[dim]TOKENBUS_HOME={settings.home}  load {load_start['load_1_5_15']}[/]")
 
@@ -230,15 +226,22 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             stack.check()
         expected = len(tokenbus.request_ids)
         timings = await asyncio.to_thread(billing_timings, settings, expected)
+        # The floor the TTFT legs stand on: one hop through this stack's broker, now.
+        floor = (
+            await hop_floor(settings, broker_pid(stack), args.hop_messages)
+            if args.hop_messages
+            else None
+        )
     finally:
         direct.stop()
         stack.stop()
     load_end = uptime_load()
     if not args.keep:
         shutil.rmtree(settings.home, ignore_errors=True)
-    return summarize_run(
+    result = summarize_run(
         args, results, tokenbus.request_ids, timings, idle_stack_cores, load_start, load_end
     )
+    return {**result, "hop_floor": floor}
 
 
 def summarize_run(
@@ -291,6 +294,17 @@ def summarize_run(
                         "worker_loop": worker_loop,
                     }.items()
                 },
+                # The same split in µs of CPU per token, per process.
+                "us_cpu_per_token_by_process": {
+                    part: round(1e6 * value / max(1, t["num_tokens"]), 2)
+                    for part, value in {
+                        "stream_job": cpu_bus["stream_job"],
+                        "worker_loop": worker_loop,
+                        "client": cpu_bus["client"],
+                        "billing": cpu_bus["billing"],
+                        "broker": cpu_bus["broker"],
+                    }.items()
+                },
                 "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
@@ -314,7 +328,6 @@ def summarize_run(
             "max_tokens": args.max_tokens,
             "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
             "settings_overrides": parse_overrides(args.set),
-            "prototypes": args.prototype,
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
         },
         "load_start": load_start,
@@ -395,6 +408,20 @@ def render(result: dict[str, Any], console: Console) -> None:
             *(str(b[k].get("p50", "-")) for k in b),
         )
     console.print(breakdown)
+    split = Table(title="µs of CPU per token, by process")
+    for column in ("conc", "job", "worker loop", "client", "billing", "broker"):
+        split.add_column(column, justify="right")
+    for row in result["results"]:
+        us = row["us_cpu_per_token_by_process"]
+        split.add_row(str(row["concurrency"]), *(f"{v:.1f}" for v in us.values()))
+    console.print(split)
+    floor = result.get("hop_floor")
+    if floor:
+        console.print(
+            f"one hop through this stack's broker (fetch_max_wait_ms "
+            f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']} ms, "
+            f"p99 {floor['hop_ms']['p99']} ms"
+        )
     console.print(
         f"load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}; "
         f"billed {result['num_billed']}/{result['num_sent']}"
@@ -414,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests-per-lane", type=int, default=2, help="per wave")
     parser.add_argument("--name", default="overhead", help="result file name")
     parser.add_argument(
-        "--prototype", action="append", default=[], help="a bench.prototypes patch for the job"
+        "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
     )
     add_settings_args(parser)
     argv = sys.argv[1:] if argv is None else argv

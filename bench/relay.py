@@ -38,7 +38,6 @@ from bench.common import (
 from bench.fake_engine import FakeEngine
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
-from bench.prototypes import PROTOTYPES
 from bench.report import RESULTS_DIR, uptime_load, write_result
 from bench.services import Services
 from bench.workload import prompt, tenant
@@ -49,7 +48,6 @@ from tokenbus.topics import Topics
 from workers.interface import GenerateParams
 
 GOAL_PER_CORE = 50_000
-WORKER_PROTOTYPES = ("fast_partitioner",)
 
 
 async def engine_only_cpu_s(
@@ -81,7 +79,6 @@ async def run_relay(
     prompt_tokens: int = 150,
     overrides: dict[str, Any] | None = None,
     profile_to: Path | None = None,
-    worker_prototypes: list[str] | None = None,
     on_progress: Callable[[int], None] = lambda n: None,
 ) -> dict[str, Any]:
     settings = bench_settings(**(overrides or {}))
@@ -98,7 +95,6 @@ async def run_relay(
                 worker_id,
                 step_ms=step_ms,
                 tokens_per_step=tokens_per_step,
-                prototypes=worker_prototypes,
             )
         await producer.start()
         await client.start()
@@ -182,7 +178,6 @@ async def run_relay(
         "num_tenants": num_tenants,
         "num_workers": num_workers,
         "prompt_tokens": prompt_tokens,
-        "worker_prototypes": worker_prototypes or [],
         "num_tokens": num_tokens,
         "num_chunks": num_chunks,
         "num_seq_gaps": num_gaps,
@@ -255,7 +250,6 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     tokens_per_step=tokens_per_step,
                     overrides=parse_overrides(args.set),
                     profile_to=RESULTS_DIR / "relay.pyspy" if args.profile else None,
-                    worker_prototypes=[p for p in args.prototype if p in WORKER_PROTOTYPES],
                     on_progress=advance,
                 )
             )
@@ -283,21 +277,12 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker and the client")
     parser.add_argument("--name", help="result file name (default: from the options)")
-    parser.add_argument(
-        "--prototype",
-        action="append",
-        default=[],
-        help="bench.prototypes: client_batched_reads (client), fast_partitioner (worker)",
-    )
     add_settings_args(parser)
     args = parser.parse_args()
-    for name in args.prototype:
-        if name not in WORKER_PROTOTYPES:
-            PROTOTYPES[name]()  # the client runs in this process
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(_main(args, console))
-    name = args.name or "-".join(["relay", *args.prototype, *(["profile"] if args.profile else [])])
+    name = args.name or ("relay-profile" if args.profile else "relay")
     path = write_result(name, result)
     render(result["results"], console, "token relay over the reply topics")
     for row in result["results"]:

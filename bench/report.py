@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -36,33 +37,44 @@ def machine() -> dict[str, Any]:
         "mem_gib": round(mem_kib / (1 << 20), 1),
         "kernel": platform.release(),
         "python": sys.version.split()[0],
-        "git": _git_head(),
+        "git": git_state()["commit"][:7] + ("+dirty" if git_state()["dirty"] else ""),
+        **git_state(),
     }
 
 
-def _git_head() -> str:
+def _git(*argv: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=RESULTS_DIR.parent,
+            ["git", *argv], capture_output=True, text=True, check=False, cwd=RESULTS_DIR.parent
         )
     except OSError:
-        return "?"
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=RESULTS_DIR.parent,
-    ).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+# What the benchmarks write, not what they measure: rewriting them leaves the tree clean.
+GENERATED = ("BENCHMARKS.md", "bench/summary.json")
+
+
+def _changes() -> str | None:
+    """Tracked files that differ from HEAD, in the whole repository."""
+    excluded = [f":(top,exclude){path}" for path in GENERATED]
+    return _git("status", "--porcelain", "--untracked-files=no", "--", ":/", *excluded)
+
+
+@functools.cache
+def git_state() -> dict[str, Any]:
+    """The commit a result was measured on, and whether tracked files differed from it:
+    ``bench.summary`` takes figures only from results of a clean tree. Read once, at the
+    run's start (``uptime_load``), so a commit made during a run is not taken for it."""
+    commit = _git("rev-parse", "HEAD")
+    changes = _changes()
+    return {"commit": commit or "?", "dirty": commit is None or changes is None or bool(changes)}
 
 
 def uptime_load() -> dict[str, Any]:
     """What ``uptime`` says, kept with every result: the machine is shared and noisy."""
+    git_state()  # every script calls this first: the tree as the run found it
     return {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_1_5_15": load_average()}
 
 

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.prototypes import ENV as PROTOTYPES_ENV
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.stack import (
@@ -66,14 +65,9 @@ class Services:
         await wait_for_broker(self.settings, timeout_s=30)
         await ensure_topics(self.settings, {**stack_topics(self.settings), **(topics or {})})
 
-    async def start_job(self, prototypes: list[str] | None = None) -> None:
-        """The Faust job; with ``prototypes``, patched by ``bench.prototypes`` first."""
-        if prototypes:
-            argv = [sys.executable, "-m", "bench.patched_job"]
-            env = {PROTOTYPES_ENV: ",".join(prototypes)}
-        else:
-            argv, env = [sys.executable, "-m", "stream_jobs"], {}
-        job = self.spawn("stream_job", argv, extra_env=env)
+    async def start_job(self) -> None:
+        """The Faust job, as ``tokenbus.stack`` starts it."""
+        job = self.spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
         await wait_until(job, lambda: "[^Worker]: Ready" in job.log_tail(400), 120)
 
     async def start_fake_worker(
@@ -83,11 +77,9 @@ class Services:
         step_ms: float = 0.0,
         tokens_per_step: int = 1,
         prefill_ms_per_1k: float = 0.0,
-        prototypes: list[str] | None = None,
     ) -> None:
         """The real worker loop on the pretend engine (``bench.fake_worker``)."""
         env = {
-            PROTOTYPES_ENV: ",".join(prototypes or []),
             "BENCH_STEP_MS": str(step_ms),
             "BENCH_TOKENS_PER_STEP": str(tokens_per_step),
             "BENCH_PREFILL_MS_PER_1K": str(prefill_ms_per_1k),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,4 +22,118 @@ def test_update_rewrites_only_the_marked_blocks(
         "intro\n<!-- bench:relay -->\ntable of relay (None)\n<!-- /bench:relay -->\nmiddle\n"
         "<!-- bench:overhead-x kind=overhead -->\ntable of overhead-x (overhead)\n"
         "<!-- /bench:overhead-x -->\nend\n"
+    )
+
+
+def test_update_keeps_a_block_whose_source_is_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(markdown, "render", lambda name, kind=None: None)
+    doc = tmp_path / "B.md"
+    text = "<!-- bench:relay -->\nmeasured once\n<!-- /bench:relay -->\n"
+    doc.write_text(text)
+    assert markdown.update(doc) == 0
+    assert doc.read_text() == text
+
+
+def _summary() -> dict[str, Any]:
+    from bench import summary
+
+    def result(benchmark: str, at: str, load: float, row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "benchmark": benchmark,
+            "machine": {"commit": "0123456789abcdef", "dirty": False},
+            "load_start": {"at": at, "load_1_5_15": [load, 0.0, 0.0]},
+            "results": [row],
+        }
+
+    admission = [
+        result(
+            "admission",
+            f"2026-12-01T1{i}:00:00",
+            float(i),
+            {
+                "requests_per_core_s": 900.0 + 100 * i,
+                "cpu_s": {"stream_job": 1.0},
+                "num_forwarded": 1000,
+                "broker_cpu_ms_per_1k": 300.0,
+                "request_bytes": 800,
+                "header_bytes": 200,
+            },
+        )
+        for i in range(3)
+    ]
+    hop = [
+        result(
+            "hop",
+            "2026-12-01T09:00:00",
+            0.5,
+            {"fetch_max_wait_ms": 20, "hop_ms": {"p50": 1.4, "p99": 2.5}},
+        )
+    ]
+    return summary.build_summary({"admission": admission, "hop": hop}, generated_at="gen-time")
+
+
+def test_goals_table_shows_median_spread_load_commit_and_verdict() -> None:
+    table = markdown.goals(_summary())
+    lines = table.splitlines()
+    assert lines[0].startswith("_From `bench/summary.json` (gen-time)")
+    admission = next(line for line in lines if line.startswith("| admission"))
+    assert "**1,000 req/s (900..1,100)**, median of 3" in admission
+    assert "| 1.0 (0.0..2.0) |" in admission
+    assert "`0123456789`, 2026-12-01T12:00:00" in admission
+    assert "job CPU per request 1,000 µs" in admission
+    assert admission.endswith("| **not met** |")
+    billing = next(line for line in lines if line.startswith("| billing"))
+    assert billing.endswith("| - | - | - | - | not measured |")
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + len(_summary()["goals"])
+    assert lines[-1] == (
+        "Reported beside the goals: one broker hop p50 (bench.hop) 1.40 ms (`0123456789`, "
+        "load 0.5); one broker hop p99 (bench.hop) 2.50 ms (`0123456789`, load 0.5); "
+        "broker CPU per request (admission) 300 µs (300..300) (`0123456789`, load 1.0)."
+    )
+
+
+def test_goals_table_marks_fewer_than_three_runs_provisional() -> None:
+    built = _summary()
+    goal = next(g for g in built["goals"] if g["key"] == "admission")
+    goal["num_runs"] = 1
+    row = next(r for r in markdown.goals(built).splitlines() if r.startswith("| admission"))
+    assert row.endswith("| **not met** (1 of 3 runs: provisional) |")
+
+
+def test_capacity_names_the_missing_figures() -> None:
+    text = markdown.capacity(_summary())
+    assert text.startswith("_The capacity model needs these figures")
+    assert "`billing.events_per_core_s`" in text
+    assert "`admission.job_us_per_request`" not in text
+
+
+def test_capacity_renders_a_row_per_fleet() -> None:
+    from bench import capacity as cap
+
+    figures = {key: {"median": 20.0} for key in cap.SOURCES.values()}
+    figures["billing.events_per_core_s"] = {"median": 25_000.0}
+    figures["bridge.tokens_per_core_s"] = {"median": 25_000.0}
+    sizes = {"reply_record_one_chunk": 150, "reply_record_per_extra_chunk": 90, "usage_event": 500}
+    text = markdown.capacity({"generated_at": "g", "figures": figures, "record_bytes": sizes})
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 8", "| 64", "| 512"]
+    assert "bridge 0.220 cores" in text
+    assert "5-common-pitfalls-when-using-apache-kafka" in text
+
+
+def test_update_rewrites_only_the_named_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(markdown, "render", lambda name, kind=None: f"new {name}")
+    doc = tmp_path / "B.md"
+    doc.write_text(
+        "<!-- bench:goals -->\nold\n<!-- /bench:goals -->\n"
+        "<!-- bench:relay -->\nold\n<!-- /bench:relay -->\n"
+    )
+    assert markdown.update(doc, ["goals"]) == 1
+    assert doc.read_text() == (
+        "<!-- bench:goals -->\nnew goals\n<!-- /bench:goals -->\n"
+        "<!-- bench:relay -->\nold\n<!-- /bench:relay -->\n"
     )

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.driver import RequestTrace, WaveResult
+from bench.overhead import ArmWaves, summarize_run
+
+
+def wave(ttft_s: float, num_tokens: int) -> WaveResult:
+    first = 10.0 + ttft_s
+    arrivals = [(first, 1), (first + 0.5, num_tokens - 1)]
+    trace = RequestTrace(0, started=10.0, arrivals=arrivals, ended=11.0)
+    return WaveResult(concurrency=1, wall_s=1.0, traces=[trace])
+
+
+def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None:
+    args = argparse.Namespace(
+        concurrency=[1],
+        rounds=1,
+        max_tokens=1000,
+        min_requests=1,
+        requests_per_lane=1,
+        set=[],
+        argv=[],
+    )
+    bus_cpu = {
+        "broker": 0.05,
+        "stream_job": 0.01,
+        "billing": 0.002,
+        "client": 0.004,
+        "worker_process": 0.03,
+    }
+    results = {
+        ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.02}]),
+        ("tokenbus", 1): ArmWaves([wave(0.030, 1000)], [bus_cpu]),
+    }
+    timings = [{"request_id": "r0", "queue_ms": 3.0, "ttft_ms": 22.0}]
+    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
+    out = summarize_run(args, results, {"r0": (0, 1, 0)}, timings, [0.1], load, load)
+    row = out["results"][0]
+    assert row["us_cpu_per_token_by_process"] == {
+        "stream_job": 10.0,
+        "worker_loop": 10.0,  # the worker process less the direct arm's front end
+        "client": 4.0,
+        "billing": 2.0,
+        "broker": 50.0,
+    }
+    assert row["pipeline_cpu_s_per_1k_tokens"] == pytest.approx(0.076)
+    assert row["added_ttft_ms"]["p50"] == pytest.approx(14.0)
+    legs = row["ttft_breakdown_ms"]
+    assert legs["client_to_dispatched"]["p50"] == 3.0
+    assert legs["dispatched_to_worker_first_token"]["p50"] == 19.0
+    assert legs["worker_first_token_to_client"]["p50"] == pytest.approx(8.0)
+
+
+def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
+    from bench import markdown
+
+    args = argparse.Namespace(
+        concurrency=[1], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
+        set=[], argv=[],
+    )  # fmt: skip
+    cpu = {"broker": 0.0, "stream_job": 0.0, "billing": 0.0, "client": 0.0, "worker_process": 0.0}
+    results = {
+        ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.0}]),
+        ("tokenbus", 1): ArmWaves([wave(0.030, 1000)], [cpu]),
+    }
+    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
+    result = {
+        **summarize_run(args, results, {}, [], [0.1], load, load),
+        "machine": {"git": "abc1234"},
+        "hop_floor": {"fetch_max_wait_ms": 20, "hop_ms": {"p50": 1.234, "p99": 5.0}},
+    }
+    text = markdown.overhead(result)
+    assert text.endswith(
+        "One hop through the same stack's broker after the waves (fetch_max_wait_ms 20): "
+        "p50 1.23 ms, p99 5.00 ms."
+    )

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import summary
+
+
+def admission(
+    at: str, per_core: float, *, commit: str = "c1", dirty: bool = False, load: float = 1.0
+) -> dict[str, Any]:
+    return {
+        "benchmark": "admission",
+        "machine": {"commit": commit, "dirty": dirty},
+        "load_start": {"at": at, "load_1_5_15": [load, 0.0, 0.0]},
+        "results": [
+            {
+                "requests_per_core_s": per_core,
+                "cpu_s": {"stream_job": 2.0, "broker": 1.0},
+                "num_forwarded": 4000,
+                "broker_cpu_ms_per_1k": 250.0,
+                "request_bytes": 900,
+                "header_bytes": 300,
+            }
+        ],
+    }
+
+
+def overhead(at: str) -> dict[str, Any]:
+    def row(concurrency: int) -> dict[str, Any]:
+        return {
+            "concurrency": concurrency,
+            "added_ttft_ms": {"p50": 12.0, "p90": 20.0, "p99": 30.0},
+            "direct": {"ttft_ms": {"p50": 16.0}},
+            "pipeline_cpu_s_per_1k_tokens": 0.12,
+            "pipeline_cpu_s_per_1k_tokens_by_part": {
+                "broker": 0.1,
+                "stream_job": 0.004,
+                "billing": 0.002,
+                "client": 0.008,
+                "worker_loop": 0.006,
+            },
+            "ttft_breakdown_ms": {
+                "client_to_dispatched": {"p50": 3.0, "p99": 9.0},
+                "dispatched_to_worker_first_token": {"p50": 20.0, "p99": 30.0},
+                "worker_first_token_to_client": {"p50": 4.0, "p99": 8.0},
+            },
+        }
+
+    return {
+        "benchmark": "overhead",
+        "machine": {"commit": "c9", "dirty": False},
+        "load_start": {"at": at, "load_1_5_15": [2.0, 0.0, 0.0]},
+        "hop_floor": {"hop_ms": {"p50": 1.5, "p99": 3.0}},
+        "results": [row(1), row(64)],
+    }
+
+
+def test_select_runs_keeps_the_newest_clean_runs_of_the_newest_commit() -> None:
+    runs = [
+        admission("2026-12-01T10:00:00", 700, commit="old"),
+        admission("2026-12-01T11:00:00", 800, commit="new"),
+        admission("2026-12-01T12:00:00", 900, commit="new"),
+        admission("2026-12-01T13:00:00", 5000, commit="new", dirty=True),
+        admission("2026-12-01T09:00:00", 600, commit="new"),
+    ]
+    chosen = summary.select_runs(runs, max_runs=2)
+    assert [r["results"][0]["requests_per_core_s"] for r in chosen] == [900, 800]
+
+
+def test_results_without_a_known_commit_are_not_clean() -> None:
+    result = admission("2026-12-01T10:00:00", 700)
+    del result["machine"]["dirty"]
+    assert not summary.is_clean(result)
+    assert summary.select_runs([result], 3) == []
+
+
+def test_figure_is_the_median_with_its_spread_load_and_commit() -> None:
+    runs = [
+        admission("2026-12-01T11:00:00", 800, load=2.0),
+        admission("2026-12-01T12:00:00", 1200, load=4.0),
+        admission("2026-12-01T10:00:00", 1000, load=3.0),
+    ]
+    built = summary.build_summary({"admission": runs}, generated_at="now")
+    figure = built["figures"]["admission.requests_per_job_core_s"]
+    assert (figure["median"], figure["min"], figure["max"]) == (1000, 800, 1200)
+    assert figure["num_runs"] == 3
+    assert figure["load_1min"] == {"median": 3.0, "min": 2.0, "max": 4.0}
+    assert figure["commit"] == "c1"
+    assert figure["date"] == "2026-12-01T12:00:00"
+    assert built["figures"]["admission.job_us_per_request"]["median"] == 500.0
+    assert built["figures"]["admission.request_record_bytes"]["median"] == 1200.0
+
+
+def test_goal_verdicts() -> None:
+    runs = [admission("2026-12-01T10:00:00", 6000)]
+    built = summary.build_summary({"admission": runs, "overhead": [overhead("x")]})
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert by_key["admission"]["verdict"] == "met"
+    assert by_key["admission"]["num_runs"] == 1
+    assert by_key["admission"]["beside"] == ["admission.job_us_per_request"]
+    # 4 + 6 + 8 + 2 µs per token: met; 0.12 s per 1k tokens with the broker: not met.
+    assert built["figures"]["e2e.tokenbus_us_per_token"]["median"] == 20.0
+    assert by_key["e2e_tokenbus"]["verdict"] == "met"
+    assert by_key["e2e_pipeline"]["verdict"] == "not met"
+    assert by_key["ttft_p50"]["verdict"] == "not met"
+    assert by_key["ttft_p99"]["verdict"] == "met"
+    assert "ttft.hop_floor_p50_ms" in by_key["ttft_p50"]["beside"]
+    assert built["figures"]["ttft.hop_floor_p50_ms"]["median"] == 1.5
+    assert by_key["billing"]["verdict"] == "not measured"
+    assert by_key["billing"]["commit"] is None
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "expected"),
+    [(">=", 5000, "met"), (">=", 4999, "not met"), ("<=", 10, "met"), ("<=", 10.1, "not met")],
+)
+def test_verdict_at_the_boundary(op: str, value: float, expected: str) -> None:
+    target = 5000 if op == ">=" else 10
+    assert summary.verdict(op, target, value) == expected
+
+
+def test_per_side_relay_figures_are_per_core_of_each_side() -> None:
+    relay = {
+        "benchmark": "relay",
+        "machine": {"commit": "c", "dirty": False},
+        "load_start": {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]},
+        "results": [
+            {"tokens_per_step": 4, "num_tenants": 10, "us_per_token": {"worker_loop": 1.0}},
+            {
+                "tokens_per_step": 1,
+                "num_tenants": 10,
+                "concurrency": 64,
+                "us_per_token": {"worker_loop": 40.0, "client": 25.0, "broker": 20.0},
+            },
+        ],
+    }
+    figures = summary.build_summary({"relay": [relay]})["figures"]
+    assert figures["relay.worker_loop_tokens_per_core_s"]["median"] == 25_000
+    assert figures["relay.client_tokens_per_core_s"]["median"] == 40_000
+    assert figures["relay.broker_us_per_token"]["median"] == 20.0
+    # 64 requests over 10 tenants, one reply topic: ~6.4 tokens per record.
+    assert figures["relay.tokens_per_record"]["median"] == pytest.approx(6.4, abs=0.01)
+
+
+def test_load_results_reads_only_stamped_files(tmp_path: Path) -> None:
+    good = admission("t", 1.0)
+    (tmp_path / "admission-20261201-101010.json").write_text(json.dumps(good))
+    (tmp_path / "admission-latest.json").write_text(json.dumps(good))
+    (tmp_path / "admission-profile-20261201-101010.json").write_text(json.dumps(good))
+    found = summary.load_results(tmp_path)
+    assert list(found) == ["admission"]
+    assert [r["source"] for r in found["admission"]] == ["admission-20261201-101010.json"]
+
+
+def test_collect_passes_what_follows_the_double_dash_to_the_script() -> None:
+    ours, theirs = summary.split_script_args(
+        ["collect", "admission", "--runs", "1", "--", "--requests", "2000", "--", "x"]
+    )
+    assert ours == ["collect", "admission", "--runs", "1"]
+    assert theirs == ["--requests", "2000", "--", "x"]
+    assert summary.split_script_args(["build"]) == (["build"], [])
