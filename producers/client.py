@@ -1,7 +1,7 @@
 """``TokenbusClient``: produce an InferenceRequest, iterate over its TokenChunks.
 
 # InferenceRequest + credential (``authorization`` header) --> requests.p{priority}, keyed by tenant
-# replies.{client_id} --> TokenChunkBatch --> per-request queues --> ``stream()`` iterators
+# replies.{client_id} --> TokenChunkBatch (tokenbus.chunks) --> per-request inboxes --> ``stream()``
 # ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
 Each client owns one reply topic and reads it without a consumer group from the end,
@@ -14,12 +14,19 @@ every credential of that tenant owns. A client for many tenants (the bridge, too
 gives a function ``(tenant_id, reply_topic) -> token`` that mints tokens carrying its
 reply topic as ``reply_prefix``. A chunk reaches a stream only if both its tenant and
 its request id are the stream's.
+
+Reading: one ``getmany`` per fetch, one decode per record (``tokenbus.chunks``: types,
+required fields and the batch's tenant checked in one pass; the record's key must be
+that tenant's), and a record that fails any check goes to the dead-letter topic with
+its reason. A stream waits on a future of its own, with one timer per quiet spell
+rather than one per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -35,17 +42,15 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
     SchemaError,
-    TokenChunk,
-    TokenChunkBatch,
-    decode,
     encode,
 )
+from tokenbus.chunks import Chunk, ChunkError, decode_batch
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.replies import KafkaReplyLog
-from tokenbus.topics import Topics
+from tokenbus.topics import Topics, reply_batch_key
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ class TokenbusTimeout(TimeoutError):
 class RequestFailed(RuntimeError):
     """The request ended with an error chunk (rejected, no worker, engine error)."""
 
-    def __init__(self, error: ErrorInfo) -> None:
+    def __init__(self, error: ErrorInfo | ChunkError) -> None:
         super().__init__(f"{error.code}: {error.message}")
         self.error = error
 
@@ -101,7 +106,7 @@ class TokenbusClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._streams: dict[StreamKey, asyncio.Queue[TokenChunk]] = {}
+        self._streams: dict[StreamKey, Inbox] = {}
         self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
 
@@ -222,9 +227,10 @@ class TokenbusClient:
 
         Call it before the request is produced; ``submit`` does so itself.
         """
-        self._streams.setdefault((tenant_id, request_id), asyncio.Queue())
+        if (tenant_id, request_id) not in self._streams:
+            self._streams[(tenant_id, request_id)] = Inbox()
 
-    async def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yields the request's chunks in seq order, ending with the one that has
         finish_reason; a redelivered chunk is dropped.
 
@@ -233,23 +239,19 @@ class TokenbusClient:
         request's start (``tokenbus.replies``) and delivers what the reply reader had
         not, logging it, rather than hanging."""
         key = (_tenant_of(request), request.request_id)
-        queue = self._streams.setdefault(key, asyncio.Queue())
+        inbox = self._streams.get(key)
+        if inbox is None:
+            inbox = self._streams[key] = Inbox()
+        chunks = inbox.chunks
         expected = 0
-        ahead: dict[int, TokenChunk] = {}  # received, not yet yielded: seq >= expected
+        ahead: dict[int, Chunk] = {}  # received, not yet yielded: seq >= expected
         read_back_for = -1  # the seq a gap was last read back for
         quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
         silent_s = 0.0
         try:
             while True:
                 wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
-                try:
-                    # A timer per chunk only when there is something to wait for.
-                    chunk = (
-                        queue.get_nowait()
-                        if not queue.empty()
-                        else await asyncio.wait_for(queue.get(), timeout=wait_s)
-                    )
-                except TimeoutError:
+                if not chunks and not await inbox.wait(wait_s):
                     silent_s += wait_s
                     if silent_s >= self._settings.client_timeout_s:
                         raise TokenbusTimeout(
@@ -257,14 +259,22 @@ class TokenbusClient:
                             f"{self._settings.client_timeout_s:.0f} s"
                         ) from None
                     quiet_s *= 2
-                    await self._read_back(request, expected, queue, ahead)
-                else:
-                    silent_s = 0.0
+                    await self._read_back(request, expected, inbox, ahead)
+                    continue
+                silent_s = 0.0
+                while chunks:
+                    chunk = chunks.popleft()
+                    if chunk.seq == expected and not ahead:  # the common case: in order
+                        expected += 1
+                        yield chunk
+                        if chunk.is_last:
+                            return
+                        continue
                     if chunk.seq >= expected:  # below: redelivered, already yielded
                         ahead.setdefault(chunk.seq, chunk)
-                    if expected not in ahead and read_back_for != expected:
-                        read_back_for = expected  # chunks before this one went missing
-                        await self._read_back(request, expected, queue, ahead)
+                if ahead and expected not in ahead and read_back_for != expected:
+                    read_back_for = expected  # chunks before this one went missing
+                    await self._read_back(request, expected, inbox, ahead)
                 while expected in ahead:
                     chunk = ahead.pop(expected)
                     expected += 1
@@ -272,6 +282,7 @@ class TokenbusClient:
                     if chunk.is_last:
                         return
         finally:
+            inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
 
@@ -279,11 +290,11 @@ class TokenbusClient:
         self,
         request: InferenceRequest,
         expected: int,
-        queue: asyncio.Queue[TokenChunk],
-        ahead: dict[int, TokenChunk],
+        inbox: Inbox,
+        ahead: dict[int, Chunk],
     ) -> None:
         """Adds to ``ahead`` what the reply topic holds and the reader had not delivered
-        (it may have delivered more while the topic was read: the queue is drained first,
+        (it may have delivered more while the topic was read: the inbox is drained first,
         so only true misses are logged)."""
         if self._reply_log is None:
             self._reply_log = KafkaReplyLog(self._settings)
@@ -300,8 +311,8 @@ class TokenbusClient:
         except Exception:
             log.exception("reading back the replies of %s failed", request.request_id)
             return
-        while not queue.empty():
-            chunk = queue.get_nowait()
+        while inbox.chunks:
+            chunk = inbox.chunks.popleft()
             if chunk.seq >= expected:
                 ahead.setdefault(chunk.seq, chunk)
         missed = sorted(
@@ -333,33 +344,103 @@ class TokenbusClient:
                 await asyncio.sleep(0.2)
 
     async def _route_replies(self) -> None:
-        """Fans each batch out to its requests' queues; ``stream`` applies the seq rules."""
+        """One fetch: fans each batch out to its requests' inboxes (``stream`` applies
+        the seq rules), and dead-letters each record that is not a good batch."""
         assert self._consumer is not None and self._producer is not None
-        async for record in self._consumer:
-            try:
-                batch = decode(TokenChunkBatch, record.value)
-            except SchemaError as exc:
-                await dead_letter_record(
-                    publisher(self._producer),
-                    self._topics,
-                    record,
-                    consumer=self.client_id,
-                    reason=str(exc),
-                )
-                continue
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "%s offset %d: %s",
-                    record.topic,
-                    record.offset,
-                    " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
-                )
-            for chunk in batch.chunks:
-                # The batch's tenant is every chunk's (the schema checks): a chunk that
-                # names another tenant's request id never reaches that stream.
-                queue = self._streams.get((batch.tenant_id, chunk.request_id))
-                if queue is not None:
-                    queue.put_nowait(chunk)
+        streams = self._streams
+        fetched = await self._consumer.getmany(timeout_ms=1_000)
+        for records in fetched.values():
+            for record in records:
+                try:
+                    batch = decode_batch(record.value)
+                    tenant_id = batch.tenant_id
+                    if record.key != reply_batch_key(tenant_id):
+                        raise SchemaError(
+                            f"record key {record.key!r} is not the key of the batch's "
+                            f"tenant {tenant_id!r}"
+                        )
+                except SchemaError as exc:
+                    await dead_letter_record(
+                        publisher(self._producer),
+                        self._topics,
+                        record,
+                        consumer=self.client_id,
+                        reason=str(exc),
+                    )
+                    continue
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "%s offset %d: %s",
+                        record.topic,
+                        record.offset,
+                        " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
+                    )
+                for chunk in batch.chunks:
+                    # The batch's tenant is every chunk's (the codec checks): a chunk that
+                    # names another tenant's request id never reaches that stream.
+                    inbox = streams.get((tenant_id, chunk.request_id))
+                    if inbox is not None:
+                        inbox.put(chunk)
+
+
+class Inbox:
+    """One stream's chunks, and the stream waiting for them: a future per wait, and one
+    timer per quiet spell (re-armed when it fires early), not one per chunk."""
+
+    __slots__ = ("_deadline", "_loop", "_timer", "_timer_at", "_waiter", "chunks")
+
+    def __init__(self) -> None:
+        self.chunks: deque[Chunk] = deque()
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[bool] | None = None
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    def put(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(True)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once a chunk is there; False if none came within ``timeout_s``."""
+        if self.chunks:
+            return True
+        loop = self._loop
+        self._deadline = deadline = loop.time() + timeout_s
+        if self._timer is None or self._timer_at > deadline:
+            self._arm(deadline)
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms a timer
+        if self._loop.time() < self._deadline:
+            self._arm(self._deadline)  # set by a wait that began after this timer
+            return
+        self._waiter = None
+        waiter.set_result(False)
 
 
 def _tenant_of(request: InferenceRequest) -> str:
