@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -35,6 +34,7 @@ from typing import Self
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError
 
+from producers.inbox import Inbox
 from schemas import (
     CancelRequest,
     ChatMessage,
@@ -106,7 +106,7 @@ class TokenbusClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._streams: dict[StreamKey, Inbox] = {}
+        self._streams: dict[StreamKey, Inbox[Chunk]] = {}
         self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
 
@@ -242,7 +242,7 @@ class TokenbusClient:
         inbox = self._streams.get(key)
         if inbox is None:
             inbox = self._streams[key] = Inbox()
-        chunks = inbox.chunks
+        chunks = inbox.items
         expected = 0
         ahead: dict[int, Chunk] = {}  # received, not yet yielded: seq >= expected
         read_back_for = -1  # the seq a gap was last read back for
@@ -290,7 +290,7 @@ class TokenbusClient:
         self,
         request: InferenceRequest,
         expected: int,
-        inbox: Inbox,
+        inbox: Inbox[Chunk],
         ahead: dict[int, Chunk],
     ) -> None:
         """Adds to ``ahead`` what the reply topic holds and the reader had not delivered
@@ -311,8 +311,8 @@ class TokenbusClient:
         except Exception:
             log.exception("reading back the replies of %s failed", request.request_id)
             return
-        while inbox.chunks:
-            chunk = inbox.chunks.popleft()
+        while inbox.items:
+            chunk = inbox.items.popleft()
             if chunk.seq >= expected:
                 ahead.setdefault(chunk.seq, chunk)
         missed = sorted(
@@ -381,66 +381,6 @@ class TokenbusClient:
                     inbox = streams.get((tenant_id, chunk.request_id))
                     if inbox is not None:
                         inbox.put(chunk)
-
-
-class Inbox:
-    """One stream's chunks, and the stream waiting for them: a future per wait, and one
-    timer per quiet spell (re-armed when it fires early), not one per chunk."""
-
-    __slots__ = ("_deadline", "_loop", "_timer", "_timer_at", "_waiter", "chunks")
-
-    def __init__(self) -> None:
-        self.chunks: deque[Chunk] = deque()
-        self._loop = asyncio.get_running_loop()
-        self._waiter: asyncio.Future[bool] | None = None
-        self._deadline = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
-
-    def put(self, chunk: Chunk) -> None:
-        self.chunks.append(chunk)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(True)
-
-    async def wait(self, timeout_s: float) -> bool:
-        """True once a chunk is there; False if none came within ``timeout_s``."""
-        if self.chunks:
-            return True
-        loop = self._loop
-        self._deadline = deadline = loop.time() + timeout_s
-        if self._timer is None or self._timer_at > deadline:
-            self._arm(deadline)
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiter = waiter
-        try:
-            return await waiter
-        finally:
-            self._waiter = None
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _arm(self, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = self._loop.call_at(at, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits: the next wait arms a timer
-        if self._loop.time() < self._deadline:
-            self._arm(self._deadline)  # set by a wait that began after this timer
-            return
-        self._waiter = None
-        waiter.set_result(False)
 
 
 def _tenant_of(request: InferenceRequest) -> str:
