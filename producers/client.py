@@ -260,21 +260,20 @@ class TokenbusClient:
                         ) from None
                     quiet_s *= 2
                     await self._read_back(request, expected, inbox, ahead)
-                    continue
-                silent_s = 0.0
-                while chunks:
-                    chunk = chunks.popleft()
-                    if chunk.seq == expected and not ahead:  # the common case: in order
-                        expected += 1
-                        yield chunk
-                        if chunk.is_last:
-                            return
-                        continue
-                    if chunk.seq >= expected:  # below: redelivered, already yielded
-                        ahead.setdefault(chunk.seq, chunk)
-                if ahead and expected not in ahead and read_back_for != expected:
-                    read_back_for = expected  # chunks before this one went missing
-                    await self._read_back(request, expected, inbox, ahead)
+                else:
+                    silent_s = 0.0
+                    while chunks:
+                        chunk = chunks.popleft()
+                        if chunk.seq == expected and not ahead:  # the common case
+                            expected += 1
+                            yield chunk
+                            if chunk.is_last:
+                                return
+                        elif chunk.seq >= expected:  # below: redelivered, already yielded
+                            ahead.setdefault(chunk.seq, chunk)
+                    if ahead and expected not in ahead and read_back_for != expected:
+                        read_back_for = expected  # chunks before this one went missing
+                        await self._read_back(request, expected, inbox, ahead)
                 while expected in ahead:
                     chunk = ahead.pop(expected)
                     expected += 1
