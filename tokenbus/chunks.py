@@ -22,7 +22,10 @@ import msgspec
 
 from schemas import SCHEMA_VERSION, FinishReason, SchemaError, TokenChunk
 
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+INT64_MAX = 2**63 - 1
+Int = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""JSON integers as the models' orjson decoding reads them: 64 bits at most."""
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 
 
 class ChunkError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -32,8 +35,8 @@ class ChunkError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     message: str
     retry_after_s: float | None = None
     limit_kind: Literal["tokens", "requests"] | None = None
-    num_limit: int | None = None
-    num_remaining: int | None = None
+    num_limit: Int | None = None
+    num_remaining: Int | None = None
 
 
 class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -43,7 +46,7 @@ class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
     tenant_id: str
     seq: NonNegative
     text: str = ""
-    token_ids: list[int] = []
+    token_ids: list[Int] = []
     num_tokens: NonNegative = 0
     finish_reason: FinishReason | None = None
     error: ChunkError | None = None

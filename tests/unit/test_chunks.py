@@ -154,6 +154,16 @@ def batch_of(*chunks: dict[str, Any], **fields: Any) -> bytes:
         ),
         (batch_of({**GOOD_CHUNK, "seq": -1}), "Expected `int` >= 0 - at `$.chunks[0].seq`"),
         (batch_of({**GOOD_CHUNK, "num_tokens": -2}), "`int` >= 0 - at `$.chunks[0].num_tokens`"),
+        (
+            b'{"tenant_id": "t", "chunks": [{"request_id": "r1", "tenant_id": "t", '
+            b'"seq": 123456789012345678901234567890}]}',
+            "at `$.chunks[0].seq`",
+        ),
+        (
+            b'{"tenant_id": "t", "chunks": [{"request_id": "r1", "tenant_id": "t", "seq": 0, '
+            b'"token_ids": [-123456789012345678901234567890]}]}',
+            "at `$.chunks[0].token_ids[0]`",
+        ),
         (batch_of({**GOOD_CHUNK, "text": None}), "Expected `str`, got `null`"),
         (batch_of({**GOOD_CHUNK, "token_ids": ["7"]}), "at `$.chunks[0].token_ids[0]`"),
         (batch_of({**GOOD_CHUNK, "finish_reason": "done"}), "Invalid enum value 'done'"),
@@ -222,7 +232,11 @@ def test_any_batch_round_trips_through_the_codec_and_the_model(models: list[Toke
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)  # what orjson writes
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
     lambda inner: (
         st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
     ),
