@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from schemas import ErrorInfo
+from tokenbus.chunks import ChunkError
 
 
 class ApiError(Exception):
@@ -108,7 +109,7 @@ def rate_limited(message: str, code: str, headers: dict[str, str]) -> ApiError:
     return ApiError(429, message, type="rate_limit_error", code=code, headers=headers)
 
 
-def rejection(error: ErrorInfo, *, tokens_per_minute: int) -> ApiError:
+def rejection(error: ErrorInfo | ChunkError, *, tokens_per_minute: int) -> ApiError:
     """The bus's refusal or failure of a request, as an HTTP error."""
     if error.code == "quota_exceeded":
         retry = error.retry_after_s if error.retry_after_s is not None else 60.0

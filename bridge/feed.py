@@ -1,4 +1,4 @@
-"""One request's TokenChunks, readable with a timeout that never breaks the stream.
+"""One request's Chunks, readable with a timeout that never breaks the stream.
 
 ``TokenbusClient.stream()`` is an async generator, and cancelling a read from one ends
 it. A drain task reads the generator into a queue instead, so the bridge can wait for
@@ -12,27 +12,25 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from schemas import TokenChunk
+from producers.inbox import Inbox
+from tokenbus.chunks import Chunk
 
 log = logging.getLogger(__name__)
 
 
 class ChunkFeed:
-    def __init__(self, chunks: AsyncIterator[TokenChunk], tenant_id: str) -> None:
+    def __init__(self, chunks: AsyncIterator[Chunk], tenant_id: str) -> None:
         self._tenant_id = tenant_id
-        self._queue: asyncio.Queue[TokenChunk | Exception] = asyncio.Queue()
+        self._inbox: Inbox[Chunk | Exception] = Inbox()
         self._task = asyncio.create_task(self._drain(chunks))
 
-    async def get(self, timeout_s: float | None) -> TokenChunk | None:
+    async def get(self, timeout_s: float | None) -> Chunk | None:
         """The next chunk; None if none came within ``timeout_s``. Re-raises the stream's
         error (``TokenbusTimeout`` after ``client_timeout_s`` of silence)."""
-        if not self._queue.empty():  # no timer when the chunk is already here
-            item = self._queue.get_nowait()
-        else:
-            try:
-                item = await asyncio.wait_for(self._queue.get(), timeout_s)
-            except TimeoutError:
-                return None
+        items = self._inbox.items
+        if not items and not await self._inbox.wait(timeout_s):
+            return None
+        item = items.popleft()
         if isinstance(item, Exception):
             raise item
         return item
@@ -40,8 +38,9 @@ class ChunkFeed:
     def close(self) -> None:
         """Stops reading; the client forgets the request once the drain task unwinds."""
         self._task.cancel()
+        self._inbox.close()
 
-    async def _drain(self, chunks: AsyncIterator[TokenChunk]) -> None:
+    async def _drain(self, chunks: AsyncIterator[Chunk]) -> None:
         try:
             async for chunk in chunks:
                 if chunk.tenant_id != self._tenant_id:
@@ -49,6 +48,6 @@ class ChunkFeed:
                         "dropped a chunk of tenant %s on a stream of another", chunk.tenant_id
                     )
                     continue
-                self._queue.put_nowait(chunk)
+                self._inbox.put(chunk)
         except Exception as exc:
-            self._queue.put_nowait(exc)
+            self._inbox.put(exc)

@@ -43,8 +43,9 @@ from bridge.sessions import SessionIssuer
 from bridge.sse import EventStreamResponse
 from bridge.throttle import KeyThrottle
 from producers import TokenbusTimeout
-from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams, TokenChunk
+from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
 from tokenbus.auth import ServiceTokens
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
 
@@ -76,7 +77,7 @@ class Bus(Protocol):
         credential: str | None = None,
     ) -> InferenceRequest: ...
 
-    def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]: ...
+    def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]: ...
 
     async def cancel(self, request: InferenceRequest, reason: str = ...) -> None: ...
 
@@ -220,7 +221,7 @@ class Gateway:
 
     async def _first_chunk(
         self, http: Request, feed: ChunkFeed, request: InferenceRequest, wait_s: float | None
-    ) -> TokenChunk | None:
+    ) -> Chunk | None:
         try:
             return await self._until_disconnect(http, feed.get(wait_s), request)
         except TokenbusTimeout as exc:
@@ -235,7 +236,7 @@ class Gateway:
         feed: ChunkFeed,
         relay: Relay,
         request: InferenceRequest,
-        chunk: TokenChunk | None,
+        chunk: Chunk | None,
         caller: Caller,
     ) -> dict[str, Any]:
         while True:
@@ -260,9 +261,9 @@ class Gateway:
 
     async def _until_disconnect(
         self, http: Request, read: Any, request: InferenceRequest
-    ) -> TokenChunk | None:
+    ) -> Chunk | None:
         """Awaits ``read``; if the client leaves first, cancels the request on the bus."""
-        reading: asyncio.Task[TokenChunk | None] = asyncio.ensure_future(read)
+        reading: asyncio.Task[Chunk | None] = asyncio.ensure_future(read)
         leaving = asyncio.ensure_future(_disconnected(http))
         try:
             await asyncio.wait({reading, leaving}, return_when=asyncio.FIRST_COMPLETED)
@@ -279,7 +280,7 @@ class Gateway:
         feed: ChunkFeed,
         relay: Relay,
         request: InferenceRequest,
-        chunk: TokenChunk | None,
+        chunk: Chunk | None,
         include_usage: bool,
         caller: Caller,
     ) -> AsyncGenerator[bytes, None]:

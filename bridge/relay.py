@@ -1,4 +1,4 @@
-"""TokenChunks --> OpenAI's response bodies and SSE events. Pure: no I/O.
+"""Chunks --> OpenAI's response bodies and SSE events. Pure: no I/O.
 
 One ``Relay`` per request knows the response's id, model and kind (chat or text),
 turns each chunk into the matching OpenAI chunk, and sums what the whole response
@@ -26,7 +26,8 @@ from bridge.api_types import (
     Usage,
 )
 from bridge.errors import ApiError
-from schemas import FinishReason, TokenChunk
+from schemas import FinishReason
+from tokenbus.chunks import Chunk
 
 Kind = Literal["chat", "text"]
 DONE = b"data: [DONE]\n\n"
@@ -63,7 +64,7 @@ class Relay:
         self._token_body: dict[str, Any] | None = None
         self._token_text: dict[str, Any] = {}
 
-    def add(self, chunk: TokenChunk) -> None:
+    def add(self, chunk: Chunk) -> None:
         self.num_completion_tokens += chunk.num_tokens
         self._parts.append(chunk.text)
         if chunk.num_prompt_tokens is not None:
@@ -80,7 +81,7 @@ class Relay:
         )
 
     # -- streaming ----------------------------------------------------------------------
-    def event(self, chunk: TokenChunk) -> bytes | None:
+    def event(self, chunk: Chunk) -> bytes | None:
         """The SSE event for one (already added) chunk; None when it carries nothing."""
         finish = _finish(chunk.finish_reason)
         if not chunk.text and finish is None and (self._sent_role or self.kind == "text"):

@@ -1,7 +1,7 @@
 """``TokenbusClient``: produce an InferenceRequest, iterate over its TokenChunks.
 
 # InferenceRequest + credential (``authorization`` header) --> requests.p{priority}, keyed by tenant
-# replies.{client_id} --> TokenChunkBatch --> per-request queues --> ``stream()`` iterators
+# replies.{client_id} --> TokenChunkBatch (tokenbus.chunks) --> per-request inboxes --> ``stream()``
 # ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
 Each client owns one reply topic and reads it without a consumer group from the end,
@@ -14,6 +14,12 @@ every credential of that tenant owns. A client for many tenants (the bridge, too
 gives a function ``(tenant_id, reply_topic) -> token`` that mints tokens carrying its
 reply topic as ``reply_prefix``. A chunk reaches a stream only if both its tenant and
 its request id are the stream's.
+
+Reading: one ``getmany`` per fetch, one decode per record (``tokenbus.chunks``: types,
+required fields and the batch's tenant checked in one pass; the record's key must be
+that tenant's), and a record that fails any check goes to the dead-letter topic with
+its reason. A stream waits on a future of its own, with one timer per quiet spell
+rather than one per chunk.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Self
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError
 
+from producers.inbox import Inbox
 from schemas import (
     CancelRequest,
     ChatMessage,
@@ -35,17 +42,15 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
     SchemaError,
-    TokenChunk,
-    TokenChunkBatch,
-    decode,
     encode,
 )
+from tokenbus.chunks import Chunk, ChunkError, decode_batch
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.replies import KafkaReplyLog
-from tokenbus.topics import Topics
+from tokenbus.topics import Topics, reply_batch_key
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ class TokenbusTimeout(TimeoutError):
 class RequestFailed(RuntimeError):
     """The request ended with an error chunk (rejected, no worker, engine error)."""
 
-    def __init__(self, error: ErrorInfo) -> None:
+    def __init__(self, error: ErrorInfo | ChunkError) -> None:
         super().__init__(f"{error.code}: {error.message}")
         self.error = error
 
@@ -101,7 +106,7 @@ class TokenbusClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._streams: dict[StreamKey, asyncio.Queue[TokenChunk]] = {}
+        self._streams: dict[StreamKey, Inbox[Chunk]] = {}
         self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
 
@@ -222,9 +227,10 @@ class TokenbusClient:
 
         Call it before the request is produced; ``submit`` does so itself.
         """
-        self._streams.setdefault((tenant_id, request_id), asyncio.Queue())
+        if (tenant_id, request_id) not in self._streams:
+            self._streams[(tenant_id, request_id)] = Inbox()
 
-    async def stream(self, request: InferenceRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yields the request's chunks in seq order, ending with the one that has
         finish_reason; a redelivered chunk is dropped.
 
@@ -233,23 +239,19 @@ class TokenbusClient:
         request's start (``tokenbus.replies``) and delivers what the reply reader had
         not, logging it, rather than hanging."""
         key = (_tenant_of(request), request.request_id)
-        queue = self._streams.setdefault(key, asyncio.Queue())
+        inbox = self._streams.get(key)
+        if inbox is None:
+            inbox = self._streams[key] = Inbox()
+        chunks = inbox.items
         expected = 0
-        ahead: dict[int, TokenChunk] = {}  # received, not yet yielded: seq >= expected
+        ahead: dict[int, Chunk] = {}  # received, not yet yielded: seq >= expected
         read_back_for = -1  # the seq a gap was last read back for
         quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
         silent_s = 0.0
         try:
             while True:
                 wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
-                try:
-                    # A timer per chunk only when there is something to wait for.
-                    chunk = (
-                        queue.get_nowait()
-                        if not queue.empty()
-                        else await asyncio.wait_for(queue.get(), timeout=wait_s)
-                    )
-                except TimeoutError:
+                if not chunks and not await inbox.wait(wait_s):
                     silent_s += wait_s
                     if silent_s >= self._settings.client_timeout_s:
                         raise TokenbusTimeout(
@@ -257,14 +259,21 @@ class TokenbusClient:
                             f"{self._settings.client_timeout_s:.0f} s"
                         ) from None
                     quiet_s *= 2
-                    await self._read_back(request, expected, queue, ahead)
+                    await self._read_back(request, expected, inbox, ahead)
                 else:
                     silent_s = 0.0
-                    if chunk.seq >= expected:  # below: redelivered, already yielded
-                        ahead.setdefault(chunk.seq, chunk)
-                    if expected not in ahead and read_back_for != expected:
+                    while chunks:
+                        chunk = chunks.popleft()
+                        if chunk.seq == expected and not ahead:  # the common case
+                            expected += 1
+                            yield chunk
+                            if chunk.is_last:
+                                return
+                        elif chunk.seq >= expected:  # below: redelivered, already yielded
+                            ahead.setdefault(chunk.seq, chunk)
+                    if ahead and expected not in ahead and read_back_for != expected:
                         read_back_for = expected  # chunks before this one went missing
-                        await self._read_back(request, expected, queue, ahead)
+                        await self._read_back(request, expected, inbox, ahead)
                 while expected in ahead:
                     chunk = ahead.pop(expected)
                     expected += 1
@@ -272,6 +281,7 @@ class TokenbusClient:
                     if chunk.is_last:
                         return
         finally:
+            inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
 
@@ -279,11 +289,11 @@ class TokenbusClient:
         self,
         request: InferenceRequest,
         expected: int,
-        queue: asyncio.Queue[TokenChunk],
-        ahead: dict[int, TokenChunk],
+        inbox: Inbox[Chunk],
+        ahead: dict[int, Chunk],
     ) -> None:
         """Adds to ``ahead`` what the reply topic holds and the reader had not delivered
-        (it may have delivered more while the topic was read: the queue is drained first,
+        (it may have delivered more while the topic was read: the inbox is drained first,
         so only true misses are logged)."""
         if self._reply_log is None:
             self._reply_log = KafkaReplyLog(self._settings)
@@ -300,8 +310,8 @@ class TokenbusClient:
         except Exception:
             log.exception("reading back the replies of %s failed", request.request_id)
             return
-        while not queue.empty():
-            chunk = queue.get_nowait()
+        while inbox.items:
+            chunk = inbox.items.popleft()
             if chunk.seq >= expected:
                 ahead.setdefault(chunk.seq, chunk)
         missed = sorted(
@@ -333,33 +343,43 @@ class TokenbusClient:
                 await asyncio.sleep(0.2)
 
     async def _route_replies(self) -> None:
-        """Fans each batch out to its requests' queues; ``stream`` applies the seq rules."""
+        """One fetch: fans each batch out to its requests' inboxes (``stream`` applies
+        the seq rules), and dead-letters each record that is not a good batch."""
         assert self._consumer is not None and self._producer is not None
-        async for record in self._consumer:
-            try:
-                batch = decode(TokenChunkBatch, record.value)
-            except SchemaError as exc:
-                await dead_letter_record(
-                    publisher(self._producer),
-                    self._topics,
-                    record,
-                    consumer=self.client_id,
-                    reason=str(exc),
-                )
-                continue
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "%s offset %d: %s",
-                    record.topic,
-                    record.offset,
-                    " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
-                )
-            for chunk in batch.chunks:
-                # The batch's tenant is every chunk's (the schema checks): a chunk that
-                # names another tenant's request id never reaches that stream.
-                queue = self._streams.get((batch.tenant_id, chunk.request_id))
-                if queue is not None:
-                    queue.put_nowait(chunk)
+        streams = self._streams
+        fetched = await self._consumer.getmany(timeout_ms=1_000)
+        for records in fetched.values():
+            for record in records:
+                try:
+                    batch = decode_batch(record.value)
+                    tenant_id = batch.tenant_id
+                    if record.key != reply_batch_key(tenant_id):
+                        raise SchemaError(
+                            f"record key {record.key!r} is not the key of the batch's "
+                            f"tenant {tenant_id!r}"
+                        )
+                except SchemaError as exc:
+                    await dead_letter_record(
+                        publisher(self._producer),
+                        self._topics,
+                        record,
+                        consumer=self.client_id,
+                        reason=str(exc),
+                    )
+                    continue
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "%s offset %d: %s",
+                        record.topic,
+                        record.offset,
+                        " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
+                    )
+                for chunk in batch.chunks:
+                    # The batch's tenant is every chunk's (the codec checks): a chunk that
+                    # names another tenant's request id never reaches that stream.
+                    inbox = streams.get((tenant_id, chunk.request_id))
+                    if inbox is not None:
+                        inbox.put(chunk)
 
 
 def _tenant_of(request: InferenceRequest) -> str:

@@ -240,14 +240,14 @@ class TokenChunk(Message):
 
     request_id: str
     tenant_id: str
-    seq: int
+    seq: Annotated[int, Field(ge=0)]
     """0, 1, 2, ... per request: a gap or a repeat is visible to the client."""
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
-    num_tokens: int = 0
+    num_tokens: Annotated[int, Field(ge=0)] = 0
     finish_reason: FinishReason | None = None
     error: ErrorInfo | None = None
-    num_prompt_tokens: int | None = None
+    num_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
     """On the last chunk from a worker: the prompt's length as the engine counted it."""
 
     @property

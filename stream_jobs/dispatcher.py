@@ -79,6 +79,7 @@ from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.auth import Authenticator, AuthError, Principal
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
@@ -117,7 +118,7 @@ class ReplyLog(Protocol):
 
     def read(
         self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
-    ) -> Awaitable[list[TokenChunk]]: ...
+    ) -> Awaitable[list[Chunk]]: ...
 
 
 def header(headers: Headers, name: str) -> bytes | None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas import TokenChunk, WorkItem
+from schemas import WorkItem
+from tokenbus.chunks import Chunk
 
 RESUMED = "resumed"
 """Flag on a request (and its UsageEvent) sent again after its worker was lost."""
@@ -23,14 +24,14 @@ RESUMED = "resumed"
 class Delivered:
     token_ids: list[int] = field(default_factory=list)
     next_seq: int = 0
-    last: TokenChunk | None = None
+    last: Chunk | None = None
     """The chunk with a finish_reason, when the stream had ended."""
     num_chunks: int = 0
 
 
-def delivered(chunks: Iterable[TokenChunk], request_id: str, tenant_id: str) -> Delivered:
+def delivered(chunks: Iterable[Chunk], request_id: str, tenant_id: str) -> Delivered:
     """The gapless prefix of one request's stream, from ``seq`` 0, each seq counted once."""
-    by_seq: dict[int, TokenChunk] = {}
+    by_seq: dict[int, Chunk] = {}
     for chunk in chunks:
         if chunk.request_id == request_id and chunk.tenant_id == tenant_id:
             by_seq.setdefault(chunk.seq, chunk)

@@ -1,7 +1,7 @@
 """Reads back what a request's reply topic holds: for failover (``stream_jobs.recovery``),
 and for a client whose stream has gone quiet (``producers.client``).
 
-# reply topic --> records keyed by the request's tenant --> TokenChunkBatch
+# reply topic --> records keyed by the request's tenant --> TokenChunkBatch (tokenbus.chunks)
 # --> the chunks of the request, in the topic's order
 
 A thin I/O shell: one consumer with no group, assigned and positioned per read, so it
@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import SchemaError, TokenChunk, TokenChunkBatch, decode
+from schemas import SchemaError
+from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import reply_batch_key
@@ -38,7 +39,7 @@ class KafkaReplyLog:
 
     async def read(
         self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
-    ) -> list[TokenChunk]:
+    ) -> list[Chunk]:
         """The chunks of ``tenant_id``'s ``request_id`` on ``reply_to``, written since
         ``since`` (the request's creation or admission)."""
         async with self._lock:  # one consumer, positioned for one read at a time
@@ -50,7 +51,7 @@ class KafkaReplyLog:
             since_ms = int((since - CLOCK_SKEW).timestamp() * 1000)
             until_ms = int((time.time() + CLOCK_SKEW.total_seconds()) * 1000)
             starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
-            chunks: list[TokenChunk] = []
+            chunks: list[Chunk] = []
             for tp in tps:
                 start = starts.get(tp)
                 if start is None:
@@ -66,9 +67,9 @@ class KafkaReplyLog:
         until_ms: int,
         tenant_id: str,
         request_id: str,
-    ) -> list[TokenChunk]:
+    ) -> list[Chunk]:
         key = reply_batch_key(tenant_id)
-        chunks: list[TokenChunk] = []
+        chunks: list[Chunk] = []
         deadline = time.monotonic() + MAX_READ_S
         while time.monotonic() < deadline:
             batches = await consumer.getmany(tp, timeout_ms=500)
@@ -80,7 +81,7 @@ class KafkaReplyLog:
                 if record.key != key:
                     continue  # another tenant's batch
                 try:
-                    batch = decode(TokenChunkBatch, record.value)
+                    batch = decode_batch(record.value)
                 except SchemaError:
                     continue  # not a batch of ours; the client dead-letters it
                 if batch.tenant_id == tenant_id:

@@ -40,6 +40,8 @@ class CancelBook:
 
     def reason(self, tenant_id: str, request_id: str, attempt: int, now: float) -> str | None:
         """Why this attempt is cancelled, or None when it is not."""
+        if not self._noted:
+            return None  # the common case, asked at every engine step of every request
         for key in ((tenant_id, request_id, attempt), (tenant_id, request_id, None)):
             entry = self._noted.get(key)
             if entry is not None and now - entry[0] < self._ttl_s:

@@ -1,8 +1,9 @@
 """One reply record per engine step per (reply topic, tenant), instead of one per token.
 
-# TokenChunk --> the group of its (reply topic, tenant) for this loop iteration
-# next loop iteration --> one TokenChunkBatch record per group (at most max_chunks each)
-# the record's acknowledgement --> the future ``add`` returned for each of its chunks
+# Chunk --> the group of its (reply topic, tenant) for this loop iteration
+# next loop iteration --> one TokenChunkBatch record per group (at most max_chunks each),
+#   encoded by tokenbus.chunks
+# the record's acknowledgement --> the one future ``add`` returned for each of its chunks
 
 Why one loop iteration: vLLM's output handler wakes the ``generate()`` streams of all
 requests of one engine step together, so they all run (and add their chunks) in the
@@ -16,7 +17,9 @@ its topic in ``seq`` order, which the client's gap rule relies on.
 
 Delivery: a chunk's future resolves when the broker acknowledged the record carrying
 it, and fails with the send's error otherwise, so the worker can report usage only
-after delivery, as with one record per chunk.
+after delivery, as with one record per chunk. The chunks of one record share one future
+(a future per chunk was a tenth of the worker's CPU), and ``Deliveries`` keeps only the
+futures of one request still in flight.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from schemas import TokenChunk, TokenChunkBatch, encode
+from tokenbus.chunks import Chunk, encode_batch
 from tokenbus.topics import reply_batch_key
 
 log = logging.getLogger(__name__)
@@ -47,8 +50,8 @@ class Producer(Protocol):
 class _Record:
     topic: str
     tenant_id: str
-    chunks: list[TokenChunk] = field(default_factory=list)
-    acks: list[asyncio.Future[None]] = field(default_factory=list)
+    delivered: asyncio.Future[None]
+    chunks: list[Chunk] = field(default_factory=list)
 
     def settle(self, sent: asyncio.Future[Any]) -> None:
         if log.isEnabledFor(logging.DEBUG) and not sent.cancelled() and not sent.exception():
@@ -58,24 +61,20 @@ class _Record:
                 sent.result().offset,
                 " ".join(f"{c.request_id}#{c.seq}" for c in self.chunks),
             )
-        for ack in self.acks:
-            if ack.done():
-                continue  # its waiter was cancelled
-            if sent.cancelled():
-                ack.cancel()
-            elif (exc := sent.exception()) is not None:
-                ack.set_exception(exc)
-            else:
-                ack.set_result(None)
+        if sent.cancelled():
+            self.fail(asyncio.CancelledError())
+        elif (exc := sent.exception()) is not None:
+            self.fail(exc)
+        elif not self.delivered.done():
+            self.delivered.set_result(None)
 
     def fail(self, exc: BaseException) -> None:
-        for ack in self.acks:
-            if ack.done():
-                continue
-            if isinstance(exc, asyncio.CancelledError):
-                ack.cancel()
-            else:
-                ack.set_exception(exc)
+        if self.delivered.done():
+            return
+        if isinstance(exc, asyncio.CancelledError):
+            self.delivered.cancel()
+        else:
+            self.delivered.set_exception(exc)
 
 
 class ReplyBatcher:
@@ -84,24 +83,26 @@ class ReplyBatcher:
     def __init__(self, producer: Producer, *, max_chunks: int = MAX_CHUNKS_PER_RECORD) -> None:
         self._producer = producer
         self._max_chunks = max_chunks
-        self._pending: dict[tuple[str, str], list[_Record]] = {}
+        self._pending: dict[tuple[str, str], _Record] = {}
         self._flush_scheduled = False
         self._outbox: deque[_Record] = deque()
         self._sender: asyncio.Task[None] | None = None
 
-    def add(self, topic: str, chunk: TokenChunk) -> asyncio.Future[None]:
-        """Queues ``chunk`` for ``topic``; the future resolves once it was delivered."""
-        loop = asyncio.get_running_loop()
-        records = self._pending.setdefault((topic, chunk.tenant_id), [])
-        if not records or len(records[-1].chunks) >= self._max_chunks:
-            records.append(_Record(topic, chunk.tenant_id))
-        ack: asyncio.Future[None] = loop.create_future()
-        records[-1].chunks.append(chunk)
-        records[-1].acks.append(ack)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return ack
+    def add(self, topic: str, chunk: Chunk) -> asyncio.Future[None]:
+        """Queues ``chunk`` for ``topic``; the future resolves once it was delivered
+        (it is the future of every chunk in the same record)."""
+        group = (topic, chunk.tenant_id)
+        record = self._pending.get(group)
+        if record is None or len(record.chunks) >= self._max_chunks:
+            if record is not None:
+                self._outbox.append(record)  # full: goes first, the order is kept
+            loop = asyncio.get_running_loop()
+            record = self._pending[group] = _Record(topic, chunk.tenant_id, loop.create_future())
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
+        record.chunks.append(chunk)
+        return record.delivered
 
     async def drain(self) -> None:
         """Hands everything added so far to the producer; call before stopping it."""
@@ -111,8 +112,7 @@ class ReplyBatcher:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        for records in self._pending.values():
-            self._outbox.extend(records)
+        self._outbox.extend(self._pending.values())
         self._pending.clear()
         if self._outbox and (self._sender is None or self._sender.done()):
             self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
@@ -123,9 +123,10 @@ class ReplyBatcher:
         while self._outbox:
             record = self._outbox.popleft()
             try:
-                batch = TokenChunkBatch(tenant_id=record.tenant_id, chunks=record.chunks)
                 sent = await self._producer.send(
-                    record.topic, encode(batch), key=reply_batch_key(record.tenant_id)
+                    record.topic,
+                    encode_batch(record.tenant_id, record.chunks),
+                    key=reply_batch_key(record.tenant_id),
                 )
             except Exception as exc:
                 record.fail(exc)
@@ -134,3 +135,25 @@ class ReplyBatcher:
                 raise
             else:
                 sent.add_done_callback(record.settle)
+
+
+class Deliveries:
+    """The futures of one request's chunks still in flight: ``wait()`` returns once all
+    were delivered, or raises the first failure. Delivered ones are let go as chunks
+    are added, so a long stream holds a few futures, not one per step."""
+
+    def __init__(self) -> None:
+        self._futures: deque[asyncio.Future[None]] = deque()
+
+    def track(self, delivered: asyncio.Future[None]) -> None:
+        futures = self._futures
+        if futures and futures[-1] is delivered:
+            return  # the same record
+        while futures and futures[0].done() and not futures[0].cancelled():
+            if futures[0].exception() is not None:
+                break  # kept, for wait() to raise
+            futures.popleft()
+        futures.append(delivered)
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._futures)

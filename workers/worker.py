@@ -1,7 +1,7 @@
 """The worker loop: a thin shell between the worker's Kafka topic and the engine.
 
 # worker topic --> WorkItem --> Engine.generate (continuous batching)
-# EngineDelta --> TokenChunk --> ReplyBatcher (one engine step's chunks)
+# EngineDelta --> Chunk (tokenbus.chunks) --> ReplyBatcher (one engine step's chunks)
 # one engine step --> one TokenChunkBatch per (reply_to topic, tenant), keyed by tenant
 # end of request --> exactly one UsageEvent on the usage topic
 # every heartbeat_interval_s --> WorkerStatus on the heartbeats topic
@@ -40,7 +40,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -51,12 +50,12 @@ from schemas import (
     ErrorInfo,
     FinishReason,
     SchemaError,
-    TokenChunk,
     WorkerStatus,
     WorkItem,
     decode,
     encode,
 )
+from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
@@ -65,7 +64,7 @@ from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
 from workers.cancels import CancelBook
 from workers.interface import AdapterRef, Engine, EngineDelta, GenerateParams
-from workers.replies import ReplyBatcher
+from workers.replies import Deliveries, ReplyBatcher
 
 log = logging.getLogger(__name__)
 
@@ -204,27 +203,28 @@ class Worker:
         seq = request.resume_seq
         finish = FinishReason.ERROR
         error: ErrorInfo | None = None
-        sends: list[Awaitable[None]] = []  # each resolves when its chunk was delivered
+        deliveries = Deliveries()  # the records of this request's chunks in flight
+        reply_to = request.reply_to
+        tenant_id, request_id, attempt = request.tenant_id, request.request_id, request.attempt
 
         def chunk(
             delta_text: str,
             token_ids: list[int],
             reason: FinishReason | None,
             err: ErrorInfo | None = None,
-        ) -> TokenChunk:
-            return TokenChunk(
-                request_id=request.request_id,
-                tenant_id=request.tenant_id,
+        ) -> Chunk:
+            return Chunk(
+                request_id=request_id,
+                tenant_id=tenant_id,
                 seq=seq,
                 text=delta_text,
                 token_ids=token_ids,
                 num_tokens=len(token_ids),
                 finish_reason=reason,
-                error=err,
+                error=ChunkError(**err.model_dump(exclude_none=True)) if err else None,
                 num_prompt_tokens=num_prompt if reason is not None else None,
             )
 
-        tenant_id, request_id, attempt = request.tenant_id, request.request_id, request.attempt
         cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
         if cancelled == REASSIGNED:
             log.info("dropping %s attempt %d: reassigned", request_id, attempt)
@@ -302,9 +302,7 @@ class Worker:
                     continue
                 # Not awaited: the batcher sends this step's chunks of every request
                 # together, in the next loop iteration.
-                sends.append(
-                    replies.add(request.reply_to, chunk(delta.text, delta.token_ids, reason))
-                )
+                deliveries.track(replies.add(reply_to, chunk(delta.text, delta.token_ids, reason)))
                 seq += 1
                 if reason is not None:
                     finish = reason
@@ -313,17 +311,17 @@ class Worker:
             log.exception("engine failed on %s", request.request_id)
             error = ErrorInfo(code="engine_error", message=f"{type(exc).__name__}: {exc}")
             finish = FinishReason.ERROR
-            sends.append(replies.add(request.reply_to, chunk("", [], finish, error)))
+            deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
             seq += 1
         else:
             if finish is FinishReason.ERROR:
                 # The engine ended without a finish reason: tell the client, never hang it.
                 error = ErrorInfo(code="engine_error", message="engine ended the stream early")
                 finish = FinishReason.ERROR
-                sends.append(replies.add(request.reply_to, chunk("", [], finish, error)))
+                deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
         finally:
             self._running.pop((tenant_id, request_id), None)
-        await asyncio.gather(*sends)
+        await deliveries.wait()
         await self._report(
             request,
             finish,

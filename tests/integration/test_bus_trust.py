@@ -27,12 +27,11 @@ from schemas import (
     DeadLetter,
     InferenceRequest,
     SamplingParams,
-    TokenChunk,
-    TokenChunkBatch,
     decode,
 )
 from schemas.export import schema_path
 from tests.integration.conftest import BUS_JWT_SECRET, bus_key, eventually
+from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
 from tokenbus.kafka import make_consumer, make_producer
@@ -147,7 +146,7 @@ async def dead_letters(tap: Tap, request_id: str, timeout_s: float = 30) -> list
     return letters_about(tap, request_id)
 
 
-async def answer(client: TokenbusClient, request_id: str, tenant: str) -> list[TokenChunk]:
+async def answer(client: TokenbusClient, request_id: str, tenant: str) -> list[Chunk]:
     request = InferenceRequest(
         request_id=request_id, tenant_id=tenant, model="m", prompt="x", reply_to="r"
     )
@@ -172,7 +171,7 @@ async def refused_on_the_bus(
     key: str | None,
     headers: list[tuple[str, bytes]] | None,
     tenant: str,
-) -> tuple[TokenChunk, list[dict[str, Any]]]:
+) -> tuple[Chunk, list[dict[str, Any]]]:
     """Produces ``value``; returns the one chunk its producer got, and the billing rows."""
     client.watch(value["request_id"], tenant)
     await produce(settings, value, key=key, headers=headers)
@@ -430,17 +429,17 @@ async def test_another_tenant_cannot_aim_at_a_stream_in_flight(
 
 
 # -- one request id, one run ---------------------------------------------------------------------
-async def read_reply_topic(settings: Settings, topic: str, request_id: str) -> list[TokenChunk]:
+async def read_reply_topic(settings: Settings, topic: str, request_id: str) -> list[Chunk]:
     consumer = make_consumer(settings, topic, group_id=None, auto_offset_reset="earliest")
     await consumer.start()
-    chunks: list[TokenChunk] = []
+    chunks: list[Chunk] = []
     try:
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=300)
             for records in batches.values():
                 for record in records:
-                    batch = decode(TokenChunkBatch, record.value)
+                    batch = decode_batch(record.value)  # as the client reads it
                     chunks += (c for c in batch.chunks if c.request_id == request_id)
     finally:
         await consumer.stop()

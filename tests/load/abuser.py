@@ -19,7 +19,8 @@ from pathlib import Path
 import orjson
 
 from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams, TokenChunk
+from schemas import InferenceRequest, SamplingParams
+from tokenbus.chunks import Chunk, to_model
 from tokenbus.config import Settings
 
 
@@ -28,10 +29,10 @@ async def abuse(tenant: str, seconds: float, per_second: float, max_tokens: int,
 
     async with TokenbusClient(Settings()) as client:
 
-        async def run(request: InferenceRequest) -> tuple[str, list[TokenChunk]]:
+        async def run(request: InferenceRequest) -> tuple[str, list[Chunk]]:
             return request.request_id, [chunk async for chunk in client.stream(request)]
 
-        tasks: list[asyncio.Task[tuple[str, list[TokenChunk]]]] = []
+        tasks: list[asyncio.Task[tuple[str, list[Chunk]]]] = []
         began, began_wall = time.monotonic(), time.time()
         i = 0
         while time.monotonic() - began < seconds:
@@ -44,7 +45,10 @@ async def abuse(tenant: str, seconds: float, per_second: float, max_tokens: int,
     with out.open("wb") as file:
         file.write(orjson.dumps({"began": began_wall, "ended": ended_wall}) + b"\n")
         for request_id, chunks in results:
-            line = {"request_id": request_id, "chunks": [c.model_dump(mode="json") for c in chunks]}
+            line = {
+                "request_id": request_id,
+                "chunks": [to_model(c).model_dump(mode="json") for c in chunks],
+            }
             file.write(orjson.dumps(line) + b"\n")
     print(f"{len(results)} requests", flush=True)
 

@@ -19,6 +19,7 @@ from schemas import (
     decode,
     encode,
 )
+from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
 from tokenbus.topics import Topics, reply_batch_key
 
@@ -36,9 +37,9 @@ class Consumer:
     def __init__(self, records: list[Record]) -> None:
         self._records = records
 
-    async def __aiter__(self) -> AsyncIterator[Record]:
-        for record in self._records:
-            yield record
+    async def getmany(self, timeout_ms: int = 0) -> dict[str, list[Record]]:
+        records, self._records = self._records, []
+        return {"replies": records}
 
 
 class Producer:
@@ -114,7 +115,8 @@ async def test_a_record_that_is_not_a_batch_is_dead_lettered(tmp_path: Path) -> 
     ((topic, value),) = producer.sent
     letter = decode(DeadLetter, value)
     assert topic == Topics().dead_letters and letter.offset == 4
-    assert "invalid TokenChunkBatch" in letter.reason and "chunks: Field required" in letter.reason
+    assert "invalid TokenChunkBatch" in letter.reason
+    assert "unknown field `request_id`" in letter.reason
     assert orjson.loads(letter.payload)["request_id"] == "r1"
     assert [c.seq async for c in client.stream(request("r1"))] == [0]
 
@@ -142,3 +144,60 @@ async def test_submit_sends_the_credential_and_keys_by_tenant(tmp_path: Path) ->
     assert headers == [("authorization", b"Bearer sk-t")]
     assert decode(InferenceRequest, value) == sent
     assert sent.reply_to == "tokenbus.replies.t.c1" and sent.tenant_id == "t"
+
+
+async def test_a_record_keyed_for_another_tenant_is_dead_lettered(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    producer = Producer()
+    client._producer = producer
+    good = batch(chunk("r1", 0, finish="stop"))
+    client._consumer = Consumer([Record(good.value, reply_batch_key("u"), offset=9), good])
+    client.watch("r1", "t")
+    await client._route_replies()
+    ((topic, value),) = producer.sent
+    letter = decode(DeadLetter, value)
+    assert topic == Topics().dead_letters and letter.offset == 9
+    assert "record key b'u' is not the key of the batch's tenant 't'" in letter.reason
+    assert [c.seq async for c in client.stream(request("r1"))] == [0]
+
+
+class ReplyLog:
+    """What the reply topic holds, as ``KafkaReplyLog.read`` returns it."""
+
+    def __init__(self, chunks: list[TokenChunk]) -> None:
+        self.chunks = [from_model(c) for c in chunks]
+        self.reads = 0
+
+    async def read(self, **_: object) -> list[Chunk]:
+        self.reads += 1
+        return self.chunks
+
+
+async def test_a_gap_is_filled_from_the_reply_topic(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=5))
+    client._producer = Producer()
+    log = ReplyLog([chunk("r1", 0), chunk("r1", 1)])
+    client._reply_log = log  # type: ignore[assignment]
+    client._consumer = Consumer([batch(chunk("r1", 1), chunk("r1", 2, finish="stop"))])
+    client.watch("r1", "t")
+    await client._route_replies()
+    seqs = [c.seq async for c in client.stream(request("r1"))]
+    assert seqs == [0, 1, 2] and log.reads == 1
+
+
+async def test_a_quiet_stream_delivers_what_the_read_back_found_at_once(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=30, client_quiet_s=0.05))
+    client._producer = Producer()
+    log = ReplyLog([chunk("r1", 0), chunk("r1", 1, finish="stop")])
+    client._reply_log = log  # type: ignore[assignment]
+    client.watch("r1", "t")
+    started = asyncio.get_running_loop().time()
+    seqs = await asyncio.wait_for(
+        asyncio.ensure_future(_seqs(client.stream(request("r1")))), timeout=5
+    )
+    assert seqs == [0, 1] and log.reads == 1
+    assert asyncio.get_running_loop().time() - started < 1  # not after another quiet spell
+
+
+async def _seqs(chunks: AsyncIterator[Chunk]) -> list[int]:
+    return [c.seq async for c in chunks]

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from schemas import TokenChunk, TokenChunkBatch, decode
+from schemas import TokenChunkBatch, decode
+from tokenbus.chunks import Chunk
 from workers.replies import ReplyBatcher
 
 
@@ -41,8 +42,8 @@ class FakeProducer:
         ]
 
 
-def chunk(request_id: str, seq: int, tenant: str = "t") -> TokenChunk:
-    return TokenChunk(
+def chunk(request_id: str, seq: int, tenant: str = "t") -> Chunk:
+    return Chunk(
         request_id=request_id, tenant_id=tenant, seq=seq, text="x", token_ids=[1], num_tokens=1
     )
 
