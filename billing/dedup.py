@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from billing.pricing import Pricer
@@ -24,6 +25,8 @@ from schemas import UsageEvent
 
 UsageKey = tuple[str, str, str, int]
 """(tenant_id, session_id, request_id, attempt)."""
+Attempt = tuple[UsageKey, datetime]
+"""An attempt's key and its ``created_at``."""
 
 
 class KeyedStore(Protocol):
@@ -55,6 +58,8 @@ class InsertPlan:
     """Same rows, same token: a retried insert is dropped by ClickHouse if the first landed."""
     num_known: int
     """Events left out because ClickHouse already holds their attempt."""
+    attempts: list[Attempt] = field(default_factory=list)
+    """The attempts the rows hold, in row order."""
 
 
 def plan_insert(
@@ -63,7 +68,10 @@ def plan_insert(
     """Rows for the events whose key is not in ``existing`` (``events`` are first copies)."""
     new = [event for event in events if usage_key(event) not in existing]
     rows = [usage_row(event, pricer.charge(event)) for event in new]
-    return InsertPlan(rows, dedup_token([usage_key(e) for e in new]), len(events) - len(new))
+    attempts = [(usage_key(event), event.created_at) for event in new]
+    return InsertPlan(
+        rows, dedup_token([key for key, _ in attempts]), len(events) - len(new), attempts
+    )
 
 
 def dedup_token(keys: Iterable[UsageKey]) -> str:

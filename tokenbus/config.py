@@ -213,6 +213,11 @@ class Settings(BaseSettings):
     """Loopback port where the sink answers SQL for the chdb data it owns."""
     billing_batch_max_rows: int = 50_000
     """Under a backlog a batch takes what is already fetched, up to this many rows."""
+    billing_recent_attempts: int = 500_000
+    """Attempts the sink remembers (as hashes) to skip asking ClickHouse about new ones."""
+    billing_recent_window_s: float = 120.0
+    """At an assignment the sink reads back the attempts created this long before the
+    newest stored one; older ones it looks up in ClickHouse when they come again."""
     billing_prices_file: Path | None = None
     """TOML price table (see ``billing/prices.toml``); unset: that bundled file."""
 

@@ -18,7 +18,7 @@ from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
 from billing.report import SessionTotals, TenantTotals, fetch
 from billing.rows import usage_row
-from billing.storage import ClickHouseStore, PriceConflict, chdb_path
+from billing.storage import ClickHouseStore, PriceConflict, StoredAttempts, chdb_path
 from schemas import UsageEvent, UsageStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -216,6 +216,36 @@ def test_existing_keys_are_exactly_the_stored_ones(store: ClickHouseStore) -> No
 
     assert found == {usage_key(stored[1]), usage_key(stored[3])}
     assert store.existing_keys([]) == set()
+
+
+def test_recent_attempts_are_all_those_of_the_window_before_the_newest(
+    store: ClickHouseStore,
+) -> None:
+    assert store.recent_attempts(limit=10, window_s=60) == StoredAttempts([], None)
+    # Created at T0 + 0, 10, ..., 90 s.
+    events = [_event("acme", "s1", 10 * n) for n in range(10)]
+    write_usage(store, events, PRICER)
+
+    recent = store.recent_attempts(limit=10, window_s=30)
+
+    assert recent.complete_from == T0 + timedelta(seconds=60)
+    assert sorted(recent.attempts) == sorted(
+        (usage_key(e), e.created_at) for e in events if e.created_at >= T0 + timedelta(seconds=60)
+    )
+
+
+def test_recent_attempts_over_the_limit_are_complete_after_the_cut(
+    store: ClickHouseStore,
+) -> None:
+    # Two attempts share the instant the limit cuts at; neither is kept.
+    events = [_event("acme", "s1", n) for n in (0, 1, 2, 2, 3)]
+    events[3] = _event("acme", "s2", 2)
+    write_usage(store, events, PRICER)
+
+    recent = store.recent_attempts(limit=2, window_s=3600)
+
+    assert recent.complete_from == T0 + timedelta(seconds=2, milliseconds=1)
+    assert [key for key, _ in recent.attempts] == [usage_key(events[4])]
 
 
 def test_a_repeated_block_with_its_token_lands_once_in_the_table_and_rollups(
