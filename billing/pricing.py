@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from schemas import UsageEvent, UsageStatus
+from billing.usage_codec import Usage
+from schemas import UsageStatus
 from tokenbus.cost import NO_PEAK_HOURS, PeakHours, cost_weight
 
 COST_QUANTUM = Decimal("0.000000001")
@@ -151,7 +152,7 @@ class Pricer:
         self.book = book
         self.peak_hours = peak_hours
 
-    def charge(self, event: UsageEvent) -> Charge:
+    def charge(self, event: Usage) -> Charge:
         weight = cost_weight(
             event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
         )
@@ -177,7 +178,7 @@ class Pricer:
         )
 
 
-def list_cost(event: UsageEvent, price: Price) -> Decimal:
+def list_cost(event: Usage, price: Price) -> Decimal:
     """Tokens at list price, before the weight: cached prompt tokens at the cached rate.
 
     The definition, in Decimal; ``Pricer.charge`` computes the same in integers.

@@ -43,8 +43,9 @@ Loses nothing: offsets are committed only for records already in ClickHouse or i
 dead-letter topic, so a crash anywhere before step 4 redelivers the batch, and step 2
 finds what the crashed run had written: the restarted sink reads its index back from
 ClickHouse, complete from its horizon, so each redelivered copy is either in it or older
-than its horizon, and looked up either way. A replay of the whole topic (a reset or a new group) is answered the same way: its
-copies are either in the index read back or older than its horizon. A bad record may
+than its horizon, and looked up either way. A replay of the whole topic (a reset or a
+new group) is answered the same way: its copies are either in the index read back or
+older than its horizon. A bad record may
 reach the dead-letter topic twice; that topic is read by people, not summed.
 
 Bounded: while ClickHouse is unreachable the sink retries with capped backoff, neither
@@ -74,13 +75,14 @@ from typing import Any, Protocol
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from billing.dedup import InsertPlan, first_copies, plan_insert, usage_key
+from billing.dedup import InsertPlan, keyed_first_copies, plan_keyed_insert
 from billing.pricing import Pricer
 from billing.recent import RecentAttempts
 from billing.retry import Backoff
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
-from schemas import SchemaError, UsageEvent, decode
+from billing.usage_codec import Usage, decode_usage
+from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
@@ -272,11 +274,11 @@ class BillingSink:
         self, batch: Batch, consumer: UsageConsumer, publish: Publish, stop: asyncio.Event
     ) -> None:
         batch = self._without_revoked(batch)
-        events: list[UsageEvent] = []
+        events: list[Usage] = []
         for records in batch.values():
             for record in records:
                 try:
-                    event = decode(UsageEvent, record.value)
+                    event = decode_usage(record.value)
                     check_storable(event)  # a poison event fails here, not in the insert
                 except (SchemaError, UnstorableEvent) as exc:
                     if not await self._dead_letter(publish, record, str(exc), stop):
@@ -292,19 +294,16 @@ class BillingSink:
         self.num_batches += 1
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items()})
 
-    async def _plan(self, events: list[UsageEvent], stop: asyncio.Event) -> InsertPlan | None:
+    async def _plan(self, events: list[Usage], stop: asyncio.Event) -> InsertPlan | None:
         if self._recent is None and not await self._until_done(
             self._read_recent, stop, "read of the recent attempts"
         ):
             return None
         recent = self._recent
         assert recent is not None
-        firsts = first_copies(events)
-        keys = [
-            key
-            for key, event in ((usage_key(event), event) for event in firsts)
-            if recent.is_unsure(key, event.created_at)
-        ]
+        firsts = keyed_first_copies(events)
+        is_unsure = recent.is_unsure
+        keys = [key for key, event in firsts if is_unsure(key, event.created_at)]
         known: set[Any] = set()
 
         async def look_up() -> None:
@@ -312,7 +311,7 @@ class BillingSink:
 
         if keys and not await self._until_done(look_up, stop, f"lookup of {len(keys)} attempts"):
             return None
-        return plan_insert(firsts, known, self._pricer)
+        return plan_keyed_insert(firsts, known, self._pricer)
 
     async def _read_recent(self) -> None:
         stored = await asyncio.to_thread(
