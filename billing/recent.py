@@ -39,6 +39,7 @@ class RecentAttempts:
         time, which is right for an empty table)."""
         self.capacity = max(1, capacity)
         self._horizon_s = -math.inf if horizon is None else _seconds(horizon)
+        self._horizon = None if horizon is None else _aware(horizon)
         self._minute_of: dict[int, int] = {}
         """Hash --> the newest minute (of ``created_at``) an attempt with it was added in."""
         self._by_minute: dict[int, list[int]] = {}
@@ -56,16 +57,16 @@ class RecentAttempts:
     @property
     def horizon(self) -> datetime | None:
         """Attempts created before this instant are always unsure; None: none are."""
-        if self._horizon_s == -math.inf:
-            return None
-        return datetime.fromtimestamp(self._horizon_s, UTC)
+        return self._horizon
 
     def __len__(self) -> int:
         return len(self._minute_of)
 
     def is_unsure(self, key: UsageKey, created_at: datetime) -> bool:
         """True if ClickHouse may hold ``key``; False only if it certainly does not."""
-        return _seconds(created_at) < self._horizon_s or hash(key) in self._minute_of
+        if self._horizon is not None and _aware(created_at) < self._horizon:
+            return True
+        return hash(key) in self._minute_of
 
     def add(self, attempts: Iterable[Attempt]) -> None:
         """Records attempts ClickHouse now holds, then forgets the oldest minutes while
@@ -92,9 +93,15 @@ class RecentAttempts:
             if self._minute_of.get(digest) == oldest:
                 del self._minute_of[digest]
         # Complete from the next minute on: nothing created in it or later was dropped.
-        self._horizon_s = max(self._horizon_s, (oldest + 1) * 60.0)
+        if (oldest + 1) * 60.0 > self._horizon_s:
+            self._horizon_s = (oldest + 1) * 60.0
+            self._horizon = datetime.fromtimestamp(self._horizon_s, UTC)
+
+
+def _aware(at: datetime) -> datetime:
+    # The bus speaks UTC: a naive timestamp is read as UTC, as ``billing.rows`` stores it.
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _seconds(at: datetime) -> float:
-    # The bus speaks UTC: a naive timestamp is read as UTC, as ``billing.rows`` stores it.
-    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()
+    return _aware(at).timestamp()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -124,11 +124,17 @@ class ClickHouseStore:
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
         if not rows:
             return
+        # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
+        # integer ticks as they are, where it would convert each datetime in Python.
+        columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
+        for index in _TICK_COLUMNS:
+            columns[index] = [_millis(value) for value in columns[index]]
         with self._lock:
             self._client.insert(
                 "usage_events",
-                list(rows),
+                columns,
                 column_names=USAGE_COLUMNS,
+                column_oriented=True,
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
 
@@ -243,6 +249,18 @@ _PRICE_COLUMNS = [
     "cached_input_per_1k",
 ]
 _STORED_PRICES_SQL = f"SELECT {', '.join(_PRICE_COLUMNS)} FROM prices FINAL"
+
+
+_TICK_COLUMNS = tuple(USAGE_COLUMNS.index(name) for name in ("created_at", "finished_at"))
+"""The DateTime64(3) columns of ``usage_events`` the sink writes."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+def _millis(at: datetime) -> int:
+    """DateTime64(3) ticks, as clickhouse-connect computes them: milliseconds since the
+    epoch, rounded down; a naive datetime is taken as UTC, as ``billing.rows`` does."""
+    return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
 
 
 def _key(row: Sequence[Any]) -> UsageKey:

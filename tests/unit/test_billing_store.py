@@ -5,12 +5,13 @@ module (and the integration test) may need the engine on a different path.
 """
 
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
 import clickhouse_connect
 import pytest
+from clickhouse_connect.datatypes.registry import get_from_name
 
 from billing.dedup import dedup_token, usage_key, write_usage
 from billing.migrate import Migration, apply_migrations, bundled_migrations
@@ -18,7 +19,13 @@ from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
 from billing.report import SessionTotals, TenantTotals, fetch
 from billing.rows import usage_row
-from billing.storage import ClickHouseStore, PriceConflict, StoredAttempts, chdb_path
+from billing.storage import (
+    ClickHouseStore,
+    PriceConflict,
+    StoredAttempts,
+    _millis,
+    chdb_path,
+)
 from schemas import UsageEvent, UsageStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -358,3 +365,21 @@ def test_chdb_path_reads_only_directory_dsns() -> None:
     assert chdb_path("chdb://memory") is None
     assert chdb_path("chdb://memory/db") is None
     assert chdb_path("http://user:pw@host:8123/db") is None
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 3, 1, 12, 0, 0, 999_999, tzinfo=UTC),
+        datetime(2026, 3, 1, 14, 0, 0, 1_500, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 3, 1, 12, 0, 0, 123_456),  # naive: UTC
+        datetime(1969, 12, 31, 23, 59, 59, 999_500, tzinfo=UTC),
+    ],
+)
+def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
+    at: datetime,
+) -> None:
+    column = get_from_name("DateTime64(3, 'UTC')")
+    aware = at if at.tzinfo else at.replace(tzinfo=UTC)
+
+    assert _millis(at) == column._datetime64_ticks(aware)
