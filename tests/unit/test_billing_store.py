@@ -82,6 +82,7 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
             (3, "adapter"),
             (4, "usage_key"),
             (5, "budget_alerts"),
+            (6, "created_at_index"),
         ]
         assert len(ledger) == len(bundled_migrations())
         for table in ("usage_events", "prices", "budget_alerts"):
