@@ -33,7 +33,7 @@ from typing import Any
 from billing.price_file import load_price_book
 from billing.pricing import Pricer
 from billing.sink import BillingSink
-from billing.storage import ClickHouseStore, UsageStore
+from billing.storage import ClickHouseStore, StoredAttempts, UsageStore
 from schemas import UsageEvent, UsageStatus, encode
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
@@ -52,6 +52,13 @@ class TimedStore:
         started = time.perf_counter()
         try:
             return self.inner.existing_keys(keys)
+        finally:
+            self.seconds["lookup"] += time.perf_counter() - started
+
+    def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
+        started = time.perf_counter()
+        try:
+            return self.inner.recent_attempts(limit, window_s)
         finally:
             self.seconds["lookup"] += time.perf_counter() - started
 

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from billing.pricing import Pricer
 from billing.rows import usage_row
-from schemas import UsageEvent
+from billing.usage_codec import Usage
 
 UsageKey = tuple[str, str, str, int]
 """(tenant_id, session_id, request_id, attempt)."""
+Attempt = tuple[UsageKey, datetime]
+"""An attempt's key and its ``created_at``."""
 
 
 class KeyedStore(Protocol):
@@ -32,20 +35,21 @@ class KeyedStore(Protocol):
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None: ...
 
 
-def usage_key(event: UsageEvent) -> UsageKey:
+def usage_key(event: Usage) -> UsageKey:
     return (event.tenant_id, event.session_id, event.request_id, event.attempt)
 
 
-def first_copies(events: Iterable[UsageEvent]) -> list[UsageEvent]:
+def first_copies(events: Iterable[Usage]) -> list[Usage]:
     """The first event of each key, in order; the batch's own repeats are dropped."""
-    seen: set[UsageKey] = set()
-    kept = []
+    return [event for _, event in keyed_first_copies(events)]
+
+
+def keyed_first_copies(events: Iterable[Usage]) -> list[tuple[UsageKey, Usage]]:
+    """``first_copies``, each with its key."""
+    kept: dict[UsageKey, Usage] = {}
     for event in events:
-        key = usage_key(event)
-        if key not in seen:
-            seen.add(key)
-            kept.append(event)
-    return kept
+        kept.setdefault(usage_key(event), event)
+    return list(kept.items())
 
 
 @dataclass(frozen=True)
@@ -55,15 +59,24 @@ class InsertPlan:
     """Same rows, same token: a retried insert is dropped by ClickHouse if the first landed."""
     num_known: int
     """Events left out because ClickHouse already holds their attempt."""
+    attempts: list[Attempt] = field(default_factory=list)
+    """The attempts the rows hold, in row order."""
 
 
-def plan_insert(
-    events: Sequence[UsageEvent], existing: set[UsageKey], pricer: Pricer
-) -> InsertPlan:
+def plan_insert(events: Sequence[Usage], existing: set[UsageKey], pricer: Pricer) -> InsertPlan:
     """Rows for the events whose key is not in ``existing`` (``events`` are first copies)."""
-    new = [event for event in events if usage_key(event) not in existing]
-    rows = [usage_row(event, pricer.charge(event)) for event in new]
-    return InsertPlan(rows, dedup_token([usage_key(e) for e in new]), len(events) - len(new))
+    return plan_keyed_insert([(usage_key(event), event) for event in events], existing, pricer)
+
+
+def plan_keyed_insert(
+    keyed: Sequence[tuple[UsageKey, Usage]], existing: set[UsageKey], pricer: Pricer
+) -> InsertPlan:
+    """``plan_insert`` of first copies given with their keys."""
+    new = [(key, event) for key, event in keyed if key not in existing]
+    charge = pricer.charge
+    rows = [usage_row(event, charge(event)) for _, event in new]
+    attempts = [(key, event.created_at) for key, event in new]
+    return InsertPlan(rows, dedup_token([key for key, _ in new]), len(keyed) - len(new), attempts)
 
 
 def dedup_token(keys: Iterable[UsageKey]) -> str:
@@ -75,7 +88,7 @@ def dedup_token(keys: Iterable[UsageKey]) -> str:
     return f"usage-{digest.hexdigest()}"
 
 
-def write_usage(store: KeyedStore, events: Iterable[UsageEvent], pricer: Pricer) -> InsertPlan:
+def write_usage(store: KeyedStore, events: Iterable[Usage], pricer: Pricer) -> InsertPlan:
     """Inserts the new attempts among ``events``, as the sink does, in one go."""
     batch = first_copies(events)
     existing = store.existing_keys([usage_key(e) for e in batch]) if batch else set()

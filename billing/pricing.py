@@ -23,9 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import NamedTuple
 
-from schemas import UsageEvent, UsageStatus
-from tokenbus.cost import NO_PEAK_HOURS, PeakHours, cost_weight
+from billing.usage_codec import Usage
+from schemas import UsageStatus
+from tokenbus.cost import CONTEXT_STEP_TOKENS, NO_PEAK_HOURS, PeakHours, cost_weight
 
 COST_QUANTUM = Decimal("0.000000001")
 """Nine decimals: ``Decimal(38, 9)`` in ``usage_events``."""
@@ -47,6 +49,7 @@ _NANOS = 10**9
 """Nano-units per unit: prices and costs carry nine decimals."""
 _MICROS = 10**6
 """Weights and shares carry six decimals at most."""
+_MAX_WEIGHTS = 1024
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,8 @@ class ChargePolicy:
         return self.shares.get(status, Decimal(1))
 
 
-@dataclass(frozen=True)
-class Charge:
+class Charge(NamedTuple):
+    # A named tuple, not a frozen dataclass: the sink builds one per event it ingests.
     cost_weight: float
     cost_units: Decimal
     billed_units: Decimal
@@ -150,11 +153,23 @@ class Pricer:
     def __init__(self, book: PriceBook, peak_hours: PeakHours = NO_PEAK_HOURS) -> None:
         self.book = book
         self.peak_hours = peak_hours
+        self._weights: dict[tuple[int, str, bool], float] = {}
+        """(context steps, precision, peak) --> cost weight: a few dozen entries at most."""
 
-    def charge(self, event: UsageEvent) -> Charge:
-        weight = cost_weight(
-            event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
-        )
+    def _weight(self, event: Usage) -> float:
+        peak = bool(self.peak_hours.hours) and self.peak_hours.contains(event.created_at)
+        key = (max(0, event.num_prompt_tokens) // CONTEXT_STEP_TOKENS, event.precision, peak)
+        weight = self._weights.get(key)
+        if weight is None:
+            if len(self._weights) >= _MAX_WEIGHTS:
+                self._weights.clear()  # odd precision strings must not grow it forever
+            weight = self._weights[key] = cost_weight(
+                event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
+            )
+        return weight
+
+    def charge(self, event: Usage) -> Charge:
+        weight = self._weight(event)
         found = self.book._in_force(event.model, event.created_at, event.adapter)
         if found is None:
             return Charge(weight, _ZERO, _ZERO, UNPRICED_VERSION)
@@ -177,7 +192,7 @@ class Pricer:
         )
 
 
-def list_cost(event: UsageEvent, price: Price) -> Decimal:
+def list_cost(event: Usage, price: Price) -> Decimal:
     """Tokens at list price, before the weight: cached prompt tokens at the cached rate.
 
     The definition, in Decimal; ``Pricer.charge`` computes the same in integers.

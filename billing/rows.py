@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from billing.pricing import Charge
-from schemas import UsageEvent
+from billing.usage_codec import Usage
 
 USAGE_COLUMNS: tuple[str, ...] = (
     "tenant_id",
@@ -49,14 +49,14 @@ class UnstorableEvent(ValueError):
     """
 
 
-def check_storable(event: UsageEvent) -> None:
+def check_storable(event: Usage) -> None:
     """Raises UnstorableEvent for an event no row can hold (a negative count)."""
     for name in _UNSIGNED_FIELDS:
         if getattr(event, name) < 0:
             raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
 
 
-def usage_row(event: UsageEvent, charge: Charge) -> tuple[Any, ...]:
+def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
     check_storable(event)
     return (
         event.tenant_id,

@@ -9,10 +9,13 @@ whichever comes first. For each batch, in this order:
 1. decode every record; one that does not decode, or cannot be a row, goes to the
    dead-letter topic, and the sink awaits the broker's ack;
 2. keep the first copy of each attempt (tenant, session, request, attempt) in the batch,
-   and look up which of those ClickHouse already holds (an indexed read); retried;
+   and find which of those ClickHouse already holds: the index of recent attempts
+   (``billing.recent``) clears most of them, and only the rest, the unsure ones, are
+   looked up in ClickHouse (an indexed read); retried;
 3. insert the rest, priced, as one block whose ``insert_deduplication_token`` is a digest
    of its keys; retried with the same block and token until ClickHouse acknowledges.
-   The rollups (aggregate projections) are written inside the same parts as the rows;
+   The rollups (aggregate projections) are written inside the same parts as the rows.
+   Then the inserted attempts join the index;
 4. only then commit the offsets just past the batch.
 
 Deduplication choice: a ReplacingMergeTree whose rollups are correct without ``FINAL``.
@@ -24,14 +27,31 @@ step (migration 002 says why not materialized views). Step 3's token makes the o
 ambiguous case safe: an insert that landed although its acknowledgement was lost is
 repeated with the same token, and ClickHouse drops the repeat.
 
+Why the index may answer for ClickHouse: it holds a hash of every attempt ClickHouse
+stores for this sink's partitions that was created at or after its horizon, so an
+attempt created since then whose hash it lacks is not stored. It is read back from
+ClickHouse (the attempts of the last ``billing_recent_window_s`` of ``created_at``)
+before the first batch after each assignment, that is after every previous owner's
+last insert (each member's revoke waits for its batch in hand, and every revoke comes
+before any assignment); from then on only this sink writes these partitions' attempts
+(copies of an attempt share its tenant, the records' key, so its partition), and it adds
+each insert once acknowledged. Records a revoke took away while a batch was being
+gathered are dropped, uncommitted, for their new owner. Anything older than the horizon,
+or whose hash it holds, is looked up as before.
+
 Loses nothing: offsets are committed only for records already in ClickHouse or in the
 dead-letter topic, so a crash anywhere before step 4 redelivers the batch, and step 2
-finds what the crashed run had written. A replay of the whole topic (a reset or a new
-group) is answered the same way. A bad record may reach the dead-letter topic twice;
-that topic is read by people, not summed.
+finds what the crashed run had written: the restarted sink reads its index back from
+ClickHouse, complete from its horizon, so each redelivered copy is either in it or older
+than its horizon, and looked up either way. A replay of the whole topic (a reset or a
+new group) is answered the same way: its copies are either in the index read back or
+older than its horizon. A bad record may
+reach the dead-letter topic twice; that topic is read by people, not summed.
 
 Bounded: while ClickHouse is unreachable the sink retries with capped backoff, neither
-commits nor fetches, so it holds one batch at most. On a rebalance, revoking waits for
+commits nor fetches, so it holds one batch at most. The index holds at most
+``billing_recent_attempts`` hashes: past that it forgets its oldest minutes and moves its
+horizon, which keeps it complete. On a rebalance, revoking waits for
 the batch in hand, so the next owner of a partition starts after this member's last
 insert and commit (within the group's rebalance timeout). If an outage outlasts the
 consumer's ``max_poll_interval_ms``, the group moves the partitions anyway; the commit
@@ -55,12 +75,14 @@ from typing import Any, Protocol
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from billing.dedup import InsertPlan, first_copies, plan_insert, usage_key
+from billing.dedup import InsertPlan, keyed_first_copies, plan_keyed_insert
 from billing.pricing import Pricer
+from billing.recent import RecentAttempts
 from billing.retry import Backoff
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
-from schemas import SchemaError, UsageEvent, decode
+from billing.usage_codec import Usage, decode_usage
+from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
@@ -113,17 +135,20 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 class _FinishBatchBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Revoking waits for the batch in hand: its insert and commit finish first."""
+    """Revoking waits for the batch in hand: its insert and commit finish first. The
+    revoked partitions' records fetched meanwhile are dropped; an assignment makes the
+    sink read its index of recent attempts back from ClickHouse."""
 
-    def __init__(self, in_flight: asyncio.Lock) -> None:
-        self._in_flight = in_flight
+    def __init__(self, sink: BillingSink) -> None:
+        self._sink = sink
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        async with self._in_flight:
-            pass
+        async with self._sink._in_flight:
+            self._sink._revoked.update(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        pass
+        # Every member's revoke (so every insert of a previous owner) came first.
+        self._sink._recent = None
 
 
 class BillingSink:
@@ -145,6 +170,12 @@ class BillingSink:
         self._batch_max_rows = max(self._batch_rows, settings.billing_batch_max_rows)
         self._batch_interval_s = max(0.0, settings.billing_batch_interval_s)
         self._in_flight = asyncio.Lock()
+        self._revoked: set[Any] = set()
+        """Partitions revoked since the batch being gathered was fetched."""
+        self._recent_capacity = settings.billing_recent_attempts
+        self._recent_window_s = settings.billing_recent_window_s
+        self._recent: RecentAttempts | None = None
+        """None until read back from ClickHouse: at the first batch and after assignments."""
         self.num_batches = 0
         self.num_inserted = 0
         """Attempts written to ClickHouse: each one once."""
@@ -157,7 +188,7 @@ class BillingSink:
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         """Makes revoking wait until the batch in hand is inserted and committed."""
-        return _FinishBatchBeforeRevoke(self._in_flight)
+        return _FinishBatchBeforeRevoke(self)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -214,6 +245,9 @@ class BillingSink:
             fetched = await consumer.getmany(
                 timeout_ms=int(wait_s * 1000), max_records=self._batch_max_rows - num_records
             )
+            if self._revoked:  # a rebalance: what was gathered before it may be stale
+                batch = self._without_revoked(batch)
+                num_records = sum(len(records) for records in batch.values())
             for tp, records in fetched.items():
                 if records:
                     batch.setdefault(tp, []).extend(records)
@@ -222,15 +256,29 @@ class BillingSink:
                 deadline = loop.time() + self._batch_interval_s
         return batch
 
+    def _without_revoked(self, batch: Batch) -> Batch:
+        """Drops the records of partitions revoked since they were fetched.
+
+        Those partitions may be another member's now, which reads them again from the
+        last commit; inserting them here could race its index of recent attempts. If one
+        comes back to this member, its fetch position is reset to that commit.
+        """
+        if not self._revoked:
+            return batch
+        kept = {tp: records for tp, records in batch.items() if tp not in self._revoked}
+        self._revoked.clear()
+        return kept
+
     # Batch --> dead letters --> known keys --> one deduplicated insert --> offset commit.
     async def _handle(
         self, batch: Batch, consumer: UsageConsumer, publish: Publish, stop: asyncio.Event
     ) -> None:
-        events: list[UsageEvent] = []
+        batch = self._without_revoked(batch)
+        events: list[Usage] = []
         for records in batch.values():
             for record in records:
                 try:
-                    event = decode(UsageEvent, record.value)
+                    event = decode_usage(record.value)
                     check_storable(event)  # a poison event fails here, not in the insert
                 except (SchemaError, UnstorableEvent) as exc:
                     if not await self._dead_letter(publish, record, str(exc), stop):
@@ -246,17 +294,37 @@ class BillingSink:
         self.num_batches += 1
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items()})
 
-    async def _plan(self, events: list[UsageEvent], stop: asyncio.Event) -> InsertPlan | None:
-        firsts = first_copies(events)
-        keys = [usage_key(event) for event in firsts]
+    async def _plan(self, events: list[Usage], stop: asyncio.Event) -> InsertPlan | None:
+        if self._recent is None and not await self._until_done(
+            self._read_recent, stop, "read of the recent attempts"
+        ):
+            return None
+        recent = self._recent
+        assert recent is not None
+        firsts = keyed_first_copies(events)
+        is_unsure = recent.is_unsure
+        keys = [key for key, event in firsts if is_unsure(key, event.created_at)]
         known: set[Any] = set()
 
         async def look_up() -> None:
             known.update(await asyncio.to_thread(self._store.existing_keys, keys))
 
-        if not await self._until_done(look_up, stop, f"lookup of {len(keys)} attempts"):
+        if keys and not await self._until_done(look_up, stop, f"lookup of {len(keys)} attempts"):
             return None
-        return plan_insert(firsts, known, self._pricer)
+        return plan_keyed_insert(firsts, known, self._pricer)
+
+    async def _read_recent(self) -> None:
+        stored = await asyncio.to_thread(
+            self._store.recent_attempts, self._recent_capacity, self._recent_window_s
+        )
+        self._recent = RecentAttempts.from_stored(
+            stored.attempts, stored.complete_from, self._recent_capacity
+        )
+        log.info(
+            "recent attempts: %d read back, complete from %s",
+            len(self._recent),
+            self._recent.horizon or "the start",
+        )
 
     async def _insert(self, plan: InsertPlan, stop: asyncio.Event) -> bool:
         if not plan.rows:
@@ -267,7 +335,11 @@ class BillingSink:
                 self._store.insert_rows, plan.rows, dedup_token=plan.dedup_token
             )
 
-        return await self._until_done(insert, stop, f"insert of {len(plan.rows)} usage rows")
+        if not await self._until_done(insert, stop, f"insert of {len(plan.rows)} usage rows"):
+            return False
+        if self._recent is not None:
+            self._recent.add(plan.attempts)
+        return True
 
     async def _dead_letter(
         self, publish: Publish, record: Any, reason: str, stop: asyncio.Event

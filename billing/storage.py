@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import clickhouse_connect
 
 from billing.alert_rows import ALERT_COLUMNS, AlertKey
-from billing.dedup import UsageKey
+from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
 from billing.rows import USAGE_COLUMNS
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoredAttempts:
+    attempts: list[Attempt]
+    """Every stored attempt created at or after ``complete_from``."""
+    complete_from: datetime | None
+    """None: ``attempts`` are all the stored attempts."""
 
 
 class Queryable(Protocol):
@@ -33,6 +43,11 @@ class UsageStore(Queryable, Protocol):
 
     def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
         """The keys among ``keys`` that ``usage_events`` already holds."""
+        ...
+
+    def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
+        """The stored attempts created at most ``window_s`` before the newest one, at most
+        ``limit`` of them (the newest), and the instant from which that list is complete."""
         ...
 
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
@@ -89,14 +104,37 @@ class ClickHouseStore:
             found.update(key for key in map(_key, result.result_rows) if key in wanted)
         return found
 
+    def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
+        with self._lock:
+            [(num_rows, newest)] = self._client.query(_NEWEST_SQL).result_rows
+            if not num_rows:
+                return StoredAttempts([], None)
+            since = newest - timedelta(seconds=window_s)
+            result = self._client.query(
+                _RECENT_SQL, parameters={"since": since, "limit": max(0, limit) + 1}
+            )
+        attempts = [(_key(row), row[4]) for row in result.result_rows]
+        if len(attempts) <= limit:
+            return StoredAttempts(attempts, since)
+        # More than `limit` in the window: complete only after the instant that cut it.
+        cutoff = attempts[limit][1]
+        kept = [attempt for attempt in attempts[:limit] if attempt[1] > cutoff]
+        return StoredAttempts(kept, cutoff + timedelta(milliseconds=1))
+
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
         if not rows:
             return
+        # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
+        # integer ticks as they are, where it would convert each datetime in Python.
+        columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
+        for index in _TICK_COLUMNS:
+            columns[index] = [_millis(value) for value in columns[index]]
         with self._lock:
             self._client.insert(
                 "usage_events",
-                list(rows),
+                columns,
                 column_names=USAGE_COLUMNS,
+                column_oriented=True,
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
 
@@ -186,6 +224,13 @@ FROM usage_events
 WHERE tenant_id IN {tenants:Array(String)}
   AND session_id IN {sessions:Array(String)}
   AND request_id IN {requests:Array(String)}"""
+_NEWEST_SQL = "SELECT count(), max(created_at) FROM usage_events"
+_RECENT_SQL = """\
+SELECT tenant_id, session_id, request_id, attempt, created_at
+FROM usage_events
+WHERE created_at >= {since:DateTime64(3, 'UTC')}
+ORDER BY created_at DESC
+LIMIT {limit:UInt64}"""
 _EXISTING_ALERTS_SQL = """\
 SELECT tenant_id, alert_id
 FROM budget_alerts
@@ -204,6 +249,18 @@ _PRICE_COLUMNS = [
     "cached_input_per_1k",
 ]
 _STORED_PRICES_SQL = f"SELECT {', '.join(_PRICE_COLUMNS)} FROM prices FINAL"
+
+
+_TICK_COLUMNS = tuple(USAGE_COLUMNS.index(name) for name in ("created_at", "finished_at"))
+"""The DateTime64(3) columns of ``usage_events`` the sink writes."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+def _millis(at: datetime) -> int:
+    """DateTime64(3) ticks, as clickhouse-connect computes them: milliseconds since the
+    epoch, rounded down; a naive datetime is taken as UTC, as ``billing.rows`` does."""
+    return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
 
 
 def _key(row: Sequence[Any]) -> UsageKey:

@@ -255,3 +255,18 @@ def test_an_adapter_has_its_own_price_else_its_base_models() -> None:
     own = pricer.charge(_event(1000, 1000, adapter="acme-support"))
     base = pricer.charge(_event(1000, 1000, adapter="other-adapter"))
     assert own.cost_units == Decimal("0.008") and base.cost_units == Decimal("0.003")
+
+
+def test_the_remembered_weights_are_the_shared_weights() -> None:
+    peak = PeakHours.parse("9-17", "Asia/Kathmandu")  # a zone 5:45 off UTC
+    pricer = Pricer(PriceBook([V1, V2]), peak)
+    rng = random.Random(3)
+    for _ in range(2_000):
+        at = T0 + timedelta(minutes=rng.randint(0, 3 * 24 * 60), seconds=rng.random())
+        event = _event(
+            rng.choice([0, 1, 2047, 2048, 4095, 4096, 9000, 20_000, -5]),
+            precision=rng.choice(["fp16", "int8", " INT8 ", "bf16"]),
+            created_at=at,
+        )
+        expected = cost_weight(event.num_prompt_tokens, event.precision, at, peak)
+        assert pricer.charge(event).cost_weight == expected

@@ -17,7 +17,7 @@ from billing.pricing import Pricer
 from billing.retry import Backoff
 from billing.rows import USAGE_COLUMNS
 from billing.sink import BillingSink, billing_group_id
-from billing.storage import Row
+from billing.storage import Row, StoredAttempts
 from schemas import DeadLetter, UsageEvent, UsageStatus, decode, encode
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
@@ -28,6 +28,7 @@ P0 = TopicPartition(TOPICS.usage, 0)
 P1 = TopicPartition(TOPICS.usage, 1)
 FAST = Backoff(initial_s=0.01, max_s=0.02)
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -85,11 +86,17 @@ class FakeStore:
     """Keeps rows by key as ClickHouse would, and drops a block whose token it has seen."""
 
     def __init__(
-        self, journal: list[Any], *, num_failures: int = 0, num_lookup_failures: int = 0
+        self,
+        journal: list[Any],
+        *,
+        num_failures: int = 0,
+        num_lookup_failures: int = 0,
+        num_read_back_failures: int = 0,
     ) -> None:
         self.journal = journal
         self.num_failures = num_failures
         self.num_lookup_failures = num_lookup_failures
+        self.num_read_back_failures = num_read_back_failures
         self.rows: list[tuple[Any, ...]] = []
         self.tokens: list[str] = []
         self.fetches_at_insert: list[int] = []
@@ -107,6 +114,19 @@ class FakeStore:
         self.journal.append(("lookup", len(keys)))
         stored = {(r[0], r[1], r[2], r[3]) for r in self.rows}
         return set(keys) & stored
+
+    def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
+        """Every stored attempt (a row given as its key alone was created at T0)."""
+        if self.num_read_back_failures > 0:
+            self.num_read_back_failures -= 1
+            self.journal.append(("read back failed", len(self.rows)))
+            raise ConnectionError("ClickHouse is down")
+        self.journal.append(("read back", len(self.rows)))
+        created = USAGE_COLUMNS.index("created_at")
+        return StoredAttempts(
+            [((r[0], r[1], r[2], r[3]), r[created] if len(r) > created else T0) for r in self.rows],
+            None,
+        )
 
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
         if self.consumer is not None:
@@ -141,7 +161,7 @@ def _usage(n: int, **overrides: object) -> bytes:
         "model": "tiny",
         "status": UsageStatus.OK,
         "num_prompt_tokens": n,
-        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+        "created_at": T0,
     }
     fields.update(overrides)
     return encode(UsageEvent.model_validate(fields))
@@ -200,7 +220,8 @@ async def test_inserts_then_commits_past_the_batch_and_dead_letters_bad_records(
 
     await _run_until(sink, consumer, publish, lambda: consumer.drained)
 
-    assert [kind for kind, _ in journal] == ["publish", "lookup", "insert", "commit"]
+    # The store is read back once, at the first batch; its new attempts need no lookup.
+    assert [kind for kind, _ in journal] == ["publish", "read back", "insert", "commit"]
     assert journal[-1] == ("commit", {P0: 3, P1: 2})
     assert sorted(store.request_ids) == ["req_0", "req_1", "req_2", "req_3"]
     [(topic, key, value)] = publish.sent
@@ -239,13 +260,12 @@ async def test_a_failing_insert_is_retried_without_committing_or_fetching_more(
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
     assert journal == [
-        ("lookup", 4),
+        ("read back", 0),
         ("insert failed", 4),
         ("insert failed", 4),
         ("insert failed", 4),
         ("insert", ["req_0", "req_1", "req_2", "req_3"]),
         ("commit", {P0: 4}),
-        ("lookup", 2),
         ("insert", ["req_4", "req_5"]),
         ("commit", {P0: 6}),
     ]
@@ -260,19 +280,23 @@ async def test_a_failing_insert_is_retried_without_committing_or_fetching_more(
 async def test_a_failing_lookup_is_retried_before_anything_is_inserted(tmp_path: Path) -> None:
     journal: list[Any] = []
     consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
-    store = FakeStore(journal, num_lookup_failures=2)
+    store = FakeStore(journal, num_lookup_failures=2, num_read_back_failures=1)
+    store.rows.append(("acme", "sess_1", "req_0", 0))  # so req_0 must be looked up
     sink = _sink(_settings(tmp_path), store, FAST)
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
     assert [kind for kind, _ in journal] == [
+        "read back failed",
+        "read back",
         "lookup failed",
         "lookup failed",
         "lookup",
         "insert",
         "commit",
     ]
-    assert sink.num_write_failures == 2
+    assert store.request_ids == ["req_0", "req_1"]
+    assert sink.num_write_failures == 3
 
 
 async def test_copies_in_the_batch_and_attempts_already_stored_are_left_out(
@@ -308,7 +332,7 @@ async def test_a_batch_of_known_attempts_inserts_nothing_and_commits(tmp_path: P
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
 
-    assert journal == [("lookup", 2), ("commit", {P0: 2})]
+    assert journal == [("read back", 2), ("lookup", 2), ("commit", {P0: 2})]
     assert (sink.num_inserted, sink.num_duplicates) == (0, 2)
 
 
@@ -337,7 +361,7 @@ async def test_stopping_during_an_outage_commits_nothing(tmp_path: Path) -> None
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: bool(journal))
 
-    assert journal == [("lookup", 2), ("insert failed", 2)]
+    assert journal == [("read back", 0), ("insert failed", 2)]
     assert consumer.committed == {}
     assert sink.num_inserted == 0
 
@@ -398,7 +422,7 @@ async def test_revoking_waits_for_the_batch_in_hand(tmp_path: Path) -> None:
     await asyncio.wait_for(task, 5)
 
     assert [kind for kind, _ in journal] == [
-        "lookup",
+        "read back",
         "insert started",
         "insert",
         "commit",
@@ -463,3 +487,70 @@ async def test_the_cycle_collector_pauses_for_a_batch_only(tmp_path: Path) -> No
 
     assert seen == [False]
     assert gc.isenabled()
+
+
+async def test_a_copy_in_a_later_batch_is_the_only_attempt_looked_up(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(
+        journal, {P0: [_usage(0), _usage(1), _usage(2), _usage(1, num_completion_tokens=9)]}
+    )
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path, batch_rows=3, batch_max_rows=3), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert journal == [
+        ("read back", 0),
+        ("insert", ["req_0", "req_1", "req_2"]),
+        ("commit", {P0: 3}),
+        ("lookup", 1),
+        ("commit", {P0: 4}),
+    ]
+    assert (sink.num_inserted, sink.num_duplicates) == (3, 1)
+
+
+async def test_an_assignment_reads_the_recent_attempts_back_again(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)]})
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path), store, FAST)
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+    # Meanwhile another member billed req_1 (say P0 was its partition for a while).
+    store.rows.append(("acme", "sess_1", "req_1", 0))
+    await sink.rebalance_listener().on_partitions_assigned({P0})
+    consumer.queues[P0].append(Record(P0.topic, 0, 1, b"acme", _usage(1)))
+    consumer.end_offsets[P0] = 2
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert journal[3:] == [("read back", 2), ("lookup", 1), ("commit", {P0: 2})]
+    assert store.request_ids == ["req_0", "req_1"]
+
+
+async def test_records_of_a_partition_revoked_while_gathering_are_left_to_its_owner(
+    tmp_path: Path,
+) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)], P1: [_usage(1)]})
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path), store, FAST)
+    listener = sink.rebalance_listener()
+    fetch = consumer.getmany
+    fetched_p1 = [False]
+
+    async def getmany_then_lose_p1(*args: Any, **kwargs: Any) -> dict[Any, list[Any]]:
+        # P1 moves to another member between two fetches of the batch being gathered
+        # (aiokafka returns no record of a partition once it is revoked).
+        if fetched_p1[0] and P1 in consumer.assigned:
+            consumer.assigned.discard(P1)
+            await listener.on_partitions_revoked({P1})
+        fetched = await fetch(*args, **kwargs)
+        fetched_p1[0] = fetched_p1[0] or P1 in fetched
+        return fetched
+
+    consumer.getmany = getmany_then_lose_p1  # type: ignore[method-assign]
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    assert store.request_ids == ["req_0"]
+    assert consumer.committed == {P0: 1}

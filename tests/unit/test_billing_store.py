@@ -5,12 +5,13 @@ module (and the integration test) may need the engine on a different path.
 """
 
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
 import clickhouse_connect
 import pytest
+from clickhouse_connect.datatypes.registry import get_from_name
 
 from billing.dedup import dedup_token, usage_key, write_usage
 from billing.migrate import Migration, apply_migrations, bundled_migrations
@@ -18,7 +19,13 @@ from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
 from billing.report import SessionTotals, TenantTotals, fetch
 from billing.rows import usage_row
-from billing.storage import ClickHouseStore, PriceConflict, chdb_path
+from billing.storage import (
+    ClickHouseStore,
+    PriceConflict,
+    StoredAttempts,
+    _millis,
+    chdb_path,
+)
 from schemas import UsageEvent, UsageStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -75,6 +82,7 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
             (3, "adapter"),
             (4, "usage_key"),
             (5, "budget_alerts"),
+            (6, "created_at_index"),
         ]
         assert len(ledger) == len(bundled_migrations())
         for table in ("usage_events", "prices", "budget_alerts"):
@@ -218,6 +226,36 @@ def test_existing_keys_are_exactly_the_stored_ones(store: ClickHouseStore) -> No
     assert store.existing_keys([]) == set()
 
 
+def test_recent_attempts_are_all_those_of_the_window_before_the_newest(
+    store: ClickHouseStore,
+) -> None:
+    assert store.recent_attempts(limit=10, window_s=60) == StoredAttempts([], None)
+    # Created at T0 + 0, 10, ..., 90 s.
+    events = [_event("acme", "s1", 10 * n) for n in range(10)]
+    write_usage(store, events, PRICER)
+
+    recent = store.recent_attempts(limit=10, window_s=30)
+
+    assert recent.complete_from == T0 + timedelta(seconds=60)
+    assert sorted(recent.attempts) == sorted(
+        (usage_key(e), e.created_at) for e in events if e.created_at >= T0 + timedelta(seconds=60)
+    )
+
+
+def test_recent_attempts_over_the_limit_are_complete_after_the_cut(
+    store: ClickHouseStore,
+) -> None:
+    # Two attempts share the instant the limit cuts at; neither is kept.
+    events = [_event("acme", "s1", n) for n in (0, 1, 2, 2, 3)]
+    events[3] = _event("acme", "s2", 2)
+    write_usage(store, events, PRICER)
+
+    recent = store.recent_attempts(limit=2, window_s=3600)
+
+    assert recent.complete_from == T0 + timedelta(seconds=2, milliseconds=1)
+    assert [key for key, _ in recent.attempts] == [usage_key(events[4])]
+
+
 def test_a_repeated_block_with_its_token_lands_once_in_the_table_and_rollups(
     store: ClickHouseStore,
 ) -> None:
@@ -328,3 +366,21 @@ def test_chdb_path_reads_only_directory_dsns() -> None:
     assert chdb_path("chdb://memory") is None
     assert chdb_path("chdb://memory/db") is None
     assert chdb_path("http://user:pw@host:8123/db") is None
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 3, 1, 12, 0, 0, 999_999, tzinfo=UTC),
+        datetime(2026, 3, 1, 14, 0, 0, 1_500, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 3, 1, 12, 0, 0, 123_456),  # naive: UTC
+        datetime(1969, 12, 31, 23, 59, 59, 999_500, tzinfo=UTC),
+    ],
+)
+def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
+    at: datetime,
+) -> None:
+    column = get_from_name("DateTime64(3, 'UTC')")
+    aware = at if at.tzinfo else at.replace(tzinfo=UTC)
+
+    assert _millis(at) == column._datetime64_ticks(aware)

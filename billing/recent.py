@@ -1,0 +1,107 @@
+"""Which attempts of a batch may already be stored: an index of the recent ones, in memory.
+
+The sink must leave out every attempt ClickHouse already holds (``billing.dedup``).
+Asking ClickHouse about every attempt of every batch was a quarter of the sink's CPU,
+yet almost every attempt is new. ``RecentAttempts`` answers for most of them without
+a query: it is *complete from its horizon*, meaning it holds a hash of every attempt
+ClickHouse stores (for the sink's partitions) that was created at or after the horizon.
+Then an attempt created at or after the horizon whose hash it lacks is certainly new,
+and only two kinds of attempts are *unsure*, to be looked up in ClickHouse as before:
+
+- a hash it holds: a copy of a stored attempt (a redelivery, a replay, a re-served
+  request), or, about once in 2^64, another attempt with the same hash;
+- an attempt created before the horizon: a late copy of an old attempt, or a replay.
+
+Completeness is kept by construction: the sink builds the index from ClickHouse (every
+attempt created since a moment, ``from_stored``) when partitions are assigned to it, and
+adds each attempt it inserts once ClickHouse acknowledged it. Copies of an attempt share
+its tenant, and usage records are keyed by tenant, so they reach the partition, and the
+sink, that billed the first one. To stay within ``capacity`` the index forgets its oldest
+minutes of ``created_at`` and moves its horizon past them, which keeps it complete.
+
+Pure: no I/O and no clock; time is the events' own ``created_at``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from billing.dedup import Attempt, UsageKey
+
+
+class RecentAttempts:
+    """Hashes of the stored attempts created at or after ``horizon``, by minute."""
+
+    def __init__(self, capacity: int, horizon: datetime | None = None) -> None:
+        """An index of nothing, complete from ``horizon`` (None: from the beginning of
+        time, which is right for an empty table)."""
+        self.capacity = max(1, capacity)
+        self._horizon_s = -math.inf if horizon is None else _seconds(horizon)
+        self._horizon = None if horizon is None else _aware(horizon)
+        self._minute_of: dict[int, int] = {}
+        """Hash --> the newest minute (of ``created_at``) an attempt with it was added in."""
+        self._by_minute: dict[int, list[int]] = {}
+
+    @classmethod
+    def from_stored(
+        cls, stored: Iterable[Attempt], complete_from: datetime | None, capacity: int
+    ) -> RecentAttempts:
+        """The index of ``stored``: every stored attempt created at or after
+        ``complete_from`` (None: every stored attempt)."""
+        index = cls(capacity, complete_from)
+        index.add(stored)
+        return index
+
+    @property
+    def horizon(self) -> datetime | None:
+        """Attempts created before this instant are always unsure; None: none are."""
+        return self._horizon
+
+    def __len__(self) -> int:
+        return len(self._minute_of)
+
+    def is_unsure(self, key: UsageKey, created_at: datetime) -> bool:
+        """True if ClickHouse may hold ``key``; False only if it certainly does not."""
+        if self._horizon is not None and _aware(created_at) < self._horizon:
+            return True
+        return hash(key) in self._minute_of
+
+    def add(self, attempts: Iterable[Attempt]) -> None:
+        """Records attempts ClickHouse now holds, then forgets the oldest minutes while
+        over capacity. Attempts created before the horizon are not kept: they are unsure
+        anyway."""
+        minute_of = self._minute_of
+        for key, created_at in attempts:
+            seconds = _seconds(created_at)
+            if seconds < self._horizon_s:
+                continue
+            minute = int(seconds // 60)
+            digest = hash(key)
+            known = minute_of.get(digest)
+            if known is None or known < minute:
+                minute_of[digest] = minute
+                self._by_minute.setdefault(minute, []).append(digest)
+        while len(minute_of) > self.capacity:
+            self._forget_oldest_minute()
+
+    def _forget_oldest_minute(self) -> None:
+        oldest = min(self._by_minute)
+        for digest in self._by_minute.pop(oldest):
+            # A hash added again in a later minute stays, for that later attempt.
+            if self._minute_of.get(digest) == oldest:
+                del self._minute_of[digest]
+        # Complete from the next minute on: nothing created in it or later was dropped.
+        if (oldest + 1) * 60.0 > self._horizon_s:
+            self._horizon_s = (oldest + 1) * 60.0
+            self._horizon = datetime.fromtimestamp(self._horizon_s, UTC)
+
+
+def _aware(at: datetime) -> datetime:
+    # The bus speaks UTC: a naive timestamp is read as UTC, as ``billing.rows`` stores it.
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _seconds(at: datetime) -> float:
+    return _aware(at).timestamp()

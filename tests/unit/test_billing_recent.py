@@ -1,0 +1,67 @@
+"""The index of recent attempts: complete from its horizon, and still so when it forgets."""
+
+from datetime import UTC, datetime, timedelta
+
+from billing.dedup import UsageKey
+from billing.recent import RecentAttempts
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _key(n: int) -> UsageKey:
+    return ("acme", "sess_1", f"req_{n}", 0)
+
+
+def test_an_index_of_an_empty_table_is_sure_of_every_new_attempt() -> None:
+    index = RecentAttempts(capacity=10)
+
+    assert index.horizon is None
+    assert not index.is_unsure(_key(0), T0 - timedelta(days=400))
+    index.add([(_key(0), T0)])
+    assert index.is_unsure(_key(0), T0)
+    assert not index.is_unsure(_key(1), T0)
+    assert len(index) == 1
+
+
+def test_attempts_created_before_the_horizon_are_unsure() -> None:
+    index = RecentAttempts.from_stored([(_key(0), T0)], T0 - timedelta(minutes=1), capacity=10)
+
+    assert index.horizon == T0 - timedelta(minutes=1)
+    assert index.is_unsure(_key(1), T0 - timedelta(minutes=1, milliseconds=1))
+    assert not index.is_unsure(_key(1), T0 - timedelta(minutes=1))
+    assert index.is_unsure(_key(0), T0)
+    # Adding an attempt older than the horizon keeps nothing: it is unsure anyway.
+    index.add([(_key(2), T0 - timedelta(hours=1))])
+    assert len(index) == 1
+
+
+def test_a_naive_created_at_is_read_as_utc() -> None:
+    index = RecentAttempts(capacity=10, horizon=T0)
+
+    assert index.is_unsure(_key(1), datetime(2026, 3, 1, 11, 59, 59))
+    assert not index.is_unsure(_key(1), datetime(2026, 3, 1, 12, 0, 0))
+
+
+def test_over_capacity_it_forgets_whole_oldest_minutes_and_moves_its_horizon() -> None:
+    index = RecentAttempts(capacity=3)
+    index.add([(_key(0), T0), (_key(1), T0 + timedelta(seconds=30))])
+    index.add([(_key(2), T0 + timedelta(minutes=1)), (_key(3), T0 + timedelta(minutes=2))])
+
+    # The minute of T0 is gone, so the index is complete from the next minute only.
+    assert len(index) == 2
+    assert index.horizon == T0 + timedelta(minutes=1)
+    assert index.is_unsure(_key(0), T0)  # forgotten: before the horizon, so looked up
+    assert index.is_unsure(_key(9), T0 + timedelta(seconds=59))
+    assert index.is_unsure(_key(2), T0 + timedelta(minutes=1))
+    assert not index.is_unsure(_key(9), T0 + timedelta(minutes=1))
+
+
+def test_a_key_seen_again_later_survives_the_forgetting_of_its_first_minute() -> None:
+    index = RecentAttempts(capacity=2)
+    index.add([(_key(0), T0), (_key(1), T0)])
+    index.add([(_key(0), T0 + timedelta(minutes=5))])  # the same hash, a later minute
+    index.add([(_key(2), T0 + timedelta(minutes=6))])
+
+    assert index.horizon == T0 + timedelta(minutes=1)
+    assert index.is_unsure(_key(0), T0 + timedelta(minutes=5))
+    assert len(index) == 2
