@@ -6,10 +6,19 @@
 # cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
 
-Commits: Faust acks an event when the agent's loop moves past it and commits acked
-offsets every ``faust_commit_interval_s``. The admit agent moves on only after the
-Dispatcher has forwarded, refused or dead-lettered the request, so nothing admitted
-is lost; a crash redelivers at most the last interval's requests.
+Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
+event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
+its stream holds ready, judges it in one pass (``Dispatcher.admit``, each event's table
+writes under that event, so on its tenant's changelog partition), writes each tenant's
+window sums once (``TableWindowStore.flush``), and only then acks the requests already
+answered (refused, dead-lettered, duplicates). An admitted one is acked by a task of its
+own after ``Dispatcher.finish``: once the broker acknowledged its forward (or it was
+answered) and the ledger says so. So no offset is committed before its request was
+forwarded or answered: a crash (a SIGKILL mid-batch included) redelivers every request
+of the batch, and those after it, that were not, and the ledger and the window's
+reservations keep a redelivered request from running or being charged twice. A
+``finish`` that fails leaves its event unacked, and the agent raises its error on its
+next batch, as a failed ``handle_request`` did.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
@@ -23,19 +32,23 @@ mark reached the changelog and the alert did not reach the topic.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
+import weakref
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
 
 import faust
 import orjson
 from aiokafka import TopicPartition
-from faust.types import TableT
+from faust.streams import _current_event, current_event
+from faust.types import EventT, StreamT, TableT
 
 from stream_jobs.budgets import Reservation
-from stream_jobs.dispatcher import Dispatcher
+from stream_jobs.dispatcher import Admitted, Dispatcher, Outcome
 from stream_jobs.ledger import Entry
 from stream_jobs.metrics import render_budget_metrics, render_metrics
 from stream_jobs.window import Reservations, WindowState
@@ -50,6 +63,28 @@ log = logging.getLogger(__name__)
 
 def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
+
+
+@contextmanager
+def in_event(event: EventT[Any] | None) -> Iterator[None]:
+    """Makes ``event`` the current one, as Faust's stream does for each event it yields:
+    a table write lands on the changelog partition of the current event. The batched
+    admit agent handles many events in one task, and runs each one's writes under it."""
+    if event is None:
+        yield  # the current event stays whatever it is
+        return
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def event_context(event: EventT[Any]) -> contextvars.Context:
+    """A copy of the current context with ``event`` current: for a task of its own."""
+    context = contextvars.copy_context()
+    context.run(_current_event.set, weakref.ref(event))
+    return context
 
 
 class TableReservations(Reservations):
@@ -87,6 +122,7 @@ class TableWindowStore:
         self._reservations = reservations
         self._states: dict[str, WindowState] = {}
         self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
+        self._unsaved: dict[str, tuple[WindowState, EventT[Any] | None]] = {}
 
     def load(self, tenant_id: str) -> WindowState:
         state = self._states.get(tenant_id)
@@ -101,7 +137,15 @@ class TableWindowStore:
         return state
 
     def save(self, tenant_id: str, state: WindowState) -> None:
-        self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
+        # Kept until ``flush`` with the event it was saved under: a batch writes each
+        # tenant's sums once, to the partition of that tenant's events.
+        self._unsaved[tenant_id] = (state, current_event())
+
+    def flush(self) -> None:
+        unsaved, self._unsaved = self._unsaved, {}
+        for tenant_id, (state, event) in unsaved.items():
+            with in_event(event):
+                self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
 
     def forget(self) -> None:
         self._states.clear()
@@ -134,7 +178,9 @@ class TableLedger:
 
     def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         self._table[f"{tenant_id}/{request_id}".encode()] = orjson.dumps(entry.to_json())
-        self._indexed().setdefault(tenant_id, {})[request_id] = entry.expires_at
+        expiries = self._indexed().setdefault(tenant_id, {})
+        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
+        expiries[request_id] = entry.expires_at
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)
@@ -144,8 +190,7 @@ class TableLedger:
         expiries = self._indexed().get(tenant_id)
         if not expiries:
             return
-        expired = [rid for rid, expires_at in expiries.items() if expires_at <= now]
-        for request_id in expired[:64]:  # a bounded share of work per request
+        for request_id in _expired(expiries, now):
             self.drop(tenant_id, request_id)
 
     def forget(self) -> None:
@@ -153,11 +198,28 @@ class TableLedger:
 
     def _indexed(self) -> dict[str, dict[str, float]]:
         if self._index is None:
-            self._index = defaultdict(dict)
+            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
             for key, value in self._table.items():
                 tenant, _, request_id = key.decode().partition("/")
-                self._index[tenant][request_id] = Entry.from_json(orjson.loads(value)).expires_at
+                expires_at = Entry.from_json(orjson.loads(value)).expires_at
+                found[tenant].append((expires_at, request_id))
+            self._index = defaultdict(dict)
+            for tenant, entries in found.items():
+                self._index[tenant] = {rid: at for at, rid in sorted(entries)}
         return self._index
+
+
+def _expired(expiries: dict[str, float], now: float, limit: int = 64) -> list[str]:
+    """The first expired ids of an index kept in expiry order (each write moves its id to
+    the end; the job's clock only moves on): a bounded share of work per request, and no
+    pass over the entries still live. Expiry itself is judged on each entry; this only
+    forgets them."""
+    expired: list[str] = []
+    for request_id, expires_at in expiries.items():
+        if expires_at > now or len(expired) == limit:
+            break
+        expired.append(request_id)
+    return expired
 
 
 _SEP = "\t"
@@ -214,6 +276,7 @@ class TableSpendStore:
             expiries.pop(request_id, None)
             return
         self._reservations[key] = orjson.dumps(reservation.to_json())
+        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
         if reservation.settled:
             expiries[request_id] = reservation.expires_at
 
@@ -222,8 +285,7 @@ class TableSpendStore:
         expiries = self._expiries_now().get(tenant_id)
         if not expiries:
             return
-        expired = [rid for rid, at in expiries.items() if at <= now][:64]
-        for request_id in expired:
+        for request_id in _expired(expiries, now):
             self.put_reservation(tenant_id, request_id, None)
 
     def fired(self, budget_id: str, bucket: str) -> frozenset[int]:
@@ -262,12 +324,15 @@ class TableSpendStore:
 
     def _expiries_now(self) -> dict[str, dict[str, float]]:
         if self._expiries is None:
-            self._expiries = defaultdict(dict)
+            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
             for key, value in self._reservations.items():
                 tenant_id, request_id = key.decode().split(_SEP)
                 reservation = Reservation.from_json(orjson.loads(value))
                 if reservation.settled:
-                    self._expiries[tenant_id][request_id] = reservation.expires_at
+                    found[tenant_id].append((reservation.expires_at, request_id))
+            self._expiries = defaultdict(dict)
+            for tenant_id, entries in found.items():
+                self._expiries[tenant_id] = {rid: at for at, rid in sorted(entries)}
         return self._expiries
 
 
@@ -389,23 +454,80 @@ def create_app(settings: Settings) -> faust.App:
 
     def admit_agent(priority: int) -> None:
         topic = app.topic(topics.requests(priority), key_type=bytes, value_type=bytes)
+        lag = f"requests_p{priority}"
 
-        async def admit(stream: faust.StreamT[bytes]) -> None:
-            async for event in stream.events():
-                message = event.message
-                dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
-                await budgets_read.wait()  # runtime budgets bind from the first request
-                spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
-                await dispatcher().handle_request(
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    message.key,
-                    message.value,
-                    message.headers,
-                )
+        async def more_coming(ready: Any) -> bool:
+            # Faust's fetcher hands a fetch's records to the stream one at a time, a
+            # loop turn or two apart: a few turns tell a burst from a lone request.
+            if ready is None:
+                return False
+            for _ in range(settings.admit_batch_turns):
+                if not ready.empty():
+                    return True
+                await asyncio.sleep(0)
+            return not ready.empty()
 
-        app.agent(topic, name=f"admit_p{priority}", concurrency=settings.admit_concurrency)(admit)
+        async def admit(stream: StreamT[bytes]) -> None:
+            # A batch is what the stream holds ready: judged in one pass, window sums
+            # written once per tenant, then each event acked when its request has had
+            # its answer (forwarded, refused, dead-lettered), in any order.
+            source = cast("faust.Stream[bytes]", stream).noack()
+            ready = getattr(source.channel, "queue", None)
+            finishing: set[asyncio.Task[None]] = set()
+            failures: list[BaseException] = []
+            batch: list[EventT[bytes]] = []
+
+            async def finish_then_ack(event: EventT[bytes], admitted: Admitted) -> None:
+                await dispatcher().finish(admitted)
+                await source.ack(event)
+
+            def finished(task: asyncio.Task[None]) -> None:
+                finishing.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    failures.append(task.exception())  # type: ignore[arg-type]
+
+            try:
+                async for event in source.events():
+                    batch.append(event)
+                    if len(batch) < settings.admit_batch_max and await more_coming(ready):
+                        continue  # they join this batch
+                    if failures:
+                        raise failures[0]  # not forwarded: unacked, so Faust redelivers
+                    await budgets_read.wait()  # runtime budgets bind from the first request
+                    now = clock()
+                    results: list[tuple[EventT[bytes], Outcome | Admitted]] = []
+                    for event in batch:
+                        message = event.message
+                        with in_event(event):
+                            dispatcher().note_lag(lag, message.timestamp)
+                            spend.sweep((message.key or b"").decode("utf-8", "replace"), now)
+                            result = await dispatcher().admit(
+                                message.topic,
+                                message.partition,
+                                message.offset,
+                                message.key,
+                                message.value,
+                                message.headers,
+                            )
+                        results.append((event, result))
+                    batch.clear()
+                    store.flush()  # before any of these events is acked
+                    for event, result in results:
+                        if isinstance(result, Outcome):
+                            await source.ack(event)
+                            continue
+                        task = asyncio.create_task(
+                            finish_then_ack(event, result), context=event_context(event)
+                        )
+                        finishing.add(task)
+                        task.add_done_callback(finished)
+                    while len(finishing) >= settings.admit_concurrency:
+                        await asyncio.wait(finishing, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in finishing:
+                    task.cancel()
+
+        app.agent(topic, name=f"admit_p{priority}")(admit)
 
     for priority in (0, 1, 2):
         admit_agent(priority)
