@@ -8,17 +8,17 @@
 
 Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
 event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
-its stream holds ready, judges it in one pass (``Dispatcher.admit``, each event's table
-writes under that event, so on its tenant's changelog partition), writes each tenant's
-window sums once (``TableWindowStore.flush``), and only then acks the requests already
-answered (refused, dead-lettered, duplicates). An admitted one is acked by a task of its
-own after ``Dispatcher.finish``: once the broker acknowledged its forward (or it was
-answered) and the ledger says so. So no offset is committed before its request was
-forwarded or answered: a crash (a SIGKILL mid-batch included) redelivers every request
-of the batch, and those after it, that were not, and the ledger and the window's
-reservations keep a redelivered request from running or being charged twice. A
-``finish`` that fails leaves its event unacked, and the agent raises its error on its
-next batch, as a failed ``handle_request`` did.
+its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a task per
+event that runs under that event, so its table writes land on its tenant's changelog
+partition), writes each tenant's window sums once (``TableWindowStore.flush``), and only
+then may an event be acked: a refused, dead-lettered or duplicate request's once its
+answer is sent, an admitted one's after ``Dispatcher.finish``, once the broker
+acknowledged its forward (or it was answered) and the ledger says so. So no offset is
+committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
+included) redelivers every request of the batch, and those after it, that were not, and
+the ledger and the window's reservations keep a redelivered request from running or
+being charged twice. A request whose handling fails leaves its event unacked, and the
+agent raises that error on its next batch, as a failed ``handle_request`` did.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
@@ -48,7 +48,7 @@ from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
 
 from stream_jobs.budgets import Reservation
-from stream_jobs.dispatcher import Admitted, Dispatcher, Outcome
+from stream_jobs.dispatcher import Admitted, Dispatcher
 from stream_jobs.ledger import Entry
 from stream_jobs.metrics import render_budget_metrics, render_metrics
 from stream_jobs.window import Reservations, WindowState
@@ -68,8 +68,8 @@ def _acks(value: int | str) -> int:
 @contextmanager
 def in_event(event: EventT[Any] | None) -> Iterator[None]:
     """Makes ``event`` the current one, as Faust's stream does for each event it yields:
-    a table write lands on the changelog partition of the current event. The batched
-    admit agent handles many events in one task, and runs each one's writes under it."""
+    a table write lands on the changelog partition of the current event. The window
+    store writes a batch's sums after the batch, each under the event it was saved in."""
     if event is None:
         yield  # the current event stays whatever it is
         return
@@ -468,21 +468,39 @@ def create_app(settings: Settings) -> faust.App:
             return not ready.empty()
 
         async def admit(stream: StreamT[bytes]) -> None:
-            # A batch is what the stream holds ready: judged in one pass, window sums
-            # written once per tenant, then each event acked when its request has had
-            # its answer (forwarded, refused, dead-lettered), in any order.
+            # A batch is what the stream holds ready. Each request is judged in a task of
+            # its own, under its event (so its table writes land on its tenant's
+            # partition): all of a batch's tasks judge in one loop turn, in order (the
+            # admitted path does not await before its request is queued), and none waits
+            # for another's refusal to reach the broker. Then each tenant's window sums
+            # are written once, and each event is acked once its request has had its
+            # answer (forwarded, refused, dead-lettered), in any order.
             source = cast("faust.Stream[bytes]", stream).noack()
             ready = getattr(source.channel, "queue", None)
-            finishing: set[asyncio.Task[None]] = set()
+            handling: set[asyncio.Task[None]] = set()
             failures: list[BaseException] = []
             batch: list[EventT[bytes]] = []
 
-            async def finish_then_ack(event: EventT[bytes], admitted: Admitted) -> None:
-                await dispatcher().finish(admitted)
+            async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
+                message = event.message
+                dispatcher().note_lag(lag, message.timestamp)
+                spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
+                result = await dispatcher().admit(
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.key,
+                    message.value,
+                    message.headers,
+                )
+                await saved  # the batch's window sums are written
+                store.flush()  # this request's own, should it have been judged after them
+                if isinstance(result, Admitted):
+                    await dispatcher().finish(result)
                 await source.ack(event)
 
-            def finished(task: asyncio.Task[None]) -> None:
-                finishing.discard(task)
+            def handled(task: asyncio.Task[None]) -> None:
+                handling.discard(task)
                 if not task.cancelled() and task.exception() is not None:
                     failures.append(task.exception())  # type: ignore[arg-type]
 
@@ -494,37 +512,21 @@ def create_app(settings: Settings) -> faust.App:
                     if failures:
                         raise failures[0]  # not forwarded: unacked, so Faust redelivers
                     await budgets_read.wait()  # runtime budgets bind from the first request
-                    now = clock()
-                    results: list[tuple[EventT[bytes], Outcome | Admitted]] = []
+                    saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     for event in batch:
-                        message = event.message
-                        with in_event(event):
-                            dispatcher().note_lag(lag, message.timestamp)
-                            spend.sweep((message.key or b"").decode("utf-8", "replace"), now)
-                            result = await dispatcher().admit(
-                                message.topic,
-                                message.partition,
-                                message.offset,
-                                message.key,
-                                message.value,
-                                message.headers,
-                            )
-                        results.append((event, result))
-                    batch.clear()
-                    store.flush()  # before any of these events is acked
-                    for event, result in results:
-                        if isinstance(result, Outcome):
-                            await source.ack(event)
-                            continue
                         task = asyncio.create_task(
-                            finish_then_ack(event, result), context=event_context(event)
+                            handle(event, saved), context=event_context(event)
                         )
-                        finishing.add(task)
-                        task.add_done_callback(finished)
-                    while len(finishing) >= settings.admit_concurrency:
-                        await asyncio.wait(finishing, return_when=asyncio.FIRST_COMPLETED)
+                        handling.add(task)
+                        task.add_done_callback(handled)
+                    batch.clear()
+                    await asyncio.sleep(0)  # the tasks above run first: each judges its own
+                    store.flush()  # before any of these events is acked
+                    saved.set_result(None)
+                    while len(handling) >= settings.admit_concurrency:
+                        await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in finishing:
+                for task in handling:
                     task.cancel()
 
         app.agent(topic, name=f"admit_p{priority}")(admit)
