@@ -32,7 +32,6 @@ mark reached the changelog and the alert did not reach the topic.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 import weakref
@@ -78,13 +77,6 @@ def in_event(event: EventT[Any] | None) -> Iterator[None]:
         yield
     finally:
         _current_event.reset(token)
-
-
-def event_context(event: EventT[Any]) -> contextvars.Context:
-    """A copy of the current context with ``event`` current: for a task of its own."""
-    context = contextvars.copy_context()
-    context.run(_current_event.set, weakref.ref(event))
-    return context
 
 
 class TableReservations(Reservations):
@@ -482,6 +474,9 @@ def create_app(settings: Settings) -> faust.App:
             batch: list[EventT[bytes]] = []
 
             async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
+                # A task runs in a copy of its creator's context: this event is current
+                # for this task only, as Faust's stream makes each event current.
+                _current_event.set(weakref.ref(event))
                 message = event.message
                 dispatcher().note_lag(lag, message.timestamp)
                 spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
@@ -514,9 +509,7 @@ def create_app(settings: Settings) -> faust.App:
                     await budgets_read.wait()  # runtime budgets bind from the first request
                     saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     for event in batch:
-                        task = asyncio.create_task(
-                            handle(event, saved), context=event_context(event)
-                        )
+                        task = asyncio.create_task(handle(event, saved))
                         handling.add(task)
                         task.add_done_callback(handled)
                     batch.clear()
