@@ -110,3 +110,55 @@ def test_expired_takes_the_expired_head_of_an_index_in_expiry_order() -> None:
     assert _expired(index, now=2.5) == ["r0", "r1", "r2"]
     assert _expired(index, now=-1.0) == []
     assert _expired(index, now=1e9) == [f"r{n}" for n in range(64)]  # a bounded share
+
+
+class Event:
+    """What the store keeps of a Faust event: only that it is one (weakly referenced)."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+
+class EventTable(Table):
+    """Records the partition of the event current at each write, as Faust's changelog
+    does (``Table.on_key_set`` reads ``faust.streams.current_event()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partitions: dict[bytes, int | None] = {}
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        from faust.streams import current_event
+
+        event = cast(Any, current_event())
+        self.partitions[key] = event.partition if event is not None else None
+        super().__setitem__(key, value)
+
+
+def test_a_flush_writes_each_tenants_sums_under_the_event_it_was_saved_in() -> None:
+    from stream_jobs.app import in_event
+
+    windows, reservations = EventTable(), Table()
+    store = store_over(windows, reservations)
+    for n, (tenant, event) in enumerate((("acme", Event(0)), ("globex", Event(3)))):
+        with in_event(cast(Any, event)):
+            state = store.load(tenant)
+            reserve(state, f"r{n}", 10, LIMITS, now=100.0)
+            store.save(tenant, state)
+    store.flush()  # outside both events, as the agent runs it after the batch
+    assert windows.partitions == {b"acme": 0, b"globex": 3}
+
+
+def test_in_event_makes_the_event_current_and_restores_the_one_before() -> None:
+    from faust.streams import current_event
+
+    from stream_jobs.app import in_event
+
+    outer, inner = Event(1), Event(2)
+    with in_event(cast(Any, outer)):
+        with in_event(cast(Any, inner)):
+            assert current_event() is inner
+        assert current_event() is outer
+        with in_event(None):
+            assert current_event() is outer  # none given: the current one stays
+    assert current_event() is None
