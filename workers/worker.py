@@ -72,7 +72,26 @@ _FINISH_REASONS = {
     "stop": FinishReason.STOP,
     "length": FinishReason.LENGTH,
     "abort": FinishReason.ABORT,
+    "error": FinishReason.ERROR,
 }
+
+
+def finish_of(engine_reason: str | None) -> tuple[FinishReason | None, ErrorInfo | None]:
+    """vLLM's finish reason as tokenbus's, with the error to report: a reason tokenbus
+    does not know (a newer vLLM's) ends the stream as an error that names it, never as a
+    quiet ``stop``."""
+    if engine_reason is None:
+        return None, None
+    reason = _FINISH_REASONS.get(engine_reason)
+    if reason is FinishReason.ERROR:
+        return reason, ErrorInfo(code="engine_error", message="the engine failed the request")
+    if reason is None:
+        return FinishReason.ERROR, ErrorInfo(
+            code="engine_error",
+            message=f"the engine finished the request with {engine_reason!r}, "
+            "a reason this worker does not know",
+        )
+    return reason, None
 
 
 def _elapsed_ms(since: datetime, until: datetime) -> float:
@@ -237,6 +256,7 @@ class Worker:
         engine_id = request.engine_request_id
         self._running[(tenant_id, request_id)] = engine_id
         abort_sent = False
+        ended = False  # the engine gave its finish reason
         try:
             prompt: str | list[int]
             if request.prompt is not None:
@@ -295,17 +315,21 @@ class Worker:
                     abort_sent = True
                     await self._engine.abort(engine_id)
                 num_completion += len(delta.token_ids)
-                reason = _FINISH_REASONS.get(delta.finish_reason or "", None)
-                if delta.finish_reason is not None and reason is None:
-                    reason = FinishReason.STOP
+                reason, problem = finish_of(delta.finish_reason)
+                if problem is not None:
+                    log.warning("%s: %s", request_id, problem.message)
+                    error = problem
                 if not delta.token_ids and not delta.text and reason is None:
                     continue
                 # Not awaited: the batcher sends this step's chunks of every request
                 # together, in the next loop iteration.
-                deliveries.track(replies.add(reply_to, chunk(delta.text, delta.token_ids, reason)))
+                deliveries.track(
+                    replies.add(reply_to, chunk(delta.text, delta.token_ids, reason, problem))
+                )
                 seq += 1
                 if reason is not None:
                     finish = reason
+                    ended = True
                     break
         except Exception as exc:
             log.exception("engine failed on %s", request.request_id)
@@ -314,7 +338,7 @@ class Worker:
             deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
             seq += 1
         else:
-            if finish is FinishReason.ERROR:
+            if not ended:
                 # The engine ended without a finish reason: tell the client, never hang it.
                 error = ErrorInfo(code="engine_error", message="engine ended the stream early")
                 finish = FinishReason.ERROR

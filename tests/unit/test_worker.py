@@ -1,0 +1,224 @@
+"""The worker loop (workers.worker) against bench's pretend engine and a recording
+producer: what one request makes on the reply and usage topics, and how it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRecord
+
+from bench.fake_engine import FakeEngine
+from schemas import (
+    FinishReason,
+    SamplingParams,
+    UsageEvent,
+    UsageStatus,
+    WorkItem,
+    decode,
+)
+from tokenbus.chunks import Chunk, decode_batch
+from tokenbus.config import Settings
+from workers.interface import AdapterRef, EngineDelta, GenerateParams
+from workers.replies import ReplyBatcher
+from workers.worker import Worker, finish_of
+
+REPLY_TO = "tokenbus.replies.acme.c1"
+
+
+class Sent:
+    """A broker that acknowledges at once: an offset per topic."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+class RecordingProducer:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, bytes]] = []
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        self.records.append((topic, key, value))
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(Sent(len(self.records)))
+        return done
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> Sent:
+        self.records.append((topic, key, value))
+        return Sent(len(self.records))
+
+    def on(self, topic: str) -> list[bytes]:
+        return [value for t, _, value in self.records if t == topic]
+
+
+class ScriptedEngine(FakeEngine):
+    """The pretend engine, ending each request with a finish reason of the test's choice
+    (or raising, or ending with none)."""
+
+    def __init__(self, finish: str | Exception | None) -> None:
+        super().__init__("tiny", max_num_seqs=4)
+        self._finish = finish
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: GenerateParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[EngineDelta]:
+        yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=0)
+        if isinstance(self._finish, Exception):
+            raise self._finish
+        yield EngineDelta(" b", [6], self._finish)
+
+
+def work_item(max_tokens: int = 4, **fields: Any) -> WorkItem:
+    now = datetime.now(UTC)
+    base: dict[str, Any] = dict(
+        request_id="r1",
+        session_id="sess_1",
+        tenant_id="acme",
+        model="tiny",
+        prompt="hello there",
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        reply_to=REPLY_TO,
+        created_at=now,
+        admitted_at=now,
+        dispatched_at=now,
+        cache_salt="acme",
+    )
+    return WorkItem(**(base | fields))
+
+
+async def serve(
+    tmp_path: Path, engine: FakeEngine, item: WorkItem
+) -> tuple[Worker, RecordingProducer, list[Chunk], list[UsageEvent]]:
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
+    producer = RecordingProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker._replies = ReplyBatcher(producer)
+    await engine.start()
+    await worker._serve(item)
+    await worker._replies.drain()
+    topics = worker._topics
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    usage = [decode(UsageEvent, raw) for raw in producer.on(topics.usage)]
+    return worker, producer, chunks, usage
+
+
+async def test_a_request_streams_its_tokens_in_order_and_reports_once(tmp_path: Path) -> None:
+    _, _, chunks, usage = await serve(tmp_path, FakeEngine("tiny", 4), work_item(max_tokens=5))
+    assert [c.seq for c in chunks] == [0, 1, 2, 3, 4]
+    assert sum(c.num_tokens for c in chunks) == 5
+    assert [c.finish_reason for c in chunks] == [None] * 4 + [FinishReason.LENGTH]
+    assert chunks[-1].num_prompt_tokens == 6  # 11 characters at 1.8 a token
+    (event,) = usage
+    assert event.status is UsageStatus.OK and event.num_completion_tokens == 5
+    assert event.num_prompt_tokens == 6 and event.last_seq == 4
+    assert event.worker_id == "w1" and event.error_code is None
+
+
+async def test_a_resumed_attempt_continues_the_stream_and_bills_the_whole(
+    tmp_path: Path,
+) -> None:
+    item = work_item(max_tokens=5, attempt=1, resume_token_ids=[7, 7], resume_seq=2)
+    _, _, chunks, usage = await serve(tmp_path, FakeEngine("tiny", 4), item)
+    assert [c.seq for c in chunks] == [2, 3, 4]  # after the 2 chunks delivered before
+    (event,) = usage
+    assert event.num_completion_tokens == 5 and event.last_seq == 4 and event.attempt == 1
+
+
+@pytest.mark.parametrize(
+    ("engine_reason", "expected"),
+    [("stop", FinishReason.STOP), ("length", FinishReason.LENGTH), ("abort", FinishReason.ABORT)],
+)
+async def test_known_finish_reasons_end_the_stream_as_they_are(
+    tmp_path: Path, engine_reason: str, expected: FinishReason
+) -> None:
+    _, _, chunks, usage = await serve(tmp_path, ScriptedEngine(engine_reason), work_item())
+    assert chunks[-1].finish_reason is expected and chunks[-1].error is None
+    assert usage[0].error_code is None
+
+
+@pytest.mark.parametrize("engine_reason", ["error", "repetition"])
+async def test_an_engine_error_or_an_unknown_reason_ends_as_an_error_never_a_stop(
+    tmp_path: Path, engine_reason: str
+) -> None:
+    _, _, chunks, usage = await serve(tmp_path, ScriptedEngine(engine_reason), work_item())
+    assert [c.seq for c in chunks] == [0, 1]  # one last chunk, not a second error chunk
+    last = chunks[-1]
+    assert last.finish_reason is FinishReason.ERROR
+    assert last.error is not None and last.error.code == "engine_error"
+    if engine_reason != "error":
+        assert repr(engine_reason) in last.error.message
+    (event,) = usage
+    assert event.status is UsageStatus.FAILED and event.error_code == "engine_error"
+    assert event.num_completion_tokens == 2
+
+
+async def test_an_engine_that_raises_or_stops_short_still_ends_the_stream(
+    tmp_path: Path,
+) -> None:
+    cases: list[tuple[Exception | None, str, list[int]]] = [
+        (RuntimeError("boom"), "RuntimeError: boom", [0, 1]),  # " a", then the error
+        (None, "early", [0, 1, 2]),  # " a", " b" with no reason, then the error
+    ]
+    for finish, message, seqs in cases:
+        _, _, chunks, usage = await serve(tmp_path, ScriptedEngine(finish), work_item())
+        last = chunks[-1]
+        assert last.finish_reason is FinishReason.ERROR and last.error is not None
+        assert message in last.error.message
+        assert [c.seq for c in chunks] == seqs
+        assert usage[0].error_code == "engine_error"
+
+
+async def test_a_request_cancelled_before_it_runs_never_reaches_the_engine(
+    tmp_path: Path,
+) -> None:
+    engine = ScriptedEngine(RuntimeError("the engine must not be called"))
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
+    worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="client_disconnected")
+    producer = RecordingProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker._replies = ReplyBatcher(producer)
+    await worker._serve(work_item())
+    await worker._replies.drain()
+    (chunk,) = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    assert chunk.finish_reason is FinishReason.ABORT and chunk.num_tokens == 0
+    (event,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
+    assert event.status is UsageStatus.CANCELLED and event.num_completion_tokens == 0
+
+
+async def test_a_record_that_is_not_a_work_item_is_dead_lettered_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
+    producer = RecordingProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker._replies = ReplyBatcher(producer)
+    for value in (b"{not json", work_item(reply_to="tokenbus.usage").model_dump_json().encode()):
+        record: ConsumerRecord[bytes, bytes] = ConsumerRecord(
+            worker.request_topic, 0, 9, 0, 0, b"acme", value, None, len(b"acme"), len(value), []
+        )
+        await worker._slots.acquire()  # _handle releases the slot it was given
+        await worker._handle(record)
+    dead = producer.on(worker._topics.dead_letters)
+    assert len(dead) == 2
+    assert b"not a reply topic" in dead[1]
+    assert producer.on(worker._topics.usage) == [] and producer.on(REPLY_TO) == []
+
+
+def test_finish_of_maps_every_reason() -> None:
+    assert finish_of(None) == (None, None)
+    assert finish_of("stop") == (FinishReason.STOP, None)
+    reason, error = finish_of("something-new")
+    assert reason is FinishReason.ERROR and error is not None
+    assert "'something-new'" in error.message
