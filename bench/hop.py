@@ -96,7 +96,7 @@ async def floor(
     return await one_setting(
         settings,
         1,
-        settings.fetch_max_wait_ms,
+        settings.consumer_fetch_wait_ms,
         num_messages,
         idle_s,
         broker_pid,

@@ -59,13 +59,15 @@ class Settings(BaseSettings):
     """Idempotent producers; unset: on with the ``kafka`` profile, off with ``tansu``
     (idempotence needs InitProducerId, which the bundled broker lacks)."""
     linger_ms: int = 0
-    fetch_max_wait_ms: int = 20
+    fetch_max_wait_ms: int | None = None
     """How long the broker may hold a fetch of an idle partition: every consumer but the
-    Faust job's. Apache Kafka answers a parked fetch as soon as a record arrives; the
-    bundled broker answers later the longer the wait, while a short wait keeps idle
-    consumers polling it. Measured through the whole pipeline at concurrency 1 (worker
-    to client p50; pipeline CPU per 1k tokens): 5 ms 6 ms, 10.5 s; 20 ms 9 ms, 6.6 s;
-    100 ms 21 ms, 3.9 s (BENCHMARKS.md). Raise it against Apache Kafka."""
+    Faust job's (``consumer_fetch_wait_ms`` resolves it). Unset: 500 ms with the ``kafka``
+    profile, Kafka's own default, since Apache Kafka answers a parked fetch as soon as a
+    record arrives, so a long wait costs no latency and saves the polling; 20 ms with
+    ``tansu``, which answers later the longer the wait, while a short wait keeps idle
+    consumers polling it. Measured through the whole pipeline on tansu at concurrency 1
+    (worker to client p50; pipeline CPU per 1k tokens): 5 ms 6 ms, 10.5 s; 20 ms 9 ms,
+    6.6 s; 100 ms 21 ms, 3.9 s (BENCHMARKS.md)."""
     job_fetch_max_wait_ms: int = 5
     """The same, for the Faust job's consumer. It holds many partitions, and one left
     out of a parked fetch (its records still buffered, or paused by Faust's flow
@@ -334,6 +336,13 @@ class Settings(BaseSettings):
     @property
     def clickhouse(self) -> str:
         return self.clickhouse_dsn or f"chdb://{self.home / 'clickhouse'}"
+
+    @property
+    def consumer_fetch_wait_ms(self) -> int:
+        """``fetch_max_wait_ms``, or its default for the broker profile."""
+        if self.fetch_max_wait_ms is not None:
+            return self.fetch_max_wait_ms
+        return 500 if self.broker_profile == "kafka" else 20
 
     @property
     def served_precision(self) -> str:

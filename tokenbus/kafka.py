@@ -62,7 +62,7 @@ def make_consumer(
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "fetch_max_wait_ms": settings.consumer_fetch_wait_ms,
         "request_timeout_ms": settings.request_timeout_ms,
         "session_timeout_ms": int(settings.faust_session_timeout_s * 1000),
         "heartbeat_interval_ms": int(settings.faust_heartbeat_interval_s * 1000),

@@ -197,7 +197,7 @@ async def _dead_letters(settings: Settings) -> list[DeadLetter]:
         bootstrap_servers=settings.bootstrap,
         group_id=None,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_max_wait_ms=settings.consumer_fetch_wait_ms,
     )
     await consumer.start()
     try:

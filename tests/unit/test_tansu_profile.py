@@ -51,7 +51,7 @@ async def test_the_kafka_profile_installs_no_patch(
     consumer = make_consumer(settings, "tokenbus.usage", group_id=None)
     create_app(settings)
     assert patched_methods() == as_shipped
-    assert consumer._fetch_max_wait_ms == settings.fetch_max_wait_ms
+    assert consumer._fetch_max_wait_ms == settings.consumer_fetch_wait_ms == 500
 
 
 async def test_the_kafka_profile_makes_idempotent_producers_with_acks_all() -> None:
