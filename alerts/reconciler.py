@@ -1,6 +1,6 @@
 """The daily reconciliation, in the alerts service: drift --> log and ``/metrics``.
 
-# every budget_reconcile_interval_s: job /budgets + ClickHouse --> tokenbus.reconcile
+# every budget_reconcile_interval_s: job /budgets + ClickHouse --> alerts.reconcile
 # --> a warning per drifting bucket, gauges for /metrics
 
 Reads ClickHouse through the billing sink's query server (or a server DSN), never by
@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
+from alerts.reconcile import Drift, reconcile
 from billing.reader import open_reader
 from tokenbus.budget_admin import job_budgets
 from tokenbus.config import Settings
-from tokenbus.reconcile import Drift, reconcile
 
 log = logging.getLogger(__name__)
 

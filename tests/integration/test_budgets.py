@@ -25,6 +25,7 @@ import httpx
 import jwt
 import pytest
 
+from alerts.reconcile import reconcile
 from alerts.webhook import verify
 from billing.reader import open_reader
 from producers import TokenbusClient
@@ -32,7 +33,6 @@ from schemas import SamplingParams, TokenChunk
 from tests.integration.conftest import eventually, free_port
 from tokenbus.budget_admin import job_budgets
 from tokenbus.config import Settings
-from tokenbus.reconcile import reconcile
 from tokenbus.stack import Stack, settings_env
 from tokenbus.tenants import hash_api_key
 

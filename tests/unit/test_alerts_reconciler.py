@@ -3,9 +3,9 @@
 import asyncio
 from decimal import Decimal
 
+from alerts.reconcile import Drift
 from alerts.reconciler import ReconcileMetrics, reconcile_forever
 from tokenbus.config import Settings
-from tokenbus.reconcile import Drift
 
 
 async def test_each_interval_reconciles_and_the_metrics_show_the_drift() -> None:

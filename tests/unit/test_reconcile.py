@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from alerts.reconcile import Drift, bucket_query, entity_filter, reconcile
 from billing.dedup import write_usage
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
@@ -15,7 +16,6 @@ from billing.reader import StoreReader
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent
 from stream_jobs.budgets import Period, billed_nanos, to_units
-from tokenbus.reconcile import Drift, bucket_query, entity_filter, reconcile
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 KEY = "ab" * 32
@@ -124,7 +124,7 @@ def test_the_command_prints_drift_and_exits_non_zero(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(budget_admin, "job_budgets", lambda settings: {"buckets": buckets})
     monkeypatch.setattr("billing.reader.open_reader", lambda settings: Reader())
-    monkeypatch.setattr("tokenbus.reconcile.reconcile", fake_reconcile)
+    monkeypatch.setattr("alerts.reconcile.reconcile", fake_reconcile)
     result = CliRunner().invoke(cli.main, ["budget", "reconcile", "--period", "2026-03-10"])
     assert result.exit_code == 1
     assert seen == [["2026-03-10"]]
