@@ -174,19 +174,23 @@ class Pricer:
         if found is None:
             return Charge(weight, _ZERO, _ZERO, UNPRICED_VERSION)
         price, (input_nanos, output_nanos, cached_nanos) = found
-        if event.status is UsageStatus.REJECTED:
+        status = event.status
+        if status is UsageStatus.REJECTED:
             # Refused before it ran: a prompt the dispatcher counted was never computed.
             return Charge(weight, _ZERO, _ZERO, price.version)
-        num_cached = min(max(event.num_cached_tokens, 0), event.num_prompt_tokens)
+        num_prompt = event.num_prompt_tokens
+        num_cached = min(max(event.num_cached_tokens, 0), num_prompt)
         at_list_price = (
-            (event.num_prompt_tokens - num_cached) * input_nanos
+            (num_prompt - num_cached) * input_nanos
             + num_cached * cached_nanos
             + event.num_completion_tokens * output_nanos
         )  # nano-units x 1,000
         cost_nanos = _divide_half_even(at_list_price * round(weight * _MICROS), 1000 * _MICROS)
-        billed_nanos = _divide_half_even(
-            cost_nanos * self.book._share_micros[event.status], _MICROS
-        )
+        share_micros = self.book._share_micros[status]
+        if share_micros == _MICROS:  # all of it, as for ok work by default
+            cost = Decimal(cost_nanos).scaleb(-9)
+            return Charge(weight, cost, cost, price.version)
+        billed_nanos = _divide_half_even(cost_nanos * share_micros, _MICROS)
         return Charge(
             weight, Decimal(cost_nanos).scaleb(-9), Decimal(billed_nanos).scaleb(-9), price.version
         )
