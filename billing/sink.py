@@ -210,6 +210,9 @@ class BillingSink:
         await producer.start()
         try:
             await consumer.start()
+            # What start-up made (modules, clients) lives as long as the sink: the
+            # collections between batches need not walk it again and again.
+            gc.freeze()
             try:
                 log.info("billing sink consuming %s as %s", self._topics.usage, self.group_id)
                 await self.consume(consumer, publisher(producer), stop)
