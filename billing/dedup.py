@@ -81,8 +81,9 @@ def plan_keyed_insert(
 
 def dedup_token(keys: Iterable[UsageKey]) -> str:
     """A digest of the keys, independent of their order."""
-    # Each key as "tenant\x1fsession\x1frequest\x1fattempt\x1e", digested in one call.
-    text = "".join([f"{t}\x1f{s}\x1f{r}\x1f{a}\x1e" for t, s, r, a in sorted(keys)])
+    # Each key as "tenant\x1fsession\x1frequest\x1fattempt\x1e"; sorting the texts, not
+    # the tuples, makes the order; one call digests them all.
+    text = "".join(sorted([f"{t}\x1f{s}\x1f{r}\x1f{a}\x1e" for t, s, r, a in keys]))
     return f"usage-{hashlib.sha256(text.encode()).hexdigest()}"
 
 

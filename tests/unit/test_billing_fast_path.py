@@ -85,11 +85,25 @@ def _previous_dedup_token(keys: Iterable[UsageKey]) -> str:
     return f"usage-{digest.hexdigest()}"
 
 
-def test_dedup_token_is_the_previous_digest() -> None:
+def test_dedup_token_is_the_previous_digest_where_texts_sort_as_keys() -> None:
+    # Single-digit attempts and ids without control characters: the texts sort as the
+    # tuples did, so the token is the one the previous code made.
     keys: list[UsageKey] = [(f"t{i % 3}", f"sess-{i // 2}", f"req-é{i}", i % 4) for i in range(200)]
     assert dedup_token(keys) == _previous_dedup_token(keys)
     assert dedup_token(reversed(keys)) == dedup_token(keys)
     assert dedup_token([]) == _previous_dedup_token([])
+
+
+def test_dedup_token_is_one_per_set_of_keys() -> None:
+    # Attempts 9 and 10 sort one way as numbers, the other way as text: still one token
+    # per set, whatever the order, and another for another set.
+    keys: list[UsageKey] = [("t", "s", "r", 9), ("t", "s", "r", 10), ("t", "s1", "r", 0)]
+    tokens = {dedup_token(keys), dedup_token(keys[::-1]), dedup_token(keys[1:] + keys[:1])}
+    assert len(tokens) == 1
+    assert dedup_token(keys[:2]) not in tokens
+    assert dedup_token([("t", "s", "r", 91), ("t", "s", "r", 0)]) != dedup_token(
+        [("t", "s", "r", 9), ("t", "s", "r", 10)]
+    )
 
 
 _BASE = datetime(2026, 1, 1, tzinfo=UTC)
