@@ -305,8 +305,7 @@ class BillingSink:
         recent = self._recent
         assert recent is not None
         firsts = keyed_first_copies(events)
-        is_unsure = recent.is_unsure
-        keys = [key for key, event in firsts if is_unsure(key, event.created_at)]
+        keys = recent.unsure_keys(firsts)
         known: set[Any] = set()
 
         async def look_up() -> None:
