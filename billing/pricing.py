@@ -153,43 +153,52 @@ class Pricer:
     def __init__(self, book: PriceBook, peak_hours: PeakHours = NO_PEAK_HOURS) -> None:
         self.book = book
         self.peak_hours = peak_hours
-        self._weights: dict[tuple[int, str, bool], float] = {}
-        """(context steps, precision, peak) --> cost weight: a few dozen entries at most."""
+        self._weights: dict[tuple[int, str, bool], tuple[float, int]] = {}
+        """(context steps, precision, peak) --> the cost weight, and it in millionths: a
+        few dozen entries at most."""
 
-    def _weight(self, event: Usage) -> float:
+    def _weight(self, event: Usage) -> tuple[float, int]:
         peak = bool(self.peak_hours.hours) and self.peak_hours.contains(event.created_at)
         key = (max(0, event.num_prompt_tokens) // CONTEXT_STEP_TOKENS, event.precision, peak)
-        weight = self._weights.get(key)
-        if weight is None:
+        found = self._weights.get(key)
+        if found is None:
             if len(self._weights) >= _MAX_WEIGHTS:
                 self._weights.clear()  # odd precision strings must not grow it forever
-            weight = self._weights[key] = cost_weight(
+            weight = cost_weight(
                 event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
             )
-        return weight
+            found = self._weights[key] = (weight, round(weight * _MICROS))
+        return found
 
     def charge(self, event: Usage) -> Charge:
-        weight = self._weight(event)
+        weight, weight_micros = self._weight(event)
         found = self.book._in_force(event.model, event.created_at, event.adapter)
         if found is None:
-            return Charge(weight, _ZERO, _ZERO, UNPRICED_VERSION)
+            return _new_charge(Charge, (weight, _ZERO, _ZERO, UNPRICED_VERSION))
         price, (input_nanos, output_nanos, cached_nanos) = found
-        if event.status is UsageStatus.REJECTED:
+        status = event.status
+        if status is UsageStatus.REJECTED:
             # Refused before it ran: a prompt the dispatcher counted was never computed.
-            return Charge(weight, _ZERO, _ZERO, price.version)
-        num_cached = min(max(event.num_cached_tokens, 0), event.num_prompt_tokens)
+            return _new_charge(Charge, (weight, _ZERO, _ZERO, price.version))
+        num_prompt = event.num_prompt_tokens
+        num_cached = min(max(event.num_cached_tokens, 0), num_prompt)
         at_list_price = (
-            (event.num_prompt_tokens - num_cached) * input_nanos
+            (num_prompt - num_cached) * input_nanos
             + num_cached * cached_nanos
             + event.num_completion_tokens * output_nanos
         )  # nano-units x 1,000
-        cost_nanos = _divide_half_even(at_list_price * round(weight * _MICROS), 1000 * _MICROS)
-        billed_nanos = _divide_half_even(
-            cost_nanos * self.book._share_micros[event.status], _MICROS
-        )
-        return Charge(
-            weight, Decimal(cost_nanos).scaleb(-9), Decimal(billed_nanos).scaleb(-9), price.version
-        )
+        cost_nanos = _divide_half_even(at_list_price * weight_micros, 1000 * _MICROS)
+        cost = Decimal(cost_nanos).scaleb(-9)
+        share_micros = self.book._share_micros[status]
+        if share_micros == _MICROS:  # all of it, as for ok work by default
+            return _new_charge(Charge, (weight, cost, cost, price.version))
+        billed_nanos = _divide_half_even(cost_nanos * share_micros, _MICROS)
+        billed = Decimal(billed_nanos).scaleb(-9)
+        return _new_charge(Charge, (weight, cost, billed, price.version))
+
+
+_new_charge = tuple.__new__
+"""``Charge(...)`` without the Python-level ``__new__`` a named tuple has: once per event."""
 
 
 def list_cost(event: Usage, price: Price) -> Decimal:

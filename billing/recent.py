@@ -27,8 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from billing.dedup import Attempt, UsageKey
+
+
+class HasCreatedAt(Protocol):
+    @property
+    def created_at(self) -> datetime: ...
 
 
 class RecentAttempts:
@@ -68,21 +74,38 @@ class RecentAttempts:
             return True
         return hash(key) in self._minute_of
 
+    def unsure_keys(self, keyed: Iterable[tuple[UsageKey, HasCreatedAt]]) -> list[UsageKey]:
+        """The keys of ``keyed`` (keys with their events) that ``is_unsure``, in order."""
+        minute_of = self._minute_of
+        horizon = self._horizon
+        if horizon is None:
+            return [key for key, _ in keyed if hash(key) in minute_of]
+        return [
+            key
+            for key, event in keyed
+            if _aware(event.created_at) < horizon or hash(key) in minute_of
+        ]
+
     def add(self, attempts: Iterable[Attempt]) -> None:
         """Records attempts ClickHouse now holds, then forgets the oldest minutes while
         over capacity. Attempts created before the horizon are not kept: they are unsure
         anyway."""
         minute_of = self._minute_of
+        by_minute = self._by_minute
+        horizon_s = self._horizon_s
         for key, created_at in attempts:
-            seconds = _seconds(created_at)
-            if seconds < self._horizon_s:
+            # _seconds, inline: this runs for every attempt the sink inserts.
+            if created_at.tzinfo is None:
+                created_at = created_at.replace(tzinfo=UTC)
+            seconds = created_at.timestamp()
+            if seconds < horizon_s:
                 continue
             minute = int(seconds // 60)
             digest = hash(key)
             known = minute_of.get(digest)
             if known is None or known < minute:
                 minute_of[digest] = minute
-                self._by_minute.setdefault(minute, []).append(digest)
+                by_minute.setdefault(minute, []).append(digest)
         while len(minute_of) > self.capacity:
             self._forget_oldest_minute()
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from billing.pricing import Charge
 from billing.usage_codec import Usage
+from schemas import FinishReason, UsageStatus
 
 USAGE_COLUMNS: tuple[str, ...] = (
     "tenant_id",
@@ -51,6 +52,13 @@ class UnstorableEvent(ValueError):
 
 def check_storable(event: Usage) -> None:
     """Raises UnstorableEvent for an event no row can hold (a negative count)."""
+    if (
+        event.attempt >= 0
+        and event.num_prompt_tokens >= 0
+        and event.num_completion_tokens >= 0
+        and event.num_cached_tokens >= 0
+    ):
+        return  # every field of _UNSIGNED_FIELDS: the common case, without getattr
     for name in _UNSIGNED_FIELDS:
         if getattr(event, name) < 0:
             raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
@@ -67,8 +75,8 @@ def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
         event.adapter or "",
         event.worker_id or "",
         event.priority,
-        event.status.value,
-        event.finish_reason.value if event.finish_reason is not None else "",
+        _VALUES[event.status],
+        _VALUES[event.finish_reason] if event.finish_reason is not None else "",
         event.num_prompt_tokens,
         event.num_completion_tokens,
         event.num_cached_tokens,
@@ -87,6 +95,12 @@ def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
         _utc(event.created_at),
         _utc(event.finished_at),
     )
+
+
+_VALUES: dict[UsageStatus | FinishReason, str] = {
+    member: member.value for enum in (UsageStatus, FinishReason) for member in enum
+}
+"""Each status and finish reason --> its text: a lookup, not an enum property per row."""
 
 
 def _utc(value: datetime) -> datetime:

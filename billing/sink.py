@@ -69,7 +69,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener
@@ -117,21 +117,36 @@ class UsageConsumer(Protocol):
     def assignment(self) -> set[Any]: ...
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pauses the cycle collector while a batch is handled.
+class _CollectorPause:
+    """Pauses the cycle collector from a batch's first record until the batch is gone.
 
-    A batch allocates tens of thousands of small objects that form no cycles and go with
-    their last reference; meanwhile each full collection would walk all of them again.
-    That cost a third of the sink's CPU in ``python -m billing.bench``.
+    A batch allocates tens of thousands of small objects (the fetched records, then the
+    decoded events, rows and columns) that form no cycles and go with their last
+    reference; meanwhile each automatic collection would walk the batch gathered so far
+    again (a third of the sink's CPU in ``python -m billing.bench`` before any pause).
+    The gathering counts as much as the handling: its records outlive many collections,
+    and after ``gc.freeze()`` the full ones come often, each walking them. ``resume`` runs
+    one full collection once the batch is freed, which finds any cycle made meanwhile;
+    after ``gc.freeze()`` at start-up it walks little but the index of recent attempts.
+    An idle sink, waiting for a first record, runs with the collector as it found it.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._was_enabled = False
+
+    def pause(self) -> None:
+        if not self._paused:
+            self._paused = True
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self._was_enabled:
+                gc.enable()
+                gc.collect()
 
 
 class _FinishBatchBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -210,6 +225,9 @@ class BillingSink:
         await producer.start()
         try:
             await consumer.start()
+            # What start-up made (modules, clients) lives as long as the sink: the
+            # collections between batches need not walk it again and again.
+            gc.freeze()
             try:
                 log.info("billing sink consuming %s as %s", self._topics.usage, self.group_id)
                 await self.consume(consumer, publisher(producer), stop)
@@ -221,16 +239,33 @@ class BillingSink:
 
     async def consume(self, consumer: UsageConsumer, publish: Publish, stop: asyncio.Event) -> None:
         """The loop of ``run``, on clients the caller started and will stop."""
+        collector = _CollectorPause()
         while not stop.is_set():
-            batch = await self._next_batch(consumer, stop)
-            if batch:
-                async with self._in_flight:
-                    with _no_cyclic_gc():
-                        await self._handle(batch, consumer, publish, stop)
+            try:
+                await self._next_and_handle(consumer, publish, stop, collector.pause)
+            finally:
+                collector.resume()  # the batch is freed: its frame is gone
+
+    async def _next_and_handle(
+        self,
+        consumer: UsageConsumer,
+        publish: Publish,
+        stop: asyncio.Event,
+        on_first_record: Callable[[], None],
+    ) -> None:
+        batch = await self._next_batch(consumer, stop, on_first_record)
+        if batch:
+            async with self._in_flight:
+                await self._handle(batch, consumer, publish, stop)
 
     # Fetches --> one batch: batch_rows records (more if already fetched), or the
     # interval's worth.
-    async def _next_batch(self, consumer: UsageConsumer, stop: asyncio.Event) -> Batch:
+    async def _next_batch(
+        self,
+        consumer: UsageConsumer,
+        stop: asyncio.Event,
+        on_first_record: Callable[[], None] = lambda: None,
+    ) -> Batch:
         loop = asyncio.get_running_loop()
         batch: Batch = {}
         num_records = 0
@@ -254,6 +289,7 @@ class BillingSink:
                     num_records += len(records)
             if num_records and deadline is None:
                 deadline = loop.time() + self._batch_interval_s
+                on_first_record()
         return batch
 
     def _without_revoked(self, batch: Batch) -> Batch:
@@ -302,8 +338,7 @@ class BillingSink:
         recent = self._recent
         assert recent is not None
         firsts = keyed_first_copies(events)
-        is_unsure = recent.is_unsure
-        keys = [key for key, event in firsts if is_unsure(key, event.created_at)]
+        keys = recent.unsure_keys(firsts)
         known: set[Any] = set()
 
         async def look_up() -> None:

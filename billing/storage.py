@@ -6,7 +6,10 @@ that fail on purpose, and wrappers (metrics, fault injection) wrap it from outsi
 
 from __future__ import annotations
 
+import decimal
+import sys
 import threading
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,6 +17,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import clickhouse_connect
+from clickhouse_connect.datatypes.base import ClickHouseType
+from clickhouse_connect.datatypes.numeric import BigDecimal
 
 from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
@@ -78,6 +83,8 @@ class ClickHouseStore:
         # One client serves one call at a time: over HTTP, calls share a session id that
         # the server locks; on chdb, a handle with an open result stream answers nothing.
         self._lock = threading.Lock()
+        self._usage_types: list[ClickHouseType] | None = None
+        """The insert types of ``USAGE_COLUMNS``, read once from the table."""
         try:
             if migrate:
                 apply_migrations(self._client)
@@ -128,12 +135,19 @@ class ClickHouseStore:
         # integer ticks as they are, where it would convert each datetime in Python.
         columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
         for index in _TICK_COLUMNS:
-            columns[index] = [_millis(value) for value in columns[index]]
+            # _millis, inline: a call per value was most of the cost.
+            columns[index] = [
+                ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
+                for at in columns[index]
+            ]
         with self._lock:
+            if self._usage_types is None:
+                self._usage_types = _usage_insert_types(self._client)
             self._client.insert(
                 "usage_events",
                 columns,
                 column_names=USAGE_COLUMNS,
+                column_types=self._usage_types,
                 column_oriented=True,
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
@@ -261,6 +275,61 @@ def _millis(at: datetime) -> int:
     """DateTime64(3) ticks, as clickhouse-connect computes them: milliseconds since the
     epoch, rounded down; a naive datetime is taken as UTC, as ``billing.rows`` does."""
     return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
+
+
+class ScaledDecimal(BigDecimal, registered=False):  # type: ignore[misc]
+    """A wide ``Decimal(P, S)`` column written as clickhouse-connect writes it, in fewer steps.
+
+    clickhouse-connect turns each value into text and back (``int(Decimal(str(x)) * 10**S)``);
+    moving the decimal point (``scaleb``) gives the same integer, rounded down towards
+    zero alike, without the text: that was most of the cost of writing a cost column.
+    """
+
+    def _write_column_binary(self, column: Sequence[Any], dest: bytearray, _ctx: Any) -> None:
+        with decimal.localcontext() as ctx:
+            ctx.prec = self.prec
+            scale = self.scale
+            # Decimal(str(x)) is x itself for a Decimal; a float or text is read as
+            # clickhouse-connect reads it. int() rounds towards zero, as it does.
+            ints = [
+                0
+                if self.nullable and not x
+                else int(
+                    (x if type(x) is decimal.Decimal else decimal.Decimal(str(x))).scaleb(scale)
+                )
+                for x in column
+            ]
+        if _LITTLE and self.byte_size == 16 and all(_INT64_MIN <= v <= _INT64_MAX for v in ints):
+            # Little-endian Int128 from int64 halves: the value, then its sign extension.
+            words = array("q", bytes(16 * len(ints)))
+            words[0::2] = array("q", ints)
+            words[1::2] = array("q", [v >> 63 for v in ints])
+            dest += words.tobytes()
+        else:
+            for v in ints:
+                dest += v.to_bytes(self.byte_size, "little", signed=True)
+
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_LITTLE = sys.byteorder == "little"
+"""array("q") writes native order; the Native format is little-endian."""
+
+
+def _usage_insert_types(client: Any) -> list[ClickHouseType]:
+    """The table's types for ``USAGE_COLUMNS``, the wide Decimals as ``ScaledDecimal``.
+
+    Given to each insert, they also spare it a ``DESCRIBE`` of the table.
+    """
+    context = client.create_insert_context("usage_events", column_names=list(USAGE_COLUMNS))
+    return [_scaled_decimal(t) for t in context.column_types]
+
+
+def _scaled_decimal(column_type: ClickHouseType) -> ClickHouseType:
+    if type(column_type) is not BigDecimal:
+        return column_type
+    size = column_type.byte_size * 8
+    return ScaledDecimal(column_type.type_def, column_type.prec, size, column_type.scale)
 
 
 def _key(row: Sequence[Any]) -> UsageKey:

@@ -1,6 +1,9 @@
 """The index of recent attempts: complete from its horizon, and still so when it forgets."""
 
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
+
+import pytest
 
 from billing.dedup import UsageKey
 from billing.recent import RecentAttempts
@@ -65,3 +68,23 @@ def test_a_key_seen_again_later_survives_the_forgetting_of_its_first_minute() ->
     assert index.horizon == T0 + timedelta(minutes=1)
     assert index.is_unsure(_key(0), T0 + timedelta(minutes=5))
     assert len(index) == 2
+
+
+class _Event(NamedTuple):
+    created_at: datetime
+
+
+@pytest.mark.parametrize("horizon", [None, T0 - timedelta(minutes=1)])
+def test_unsure_keys_are_the_keys_is_unsure_names(horizon: datetime | None) -> None:
+    index = RecentAttempts.from_stored(
+        [(_key(i), T0 + timedelta(seconds=i)) for i in range(0, 40, 3)], horizon, 1_000
+    )
+    keyed = [
+        (_key(i), _Event(T0 + timedelta(seconds=i - 90) if i % 5 else T0.replace(tzinfo=None)))
+        for i in range(40)
+    ]
+    expected = [key for key, event in keyed if index.is_unsure(key, event.created_at)]
+    assert index.unsure_keys(keyed) == expected
+    assert expected  # the stored ones at least
+    if horizon is not None:
+        assert len(expected) > len(range(0, 40, 3))  # and some older than the horizon

@@ -489,6 +489,44 @@ async def test_the_cycle_collector_pauses_for_a_batch_only(tmp_path: Path) -> No
     assert gc.isenabled()
 
 
+async def test_the_cycle_collector_pauses_from_a_first_record_to_the_batch_freed(
+    tmp_path: Path,
+) -> None:
+    # Two fetches make one batch (batch_rows 2, one record per fetch): the collector is on
+    # for the first fetch, off for the second, and on again, with a collection run, once
+    # the batch is written.
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})
+    store = FakeStore(journal)
+    enabled_at_fetch: list[bool] = []
+    collections: list[int] = []
+    getmany = consumer.getmany
+
+    async def one_record_a_fetch(
+        *partitions: Any, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, list[Any]]:
+        enabled_at_fetch.append(gc.isenabled())
+        return await getmany(*partitions, timeout_ms=timeout_ms, max_records=1)
+
+    def on_collect(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            collections.append(len(journal))
+
+    consumer.getmany = one_record_a_fetch  # type: ignore[method-assign]
+    sink = _sink(_settings(tmp_path, batch_rows=2, batch_max_rows=2), store, FAST)
+    gc.callbacks.append(on_collect)
+    try:
+        await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+    finally:
+        gc.callbacks.remove(on_collect)
+
+    assert enabled_at_fetch[:2] == [True, False]
+    assert all(enabled_at_fetch[2:])  # idle: as it was
+    assert gc.isenabled()
+    assert [kind for kind, _ in journal] == ["read back", "insert", "commit"]
+    assert len(journal) in collections  # a full collection once the batch was committed
+
+
 async def test_a_copy_in_a_later_batch_is_the_only_attempt_looked_up(tmp_path: Path) -> None:
     journal: list[Any] = []
     consumer = FakeConsumer(
