@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus_cli.stack import REPO_ROOT, Stack
 
 UNLIMITED_TPM = 10**12
 """Benchmarks measure throughput, not the quota: no tenant may be refused."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, settings_env, worker_python
+from tokenbus_cli.stack import REPO_ROOT, settings_env, worker_python
 
 
 class DirectArmError(RuntimeError):

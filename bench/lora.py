@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.common import exit_on_sigterm, print_table
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus_cli.stack import REPO_ROOT, Stack
 from workers.adapters import AdapterBook
 from workers.interface import AdapterRef, GenerateParams
 from workers.tiny_adapter import RANK

@@ -4,7 +4,7 @@ tokenbus in front, at concurrency 1, 16 and 64.
     .venvs/stream/bin/python -m bench.overhead          # or: make bench
 
 - tokenbus arm: TokenbusClient --> requests topic --> Faust job --> worker topic -->
-  worker (VllmEngine) --> reply topic --> client, on a private ``tokenbus.stack.Stack``
+  worker (VllmEngine) --> reply topic --> client, on a private ``tokenbus_cli.stack.Stack``
   (free ports, its own TOKENBUS_HOME, the tiny model).
 - direct arm: the same ``workers.vllm_engine.VllmEngine``, built from the same Settings,
   driven in-process by ``bench.direct_vllm`` in the worker environment.
@@ -51,7 +51,7 @@ from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 TENANT = tenant(0)
 WARMUP_ROUND = -1

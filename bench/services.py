@@ -1,5 +1,5 @@
 """Just the services a stage benchmark needs (a broker, the Faust job, the billing sink,
-a pretend worker), each a child process with a log, started like ``tokenbus.stack``
+a pretend worker), each a child process with a log, started like ``tokenbus_cli.stack``
 starts them, and stopped in reverse order."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
-from tokenbus.stack import (
+from tokenbus_cli.stack import (
     REPO_ROOT,
     Service,
     StackError,
@@ -66,7 +66,7 @@ class Services:
         await ensure_topics(self.settings, {**stack_topics(self.settings), **(topics or {})})
 
     async def start_job(self) -> None:
-        """The Faust job, as ``tokenbus.stack`` starts it."""
+        """The Faust job, as ``tokenbus_cli.stack`` starts it."""
         job = self.spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
         await wait_until(job, lambda: "[^Worker]: Ready" in job.log_tail(400), 120)
 

@@ -26,7 +26,7 @@ import pytest
 from producers import TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack
+from tokenbus_cli.stack import REPO_ROOT, Stack
 
 QUOTA_TENANT = "tenant-tiny-quota"
 QUOTA_TENANT_TPM = 120
@@ -234,8 +234,8 @@ class BridgeProcess:
 
 def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
     """A bridge on a free port, on the stack's broker, with the BRIDGE_TENANTS' API keys."""
-    from tokenbus.stack import settings_env
     from tokenbus.tenants import hash_api_key
+    from tokenbus_cli.stack import settings_env
 
     port = free_port()
     tenants_file = stack.settings.home / f"bridge-tenants-{port}.json"

@@ -19,7 +19,7 @@ from producers import TokenbusClient
 from schemas import InferenceRequest, TokenChunk
 from tests.integration.conftest import eventually
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 EXTRA_WORKERS = ("worker-1", "worker-2")
 EXTRA_SEATS = 16

@@ -36,7 +36,7 @@ from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
 from tests.integration.test_billing_sink import _free_port
 from tokenbus.cost import PeakHours
-from tokenbus.stack import REPO_ROOT
+from tokenbus_cli.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

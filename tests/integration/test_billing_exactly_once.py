@@ -42,8 +42,8 @@ from tests.integration.test_billing_sink import _committed, _free_port, _health,
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics, make_producer, wait_for_broker
-from tokenbus.stack import REPO_ROOT, settings_env
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import REPO_ROOT, settings_env
 
 pytestmark = pytest.mark.integration
 __all__ = ["bootstrap"]  # the module's tansu broker, shared with test_billing_sink

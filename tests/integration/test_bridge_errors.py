@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     start_bridge,
 )
 from tokenbus.ids import is_session_id
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 MODEL = "tiny-llama"
 READ_TIMEOUT_S = 1.5

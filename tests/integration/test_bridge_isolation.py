@@ -12,7 +12,7 @@ import orjson
 from billing.reader import open_reader
 from tests.integration.conftest import BridgeProcess, bridge_key, eventually, start_bridge
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 MODEL = "tiny-llama"
 

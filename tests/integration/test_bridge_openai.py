@@ -26,8 +26,8 @@ from tests.integration.conftest import (
 from tokenbus.config import Settings
 from tokenbus.ids import is_session_id
 from tokenbus.kafka import make_consumer
-from tokenbus.stack import Stack
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
 
 MODEL = "tiny-llama"
 

@@ -33,8 +33,8 @@ from schemas import SamplingParams, TokenChunk
 from tests.integration.conftest import eventually, free_port
 from tokenbus.budget_admin import job_budgets
 from tokenbus.config import Settings
-from tokenbus.stack import Stack, settings_env
 from tokenbus.tenants import hash_api_key
+from tokenbus_cli.stack import Stack, settings_env
 
 SHORT = SamplingParams(max_tokens=22, ignore_eos=True)
 RESERVED = Decimal("0.0000068")
@@ -280,7 +280,7 @@ async def test_alerts_land_in_clickhouse_and_the_job_reconciles_with_it(
     assert any(b["budget_id"].startswith("key:") and "@" in b["budget_id"] for b in buckets)
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "tokenbus.cli", "budget", "reconcile"],
+        [sys.executable, "-m", "tokenbus_cli.cli", "budget", "reconcile"],
         env=settings_env(settings),
         capture_output=True,
         timeout=120,

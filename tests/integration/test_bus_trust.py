@@ -35,8 +35,8 @@ from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
 from tokenbus.kafka import make_consumer, make_producer
-from tokenbus.stack import Stack
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
 
 A, B = "trust-a", "trust-b"
 CACHE_PROMPT = "The quarterly report of the tenant says: " + "revenue grew in every region. " * 12

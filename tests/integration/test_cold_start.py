@@ -20,7 +20,7 @@ from tests.integration.conftest import free_port
 from tests.integration.test_quotas import job_metrics
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics
-from tokenbus.stack import Service, Stack, stack_topics
+from tokenbus_cli.stack import Service, Stack, stack_topics
 
 TENANTS_BY_CLASS = {0: "vip", 1: "tier-std", 2: "batch"}  # from the session's tenants file
 NUM_PER_CLASS = 8  # 24 waiting on no capacity: demand would have read as infinite

@@ -21,8 +21,8 @@ from tests.fidelity_corpus import CHATS, PROMPTS
 from tests.integration.conftest import BridgeProcess, bridge_key, free_port
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
-from tokenbus.stack import Stack, worker_python
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack, worker_python
 
 MODEL = "tiny-llama"
 GiB = 1 << 30

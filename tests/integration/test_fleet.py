@@ -28,7 +28,7 @@ from tests.integration.fleet import (
     fleet_client,
 )
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 __all__ = ["fleet", "fleet_client"]
 

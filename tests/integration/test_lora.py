@@ -28,7 +28,7 @@ from tests.integration.conftest import (
     start_bridge,
 )
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from producers import TokenbusClient
 from schemas import FinishReason, InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.conftest import eventually
 from tokenbus.config import Settings
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 TPM = 2400
 PROMPT = "x"  # <s> + "x": 2 prompt tokens

@@ -17,9 +17,9 @@ import pytest
 
 from tests.integration.conftest import free_port
 from tokenbus import procfs
-from tokenbus.stack_state import ServiceRecord, StackState
+from tokenbus_cli.stack_state import ServiceRecord, StackState
 
-TOKENBUS = [sys.executable, "-m", "tokenbus.cli"]
+TOKENBUS = [sys.executable, "-m", "tokenbus_cli.cli"]
 NOISE = ("Unable connect", "Traceback", "ERROR", "error:")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokenbus.config import Settings
 from tokenbus.procfs import children, stat_fields, thread_ids
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 
 def thread_niceness(pid: int) -> set[int]:

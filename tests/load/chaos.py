@@ -52,7 +52,7 @@ from tests.integration.test_quotas import as_time, job_metrics
 from tests.load.delay_proxy import DelayProxy, listen_in
 from tests.load.steady import Audit, SteadyLoad, audit, worker_gauge, worker_gauges
 from tokenbus.config import Settings
-from tokenbus.stack import REPO_ROOT, Stack, settings_env
+from tokenbus_cli.stack import REPO_ROOT, Stack, settings_env
 
 NUM_TENANTS = 20
 WARM_UP_S = 10.0

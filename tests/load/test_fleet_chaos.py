@@ -21,7 +21,7 @@ from tests.load.chaos import instance_loss, under_steady_load
 from tests.load.steady import worker_gauge, worker_gauges
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
-from tokenbus.stack import Stack
+from tokenbus_cli.stack import Stack
 
 __all__ = ["fleet", "fleet_client"]
 

@@ -20,7 +20,7 @@ from stream_jobs.tiers import Tier, TierPolicy
 from tests.integration.conftest import eventually
 from tests.integration.test_quotas import as_time, job_metrics, run, usage
 from tokenbus.config import Settings
-from tokenbus.stack import renice_session, settings_env
+from tokenbus_cli.stack import renice_session, settings_env
 
 
 async def test_vip_queueing_stays_low_while_batch_saturates(
@@ -29,7 +29,7 @@ async def test_vip_queueing_stays_low_while_batch_saturates(
     # Class 2 arrives faster than the worker serves it and keeps the fleet saturated
     # (the overload tier sheds what is beyond 150% of capacity). That tenant's program
     # would run on a machine of its own: here it reads no replies, and it is niced
-    # like the workers (in a session of its own: tokenbus.stack.renice_session).
+    # like the workers (in a session of its own: tokenbus_cli.stack.renice_session).
     flood = await asyncio.create_subprocess_exec(
         *["nice", "-n", "10", sys.executable, "-m", "tests.load.flood", "batch", "0.01", "200"],
         env=settings_env(settings),

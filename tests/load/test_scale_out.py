@@ -24,7 +24,7 @@ from schemas import SamplingParams, TokenChunk
 from tests.integration.conftest import bus_key, eventually
 from tests.integration.fleet import fleet, fleet_client
 from tests.integration.test_quotas import as_time, run, usage
-from tokenbus.stack import Stack, http_ok
+from tokenbus_cli.stack import Stack, http_ok
 
 __all__ = ["fleet", "fleet_client"]
 

@@ -1,6 +1,6 @@
 """The local stack as a service manager: children die with the process that started
 them (even by SIGKILL), services stop in reverse order of start, and what a dead stack
-left behind is found and stopped (tokenbus.stack, tokenbus.stack_state)."""
+left behind is found and stopped (tokenbus_cli.stack, tokenbus_cli.stack_state)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 
 from tokenbus import procfs
 from tokenbus.config import Settings
-from tokenbus.stack import Service, Stack, StackLeftBehind, settings_env, stop_services
-from tokenbus.stack_state import ServiceRecord, StackState, stop_left_behind
+from tokenbus_cli.stack import Service, Stack, StackLeftBehind, settings_env, stop_services
+from tokenbus_cli.stack_state import ServiceRecord, StackState, stop_left_behind
 
 
 def gone(pid: int, timeout_s: float = 10.0) -> bool:
@@ -41,7 +41,7 @@ def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path: Path) -> None:
             textwrap.dedent(
                 f"""
                 import os, subprocess, time
-                from tokenbus.stack import _dies_with
+                from tokenbus_cli.stack import _dies_with
                 child = subprocess.Popen(
                     ["sleep", "600"], start_new_session=True, preexec_fn=_dies_with(os.getpid())
                 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenbus.stack import renice_session
+from tokenbus_cli.stack import renice_session
 
 AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
 

@@ -39,14 +39,14 @@ def up(model_path: Path | None, num_workers: int) -> None:
     SIGTERM or SIGHUP stops them all, in order."""
     from rich.console import Console
 
-    from tokenbus.stack import (
+    from tokenbus_cli.stack import (
         DEV_TENANT,
         Stack,
         StackError,
         StackLeftBehind,
         dev_api_key_path,
     )
-    from tokenbus.stack_state import stop_left_behind
+    from tokenbus_cli.stack_state import stop_left_behind
 
     # Not wrapped at 80 columns where stderr is no terminal (a log, a service manager):
     # a message is one line there, whole, for whoever searches for it.
@@ -125,7 +125,7 @@ def up(model_path: Path | None, num_workers: int) -> None:
 @main.command()
 def down() -> None:
     """Stop the local stack of this home: its `tokenbus up`, or what one left behind."""
-    from tokenbus.stack_state import StackState, stop_left_behind
+    from tokenbus_cli.stack_state import StackState, stop_left_behind
 
     settings = Settings()
     state = StackState.load(settings.home)
@@ -145,7 +145,7 @@ def down() -> None:
 def topics() -> None:
     """Create tokenbus's topics on the configured Kafka cluster (those missing)."""
     from tokenbus.kafka import ensure_topics, wait_for_broker
-    from tokenbus.stack import stack_topics
+    from tokenbus_cli.stack import stack_topics
 
     settings = Settings()
 
@@ -164,8 +164,8 @@ def status() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tokenbus.stack_state import StackState
-    from tokenbus.status import service_health
+    from tokenbus_cli.stack_state import StackState
+    from tokenbus_cli.status import service_health
 
     settings = Settings()
     state = StackState.load(settings.home)
@@ -219,7 +219,7 @@ def ask(
     from producers import TokenbusClient, TokenbusTimeout
     from schemas import SamplingParams
     from tokenbus.kafka import wait_for_broker
-    from tokenbus.stack import bundled_broker_profile, dev_api_key_path
+    from tokenbus_cli.stack import bundled_broker_profile, dev_api_key_path
 
     settings = bundled_broker_profile(Settings())
     if api_key is None and dev_api_key_path(settings).exists():

@@ -10,7 +10,7 @@ the bridge, the billing sink, the alerts service and the Faust job; a worker's h
 on the bus), never by text in a log; the services stop in reverse order of start; each
 one gets SIGTERM from the kernel when the process that started it dies, even by
 SIGKILL; and the stack writes itself down in ``<home>/stack.json``
-(tokenbus.stack_state), so that a later ``tokenbus up`` finds what an earlier one
+(tokenbus_cli.stack_state), so that a later ``tokenbus up`` finds what an earlier one
 left behind and ``tokenbus down`` stops it.
 """
 
@@ -34,8 +34,8 @@ from typing import IO, Any
 from tokenbus import procfs
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
-from tokenbus.stack_state import ServiceRecord, StackState
 from tokenbus.topics import Topics
+from tokenbus_cli.stack_state import ServiceRecord, StackState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tokenbus.config import Settings
-from tokenbus.stack_state import ServiceRecord, StackState
+from tokenbus_cli.stack_state import ServiceRecord, StackState
 
 HEARTBEAT_WINDOW_S = 2.0
 """How long status listens for worker heartbeats (they come every 0.5 s)."""
@@ -28,7 +28,7 @@ async def _health(settings: Settings, service: ServiceRecord, beats: dict[str, f
     if not service.alive():
         return "not running"
     if service.health == "http":
-        from tokenbus.stack import http_ok
+        from tokenbus_cli.stack import http_ok
 
         url = f"http://127.0.0.1:{service.port}/healthz"
         return "ok" if await asyncio.to_thread(http_ok, url) else "running, /healthz not ok"
