@@ -37,7 +37,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -68,6 +67,7 @@ from schemas import (
 from schemas.budgets import BudgetAlert
 from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
+from stream_jobs.affinity import SessionAffinity
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
@@ -75,6 +75,7 @@ from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
 from stream_jobs.routing import RoutingWeights
+from stream_jobs.seats import has_room
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle
 from tokenbus.auth import Authenticator, AuthError, Principal
@@ -106,20 +107,6 @@ class WindowStore(Protocol):
     def flush(self) -> None:
         """Writes what ``save`` kept back; runs before the requests saved are acked."""
         ...
-
-
-class MemoryWindowStore:
-    def __init__(self) -> None:
-        self._states: dict[str, WindowState] = {}
-
-    def load(self, tenant_id: str) -> WindowState:
-        return self._states.get(tenant_id) or WindowState()
-
-    def save(self, tenant_id: str, state: WindowState) -> None:
-        self._states[tenant_id] = state
-
-    def flush(self) -> None:
-        pass
 
 
 class ReplyLog(Protocol):
@@ -263,8 +250,7 @@ class Dispatcher:
             affinity_margin=settings.affinity_margin,
             adapter_margin=settings.adapter_margin,
         )
-        # (tenant, session) -> the worker that served the session's last turn.
-        self._affinity: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._affinity = SessionAffinity(settings.affinity_sessions)
         self._recoveries: set[asyncio.Task[None]] = set()
         self._forwarding: set[asyncio.Task[None]] = set()
         self._tiers = TierPolicy(
@@ -1005,14 +991,14 @@ class Dispatcher:
         return sum(view.status.max_num_seqs for view in self._registry.all_live(time.monotonic()))
 
     def _has_room(self, priority: int) -> bool:
-        capacity = self._capacity()
-        if capacity == 0:
-            # Just started: wait one heartbeat period to learn the fleet, rather than
-            # refusing requests that a live worker could serve. After that, no live
-            # worker means dispatching answers with no_worker at once.
-            return time.monotonic() - self._started_at >= self._settings.worker_dead_after_s
-        reserved = 0 if priority == 0 else math.ceil(capacity * self._settings.vip_reserve)
-        return len(self._in_flight) < max(1, capacity - reserved)
+        return has_room(
+            priority,
+            len(self._in_flight),
+            self._capacity(),
+            self._settings.vip_reserve,
+            since_start_s=time.monotonic() - self._started_at,
+            learn_fleet_s=self._settings.worker_dead_after_s,
+        )
 
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
         return await self._send(waiting, self._pick(waiting))
@@ -1048,7 +1034,7 @@ class Dispatcher:
         request = waiting.request
         now = time.monotonic()
         session = (request.tenant_id, request.session_id)
-        previous = self._affinity.get(session)
+        previous = self._affinity.previous(session)
         candidates = [view.candidate() for view in self._registry.live(request.model, now)]
         adapter = request.adapter.name if request.adapter else None
         chosen = choose_for_adapter(
@@ -1070,10 +1056,7 @@ class Dispatcher:
         )
         self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(forwarded)
         self._registry.note_dispatch(worker.status.worker_id, adapter, now)
-        self._affinity[session] = worker.status.worker_id
-        self._affinity.move_to_end(session)
-        if len(self._affinity) > self._settings.affinity_sessions:
-            self._affinity.popitem(last=False)
+        self._affinity.note(session, worker.status.worker_id)
         samples = self.metrics.queue_ms_by_class[request.priority]
         samples.append((now - waiting.received_at) * 1000)
         del samples[:-1000]
@@ -1085,9 +1068,7 @@ class Dispatcher:
         lost = [flight for flight in self._in_flight.values() if flight.worker == run]
         self.metrics.num_workers_lost += 1
         log.warning("worker %s (run %s) is gone with %d requests", run[0], run[1], len(lost))
-        for session, worker_id in list(self._affinity.items()):
-            if worker_id == run[0]:
-                del self._affinity[session]
+        self._affinity.forget_worker(run[0])
         for flight in lost:
             task = asyncio.create_task(self._recover(flight))
             self._recoveries.add(task)

@@ -1,5 +1,5 @@
 """In-memory stand-ins for the dispatcher's I/O: a recording publisher, the reply log it
-reads back, the request ledger, and credentials the bus believes."""
+reads back, the request ledger, the quota windows, and credentials the bus believes."""
 
 from __future__ import annotations
 
@@ -8,12 +8,29 @@ from typing import Any
 
 from schemas import TokenChunk, TokenChunkBatch, decode
 from stream_jobs.ledger import Entry
+from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics
 
 TOPICS = Topics()
 SERVICE_SECRET = "unit-test-bus-service-secret-0123456789"
+
+
+class MemoryWindowStore:
+    """The quota windows (``dispatcher.WindowStore``) in a dict; saves need no flush."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, WindowState] = {}
+
+    def load(self, tenant_id: str) -> WindowState:
+        return self._states.get(tenant_id) or WindowState()
+
+    def save(self, tenant_id: str, state: WindowState) -> None:
+        self._states[tenant_id] = state
+
+    def flush(self) -> None:
+        pass
 
 
 class Recorder:

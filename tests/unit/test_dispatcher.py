@@ -22,11 +22,12 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome
 from stream_jobs.metrics import render_metrics
 from tests.unit.fakes import (
     TOPICS,
     MemoryLedger,
+    MemoryWindowStore,
     Recorder,
     Replies,
     bus_authenticator,

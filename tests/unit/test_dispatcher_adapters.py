@@ -15,10 +15,11 @@ import orjson
 import pytest
 
 from schemas import FinishReason, UsageEvent, WorkerStatus, WorkItem, decode, encode
-from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome
 from tests.unit.fakes import (
     TOPICS,
     MemoryLedger,
+    MemoryWindowStore,
     Recorder,
     Replies,
     bearer,

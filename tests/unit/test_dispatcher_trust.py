@@ -24,10 +24,11 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import Dispatcher, MemoryWindowStore, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome
 from tests.unit.fakes import (
     TOPICS,
     MemoryLedger,
+    MemoryWindowStore,
     Recorder,
     Replies,
     bearer,

@@ -104,7 +104,8 @@ def test_drift_is_reported_only_if_it_lasts(reader: StoreReader) -> None:
 
 
 def test_the_command_prints_drift_and_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokenbus import budget_admin, cli
+    from tokenbus import budget_admin
+    from tokenbus_cli import cli
 
     buckets = [
         {"budget_id": "tenant:acme|day@UTC", "bucket": "2026-03-10", "spent": "1"},

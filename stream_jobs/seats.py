@@ -1,0 +1,39 @@
+"""The seat reserve: how many requests the fleet may run at once, by class.
+
+A pure policy over plain numbers. vLLM does not preempt a running request to seat a
+waiting one of higher priority, so a class 0 request that found every seat taken would
+wait for a batch request to finish. Classes 1 and 2 may therefore fill only the fleet's
+seats less ``vip_reserve`` of them (rounded up); class 0 may fill every seat. At least one
+request may always run, so a fleet of one small worker still serves every class.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def seats_for(priority: int, capacity: int, vip_reserve: float) -> int:
+    """How many requests may be in flight when the next one is of ``priority``."""
+    reserved = 0 if priority == 0 else math.ceil(capacity * vip_reserve)
+    return max(1, capacity - reserved)
+
+
+def has_room(
+    priority: int,
+    num_in_flight: int,
+    capacity: int,
+    vip_reserve: float,
+    *,
+    since_start_s: float,
+    learn_fleet_s: float,
+) -> bool:
+    """May a request of ``priority`` be forwarded now?
+
+    ``capacity`` is the live fleet's seats (0: no worker known). Just after the job
+    starts it waits ``learn_fleet_s`` to hear the fleet's heartbeats, rather than refuse
+    what a live worker could serve; after that, no live worker means forwarding now, so
+    that the request is answered ``no_worker`` at once.
+    """
+    if capacity == 0:
+        return since_start_s >= learn_fleet_s
+    return num_in_flight < seats_for(priority, capacity, vip_reserve)
