@@ -45,11 +45,12 @@ import orjson
 from aiokafka import TopicPartition
 from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
 from stream_jobs.ledger import Entry
-from stream_jobs.metrics import render_budget_metrics, render_metrics
+from stream_jobs.metrics import job_registry
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
 from tokenbus.config import Settings
@@ -613,12 +614,11 @@ def create_app(settings: Settings) -> faust.App:
         )
         return web.json({"ready": ready}, status=200 if ready else 503)
 
+    registry = job_registry(lambda: dispatcher().metrics, lambda: dispatcher().budget_rows())
+
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
-        body = render_metrics(dispatcher().metrics) + render_budget_metrics(
-            dispatcher().budget_rows()
-        )
-        return web.bytes(body, content_type="text/plain")
+        return web.bytes(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     @app.page("/budgets")
     async def budget_state(web: Any, request: Any) -> Any:

@@ -1,31 +1,54 @@
-"""The job's metrics in Prometheus text format."""
+"""The job's metrics, rendered by ``prometheus_client`` from the dispatcher's counts.
+
+# DispatchMetrics (the dispatcher's plain counts) + budget rows --> JobCollector
+# --> a registry of the job's own --> Prometheus text format at /metrics
+
+The dispatcher keeps plain numbers (no I/O, no library in its hot path); a collector
+reads them at scrape time, as the bridge's registry does for its own.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from stream_jobs.dispatcher import DispatchMetrics
 
-_COUNTERS = (
-    "num_admitted",
-    "num_rejected_quota",
-    "num_rejected_budget",
-    "num_budget_alerts",
-    "num_rejected_invalid",
-    "num_shed",
-    "num_capped",
-    "num_no_worker",
-    "num_cancelled_waiting",
-    "num_dead_letters",
-    "num_dispatched",
-    "num_duplicates",
-    "num_tier_changes",
-    "num_workers_lost",
-    "num_redispatched",
-    "num_resumed",
-    "num_recovered_finished",
-    "num_affine",
-    "num_adapter_affine",
-)
-_GAUGES = ("tier", "tier_changed_at", "num_waiting", "num_in_flight", "capacity")
+_COUNTERS = {
+    "num_admitted": "requests admitted",
+    "num_rejected_quota": "requests refused by the TPM/RPM window",
+    "num_rejected_budget": "requests refused by a spend budget",
+    "num_budget_alerts": "budget alerts published",
+    "num_rejected_invalid": "requests refused by the tenant's rules",
+    "num_unauthenticated": "requests refused for their credential",
+    "num_forbidden": "requests whose credential may not do what they ask",
+    "num_shed": "class 2 requests shed under overload",
+    "num_capped": "requests whose max_tokens the overload tier capped",
+    "num_no_worker": "requests answered no_worker",
+    "num_cancelled_waiting": "requests cancelled while waiting",
+    "num_dead_letters": "records sent to the dead-letter topic",
+    "num_dispatched": "requests forwarded to a worker",
+    "num_duplicates": "copies of a request id that already had its run",
+    "num_tier_changes": "overload tier changes",
+    "num_workers_lost": "worker runs declared lost",
+    "num_redispatched": "requests sent again after a lost worker",
+    "num_resumed": "streams resumed on another worker",
+    "num_recovered_finished": "finished requests whose UsageEvent the job wrote on recovery",
+    "num_affine": "requests sent to their session's last worker",
+    "num_adapter_affine": "adapter requests sent to a worker holding their adapter",
+}
+_GAUGES = {
+    "tier": "overload tier: 0 normal, 1 capped, 2 shedding",
+    "tier_changed_at": "when the tier last changed (unix seconds)",
+    "num_waiting": "requests waiting for a seat",
+    "num_in_flight": "requests forwarded and not yet reported",
+    "capacity": "the live fleet's seats",
+}
+_QUANTILES = (0.5, 0.99)
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -35,73 +58,115 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def render_metrics(metrics: DispatchMetrics) -> bytes:
-    lines: list[str] = []
-    for name in _COUNTERS:
-        lines += [
-            f"# TYPE tokenbus_job_{name}_total counter",
-            f"tokenbus_job_{name}_total {getattr(metrics, name)}",
-        ]
-    for name in _GAUGES:
-        lines += [
-            f"# TYPE tokenbus_job_{name} gauge",
-            f"tokenbus_job_{name} {getattr(metrics, name)}",
-        ]
-    lines.append("# TYPE tokenbus_job_queue_ms summary")
-    for priority, samples in metrics.queue_ms_by_class.items():
-        for q in (0.5, 0.99):
-            lines.append(
-                f'tokenbus_job_queue_ms{{priority="{priority}",quantile="{q}"}} '
-                f"{_quantile(samples, q):.3f}"
+def _summary(name: str, documentation: str, label: str, series: dict[Any, list[float]]) -> Metric:
+    """Quantiles over the last samples kept per series (the dispatcher keeps 1,000)."""
+    family = Metric(name, documentation, "summary")
+    for value, samples in sorted(series.items()):
+        for q in _QUANTILES:
+            family.add_sample(
+                name, {label: str(value), "quantile": str(q)}, round(_quantile(samples, q), 3)
             )
-    lines.append("# TYPE tokenbus_job_intake_lag_ms summary")
-    for stream, samples in sorted(metrics.lag_ms.items()):
-        for q in (0.5, 0.99):
-            lines.append(
-                f'tokenbus_job_intake_lag_ms{{stream="{stream}",quantile="{q}"}} '
-                f"{_quantile(samples, q):.3f}"
-            )
-    lines += [
-        "# TYPE tokenbus_job_worker_kv_cache_usage gauge",
-        "# TYPE tokenbus_job_worker_num_running gauge",
-        "# TYPE tokenbus_job_worker_num_waiting gauge",
-        "# TYPE tokenbus_job_worker_tokens_per_s gauge",
-        "# TYPE tokenbus_job_worker_adapter_loads counter",
-        "# TYPE tokenbus_job_worker_last_adapter_load_ms gauge",
-        "# TYPE tokenbus_job_worker_adapter_held gauge",
-    ]
-    for worker_id, status in sorted(metrics.workers.items()):
-        label = f'{{worker_id="{worker_id}",model="{status.model}"}}'
-        lines += [
-            f"tokenbus_job_worker_kv_cache_usage{label} {status.kv_cache_usage:.4f}",
-            f"tokenbus_job_worker_num_running{label} {status.num_running}",
-            f"tokenbus_job_worker_num_waiting{label} {status.num_waiting}",
-            f"tokenbus_job_worker_tokens_per_s{label} {status.tokens_per_s:.1f}",
-        ]
-        if status.max_loras:
-            lines.append(f"tokenbus_job_worker_adapter_loads{label} {status.num_adapter_loads}")
-            if status.last_adapter_load_ms is not None:
-                lines.append(
-                    f"tokenbus_job_worker_last_adapter_load_ms{label} "
-                    f"{status.last_adapter_load_ms:.3f}"
-                )
-        for adapter in sorted(status.adapters):
-            lines.append(
-                f'tokenbus_job_worker_adapter_held{{worker_id="{worker_id}",'
-                f'model="{status.model}",adapter="{adapter}"}} 1'
-            )
-    return ("\n".join(lines) + "\n").encode()
+    return family
 
 
-def render_budget_metrics(rows: list[dict[str, object]]) -> bytes:
-    """Spend, reservations and what is left of each budget this period, in cost units."""
-    lines: list[str] = []
-    for name in ("limit", "spent", "reserved", "remaining"):
-        lines.append(f"# TYPE tokenbus_job_budget_{name}_units gauge")
-        for row in rows:
-            lines.append(
-                f'tokenbus_job_budget_{name}_units{{budget="{row["budget_id"]}",'
-                f'entity="{row["entity"]}",enforce="{row["enforce"]}",'
-                f'period="{row["period"]}"}} {row[name]}'
+class JobCollector(Collector):
+    def __init__(
+        self,
+        metrics: Callable[[], DispatchMetrics],
+        budget_rows: Callable[[], list[dict[str, object]]] = list,
+    ) -> None:
+        self._metrics = metrics
+        self._budget_rows = budget_rows
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics()
+        for name, documentation in _COUNTERS.items():
+            yield CounterMetricFamily(
+                f"tokenbus_job_{name}", documentation, value=getattr(metrics, name)
             )
-    return ("\n".join(lines) + "\n").encode() if rows else b""
+        for name, documentation in _GAUGES.items():
+            yield GaugeMetricFamily(
+                f"tokenbus_job_{name}", documentation, value=getattr(metrics, name)
+            )
+        yield _summary(
+            "tokenbus_job_queue_ms",
+            "time from admission to forward, by class (ms)",
+            "priority",
+            metrics.queue_ms_by_class,
+        )
+        yield _summary(
+            "tokenbus_job_intake_lag_ms",
+            "how stale an input is when the job acts on it (ms)",
+            "stream",
+            metrics.lag_ms,
+        )
+        yield from self._workers(metrics)
+        yield from self._budgets()
+
+    def _workers(self, metrics: DispatchMetrics) -> Iterator[Metric]:
+        labels = ["worker_id", "model"]
+        kv = GaugeMetricFamily(
+            "tokenbus_job_worker_kv_cache_usage", "KV cache in use (0-1)", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "tokenbus_job_worker_num_running", "requests running", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "tokenbus_job_worker_num_waiting", "requests waiting in vLLM", labels=labels
+        )
+        rate = GaugeMetricFamily(
+            "tokenbus_job_worker_tokens_per_s", "tokens generated per second", labels=labels
+        )
+        loads = CounterMetricFamily(
+            "tokenbus_job_worker_adapter_loads", "LoRA adapter loads", labels=labels
+        )
+        load_ms = GaugeMetricFamily(
+            "tokenbus_job_worker_last_adapter_load_ms", "the last adapter load (ms)", labels=labels
+        )
+        held = GaugeMetricFamily(
+            "tokenbus_job_worker_adapter_held",
+            "1 for each adapter a worker holds",
+            labels=[*labels, "adapter"],
+        )
+        for worker_id, status in sorted(metrics.workers.items()):
+            values = [worker_id, status.model]
+            kv.add_metric(values, status.kv_cache_usage)
+            running.add_metric(values, status.num_running)
+            waiting.add_metric(values, status.num_waiting)
+            rate.add_metric(values, status.tokens_per_s)
+            if status.max_loras:
+                loads.add_metric(values, status.num_adapter_loads)
+                if status.last_adapter_load_ms is not None:
+                    load_ms.add_metric(values, status.last_adapter_load_ms)
+            for adapter in sorted(status.adapters):
+                held.add_metric([*values, adapter], 1)
+        yield from (kv, running, waiting, rate, loads, load_ms, held)
+
+    def _budgets(self) -> Iterator[Metric]:
+        """Spend, reservations and what is left of each budget this period, in cost units."""
+        rows = self._budget_rows()
+        labels = ["budget", "entity", "enforce", "period"]
+        for name in ("limit", "spent", "reserved", "remaining"):
+            family = GaugeMetricFamily(
+                f"tokenbus_job_budget_{name}_units", f"budget {name}, in cost units", labels=labels
+            )
+            for row in rows:
+                values = [str(row[key]) for key in ("budget_id", "entity", "enforce", "period")]
+                family.add_metric(values, float(str(row[name])))
+            yield family
+
+
+def job_registry(
+    metrics: Callable[[], DispatchMetrics],
+    budget_rows: Callable[[], list[dict[str, object]]] = list,
+) -> CollectorRegistry:
+    """A registry of the job's own (not the process-wide default)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(metrics, budget_rows))
+    return registry
+
+
+def render_metrics(
+    metrics: DispatchMetrics, budget_rows: list[dict[str, object]] | None = None
+) -> bytes:
+    return generate_latest(job_registry(lambda: metrics, lambda: budget_rows or []))

@@ -8,7 +8,6 @@ adapters are the tiny random ones built at setup (conftest ``LORA_ADAPTERS``).
 from __future__ import annotations
 
 import asyncio
-import re
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from billing.queries import dashboard_query
 from billing.reader import open_reader
@@ -99,11 +99,10 @@ def _held(settings: Settings) -> dict[str, set[str]]:
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
     held: dict[str, set[str]] = {}
-    pattern = (
-        r'tokenbus_job_worker_adapter_held\{worker_id="([^"]+)",model="[^"]+",adapter="([^"]+)"\}'
-    )
-    for worker, adapter in re.findall(pattern, text):
-        held.setdefault(adapter, set()).add(worker)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tokenbus_job_worker_adapter_held":
+                held.setdefault(sample.labels["adapter"], set()).add(sample.labels["worker_id"])
     return held
 
 

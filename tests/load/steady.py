@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from producers import TokenbusClient
 from producers.client import TokenbusTimeout
 from schemas import InferenceRequest, SamplingParams, TokenChunk
@@ -28,9 +30,13 @@ def worker_gauge(settings: Settings, name: str, worker_id: str) -> float:
     """One of the job's per-worker gauges (``num_running``, ``tokens_per_s`` ...)."""
     url = f"http://127.0.0.1:{settings.faust_web_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(f'tokenbus_job_worker_{name}{{worker_id="{worker_id}"'):
-                return float(line.rsplit(" ", 1)[1])
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"tokenbus_job_worker_{name}" and (
+                sample.labels.get("worker_id") == worker_id
+            ):
+                return float(sample.value)
     return float("nan")
 
 

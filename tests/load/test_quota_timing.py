@@ -206,9 +206,9 @@ def lags(metrics: dict[str, float]) -> str:
     by_stream: dict[str, dict[str, float]] = {}
     for name, value in metrics.items():
         if name.startswith(lag + "{"):
-            labels = name[len(lag) + 1 : -1].replace('"', "").split(",")
-            stream, quantile = (label.split("=")[1] for label in labels)
-            by_stream.setdefault(stream, {})[quantile] = value
+            pairs = (label.split("=") for label in name[len(lag) + 1 : -1].split(","))
+            labels = {key: text.strip('"') for key, text in pairs}
+            by_stream.setdefault(labels["stream"], {})[labels["quantile"]] = value
     return "intake lag p50/p99 ms: " + ", ".join(
         f"{stream} {q['0.5']:.0f}/{q['0.99']:.0f}" for stream, q in sorted(by_stream.items())
     )

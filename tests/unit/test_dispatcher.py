@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import (
     InferenceRequest,
@@ -398,8 +399,11 @@ def test_the_lag_of_each_input_shows_in_the_metrics(dispatcher: Dispatcher) -> N
     text = render_metrics(dispatcher.metrics).decode()
 
     def lag(stream: str) -> float:
-        line = f'tokenbus_job_intake_lag_ms{{stream="{stream}",quantile="0.99"}} '
-        return float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
+        (family,) = (f for f in text_string_to_metric_families(text) if f.name.endswith("lag_ms"))
+        (value,) = (
+            s.value for s in family.samples if s.labels == {"stream": stream, "quantile": "0.99"}
+        )
+        return float(value)
 
     assert 250 <= lag("usage_since_finish") < 1000
     assert 40 <= lag("requests_p0") < 1000
