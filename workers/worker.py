@@ -37,6 +37,7 @@ missed while a worker restarts only costs the tokens of a run to completion.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -74,6 +75,11 @@ _FINISH_REASONS = {
     "abort": FinishReason.ABORT,
     "error": FinishReason.ERROR,
 }
+
+
+def ids_digest(ids: list[int]) -> str:
+    """A short digest of token ids, for logs that must not carry the text they encode."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
 def finish_of(engine_reason: str | None) -> tuple[FinishReason | None, ErrorInfo | None]:
@@ -275,12 +281,15 @@ class Worker:
             if resumed:
                 ids = prompt if isinstance(prompt, list) else self._engine.tokenize(prompt)
                 prompt = ids + resumed
+                # Counts and digests only: token ids are the tenant's text.
                 log.info(
-                    "resuming %s (attempt %d): prompt ids %s + delivered ids %s",
+                    "resuming %s (attempt %d): %d prompt ids (%s) + %d delivered ids (%s)",
                     request_id,
                     request.attempt,
-                    prompt[: len(prompt) - len(resumed)],
-                    resumed,
+                    len(ids),
+                    ids_digest(ids),
+                    len(resumed),
+                    ids_digest(resumed),
                 )
             params = GenerateParams(
                 max_tokens=max(1, request.sampling.max_tokens - len(resumed)),

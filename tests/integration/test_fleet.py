@@ -29,6 +29,7 @@ from tests.integration.fleet import (
 )
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
+from workers.worker import ids_digest
 
 __all__ = ["fleet", "fleet_client"]
 
@@ -169,11 +170,13 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
         resumed_log = await eventually(
             lambda: _resume_line(fleet, request.request_id), timeout_s=10
         )
-        worker, prompt_ids, delivered = resumed_log
+        worker, num_prompt, prompt_digest, num_delivered, delivered_digest = resumed_log
         assert worker != victim
         tokenizer = Tokenizer.from_file(str(settings.model_dir / "tokenizer.json"))
-        assert prompt_ids == tokenizer.encode(prompt).ids
-        assert delivered == received[: len(delivered)] and len(delivered) >= killed_after
+        prompt_ids = tokenizer.encode(prompt).ids
+        assert (num_prompt, prompt_digest) == (len(prompt_ids), ids_digest(prompt_ids))
+        assert num_delivered >= killed_after
+        assert delivered_digest == ids_digest(received[:num_delivered])
 
         # Greedy decoding: one continuous stream equals an uninterrupted run.
         reference = await fleet_client.submit(tenant_id="resume", prompt=prompt, sampling=greedy)
@@ -192,14 +195,16 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
         await fleet.revive(victim)
 
 
-def _resume_line(fleet: Stack, request_id: str) -> tuple[str, list[int], list[int]] | None:
+def _resume_line(fleet: Stack, request_id: str) -> tuple[str, int, str, int, str] | None:
+    """The worker that resumed the request, and the counts and digests it logged of the
+    prompt ids and the delivered ids it resumed from."""
     pattern = re.compile(
-        rf"resuming {request_id} \(attempt \d+\): prompt ids \[([\d, ]*)\] "
-        r"\+ delivered ids \[([\d, ]*)\]"
+        rf"resuming {request_id} \(attempt \d+\): (\d+) prompt ids \((\w+)\) "
+        r"\+ (\d+) delivered ids \((\w+)\)"
     )
     for name in ("worker-0", *EXTRA_WORKERS):
         log = fleet.service(name).log_path.read_text(errors="replace")
         if match := pattern.search(log):
-            ids = [[int(x) for x in group.split(", ") if x] for group in match.groups()]
-            return name, ids[0], ids[1]
+            num_prompt, prompt_digest, num_delivered, delivered_digest = match.groups()
+            return name, int(num_prompt), prompt_digest, int(num_delivered), delivered_digest
     return None

@@ -4,6 +4,7 @@ producer: what one request makes on the reply and usage topics, and how it ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from workers.interface import AdapterRef, EngineDelta, GenerateParams
 from workers.replies import ReplyBatcher
-from workers.worker import Worker, finish_of
+from workers.worker import Worker, finish_of, ids_digest
 
 REPLY_TO = "tokenbus.replies.acme.c1"
 
@@ -127,10 +128,16 @@ async def test_a_request_streams_its_tokens_in_order_and_reports_once(tmp_path: 
 
 
 async def test_a_resumed_attempt_continues_the_stream_and_bills_the_whole(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     item = work_item(max_tokens=5, attempt=1, resume_token_ids=[7, 7], resume_seq=2)
-    _, _, chunks, usage = await serve(tmp_path, FakeEngine("tiny", 4), item)
+    with caplog.at_level(logging.INFO, logger="workers.worker"):
+        _, _, chunks, usage = await serve(tmp_path, FakeEngine("tiny", 4), item)
+    prompt_ids = FakeEngine("tiny", 4).tokenize("hello there")
+    (line,) = [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
+    assert f"11 prompt ids ({ids_digest(prompt_ids)})" in line
+    assert f"2 delivered ids ({ids_digest([7, 7])})" in line
+    assert "[" not in line and ", ".join(map(str, prompt_ids)) not in line  # no ids
     assert [c.seq for c in chunks] == [2, 3, 4]  # after the 2 chunks delivered before
     (event,) = usage
     assert event.num_completion_tokens == 5 and event.last_seq == 4 and event.attempt == 1
