@@ -45,7 +45,7 @@ import orjson
 from aiokafka import TopicPartition
 from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
@@ -587,13 +587,28 @@ def create_app(settings: Settings) -> faust.App:
             consumer.assign(partitions)
             await consumer.seek_to_beginning(*partitions)
             ends = await consumer.end_offsets(partitions)
+            started, num_records = time.monotonic(), 0
             while not budgets_read.is_set():
                 positions = [await consumer.position(tp) for tp in partitions]
                 if all(at >= ends[tp] for at, tp in zip(positions, partitions, strict=True)):
+                    elapsed = time.monotonic() - started
+                    log.info("budgets read: %d records in %.1f s", num_records, elapsed)
+                    budgets_read.set()
+                    break
+                if time.monotonic() - started > settings.budgets_read_timeout_s:
+                    # Admission must not wait for good on a topic that will not reach its
+                    # end offset: it goes on with what was read, the rest binds as read.
+                    log.warning(
+                        "budgets not read to the end in %.0f s (at %s of %s): admitting",
+                        settings.budgets_read_timeout_s,
+                        positions,
+                        [ends[tp] for tp in partitions],
+                    )
                     budgets_read.set()
                     break
                 batch = await consumer.getmany(timeout_ms=200)
                 for records in batch.values():
+                    num_records += len(records)
                     for record in records:
                         dispatcher().observe_budget(record.key, record.value)
             async for record in consumer:
@@ -618,7 +633,8 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
-        return web.bytes(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+        # aiohttp takes the charset apart from the type: Prometheus's text format 0.0.4.
+        return web.bytes(generate_latest(registry), content_type="text/plain; version=0.0.4")
 
     @app.page("/budgets")
     async def budget_state(web: Any, request: Any) -> Any:

@@ -242,6 +242,10 @@ class Settings(BaseSettings):
     """The time zone ``peak_hours`` are read in."""
 
     # -- spend budgets (stream_jobs.budgets; budgets sit in the tenants file) -------------
+    budgets_read_timeout_s: float = 15.0
+    """A starting job admits once it has read the budgets topic to its end, or after
+    this long (logging where it stood): a topic that never reaches its end offset must
+    not stop admission."""
     budget_tz: str = "UTC"
     """The zone of calendar budget periods (day, week, month) that name none."""
     admin_key: str | None = None
