@@ -6,19 +6,10 @@
 # cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
 
-Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
-event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
-its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a task per
-event that runs under that event, so its table writes land on its tenant's changelog
-partition), writes each tenant's window sums once (``TableWindowStore.flush``), and only
-then may an event be acked: a refused, dead-lettered or duplicate request's once its
-answer is sent, an admitted one's after ``Dispatcher.finish``, once the broker
-acknowledged its forward (or it was answered) and the ledger says so. So no offset is
-committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
-included) redelivers every request of the batch, and those after it, that were not, and
-the ledger and the window's reservations keep a redelivered request from running or
-being charged twice. A request whose handling fails leaves its event unacked, and the
-agent raises that error on its next batch, as a failed ``handle_request`` did.
+Commits: Faust acks an event when the agent's loop moves past it and commits acked
+offsets every ``faust_commit_interval_s``. The admit agent moves on only after the
+Dispatcher has forwarded, refused or dead-lettered the request, so nothing admitted
+is lost; a crash redelivers at most the last interval's requests.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
@@ -34,21 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import faust
 import orjson
 from aiokafka import TopicPartition
-from faust.streams import _current_event, current_event
-from faust.types import EventT, StreamT, TableT
+from faust.types import TableT
 from prometheus_client import generate_latest
 
 from stream_jobs.budgets import Reservation
-from stream_jobs.dispatcher import Admitted, Dispatcher
+from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry
 from stream_jobs.metrics import job_registry
 from stream_jobs.window import Reservations, WindowState
@@ -63,21 +51,6 @@ log = logging.getLogger(__name__)
 
 def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
-
-
-@contextmanager
-def in_event(event: EventT[Any] | None) -> Iterator[None]:
-    """Makes ``event`` the current one, as Faust's stream does for each event it yields:
-    a table write lands on the changelog partition of the current event. The window
-    store writes a batch's sums after the batch, each under the event it was saved in."""
-    if event is None:
-        yield  # the current event stays whatever it is
-        return
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
 
 
 class TableReservations(Reservations):
@@ -115,7 +88,6 @@ class TableWindowStore:
         self._reservations = reservations
         self._states: dict[str, WindowState] = {}
         self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
-        self._unsaved: dict[str, tuple[WindowState, EventT[Any] | None]] = {}
 
     def load(self, tenant_id: str) -> WindowState:
         state = self._states.get(tenant_id)
@@ -130,15 +102,7 @@ class TableWindowStore:
         return state
 
     def save(self, tenant_id: str, state: WindowState) -> None:
-        # Kept until ``flush`` with the event it was saved under: a batch writes each
-        # tenant's sums once, to the partition of that tenant's events.
-        self._unsaved[tenant_id] = (state, current_event())
-
-    def flush(self) -> None:
-        unsaved, self._unsaved = self._unsaved, {}
-        for tenant_id, (state, event) in unsaved.items():
-            with in_event(event):
-                self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
+        self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
 
     def forget(self) -> None:
         self._states.clear()
@@ -171,9 +135,7 @@ class TableLedger:
 
     def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         self._table[f"{tenant_id}/{request_id}".encode()] = orjson.dumps(entry.to_json())
-        expiries = self._indexed().setdefault(tenant_id, {})
-        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
-        expiries[request_id] = entry.expires_at
+        self._indexed().setdefault(tenant_id, {})[request_id] = entry.expires_at
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)
@@ -183,7 +145,8 @@ class TableLedger:
         expiries = self._indexed().get(tenant_id)
         if not expiries:
             return
-        for request_id in _expired(expiries, now):
+        expired = [rid for rid, expires_at in expiries.items() if expires_at <= now]
+        for request_id in expired[:64]:  # a bounded share of work per request
             self.drop(tenant_id, request_id)
 
     def forget(self) -> None:
@@ -191,28 +154,11 @@ class TableLedger:
 
     def _indexed(self) -> dict[str, dict[str, float]]:
         if self._index is None:
-            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
+            self._index = defaultdict(dict)
             for key, value in self._table.items():
                 tenant, _, request_id = key.decode().partition("/")
-                expires_at = Entry.from_json(orjson.loads(value)).expires_at
-                found[tenant].append((expires_at, request_id))
-            self._index = defaultdict(dict)
-            for tenant, entries in found.items():
-                self._index[tenant] = {rid: at for at, rid in sorted(entries)}
+                self._index[tenant][request_id] = Entry.from_json(orjson.loads(value)).expires_at
         return self._index
-
-
-def _expired(expiries: dict[str, float], now: float, limit: int = 64) -> list[str]:
-    """The first expired ids of an index kept in expiry order (each write moves its id to
-    the end; the job's clock only moves on): a bounded share of work per request, and no
-    pass over the entries still live. Expiry itself is judged on each entry; this only
-    forgets them."""
-    expired: list[str] = []
-    for request_id, expires_at in expiries.items():
-        if expires_at > now or len(expired) == limit:
-            break
-        expired.append(request_id)
-    return expired
 
 
 _SEP = "\t"
@@ -269,7 +215,6 @@ class TableSpendStore:
             expiries.pop(request_id, None)
             return
         self._reservations[key] = orjson.dumps(reservation.to_json())
-        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
         if reservation.settled:
             expiries[request_id] = reservation.expires_at
 
@@ -278,7 +223,8 @@ class TableSpendStore:
         expiries = self._expiries_now().get(tenant_id)
         if not expiries:
             return
-        for request_id in _expired(expiries, now):
+        expired = [rid for rid, at in expiries.items() if at <= now][:64]
+        for request_id in expired:
             self.put_reservation(tenant_id, request_id, None)
 
     def fired(self, budget_id: str, bucket: str) -> frozenset[int]:
@@ -317,15 +263,12 @@ class TableSpendStore:
 
     def _expiries_now(self) -> dict[str, dict[str, float]]:
         if self._expiries is None:
-            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
+            self._expiries = defaultdict(dict)
             for key, value in self._reservations.items():
                 tenant_id, request_id = key.decode().split(_SEP)
                 reservation = Reservation.from_json(orjson.loads(value))
                 if reservation.settled:
-                    found[tenant_id].append((reservation.expires_at, request_id))
-            self._expiries = defaultdict(dict)
-            for tenant_id, entries in found.items():
-                self._expiries[tenant_id] = {rid: at for at, rid in sorted(entries)}
+                    self._expiries[tenant_id][request_id] = reservation.expires_at
         return self._expiries
 
 
@@ -447,41 +390,14 @@ def create_app(settings: Settings) -> faust.App:
 
     def admit_agent(priority: int) -> None:
         topic = app.topic(topics.requests(priority), key_type=bytes, value_type=bytes)
-        lag = f"requests_p{priority}"
 
-        async def more_coming(ready: Any) -> bool:
-            # Faust's fetcher hands a fetch's records to the stream one at a time, a
-            # loop turn or two apart: a few turns tell a burst from a lone request.
-            if ready is None:
-                return False
-            for _ in range(settings.admit_batch_turns):
-                if not ready.empty():
-                    return True
-                await asyncio.sleep(0)
-            return not ready.empty()
-
-        async def admit(stream: StreamT[bytes]) -> None:
-            # A batch is what the stream holds ready. Each request is judged in a task of
-            # its own, under its event (so its table writes land on its tenant's
-            # partition): all of a batch's tasks judge in one loop turn, in order (the
-            # admitted path does not await before its request is queued), and none waits
-            # for another's refusal to reach the broker. Then each tenant's window sums
-            # are written once, and each event is acked once its request has had its
-            # answer (forwarded, refused, dead-lettered), in any order.
-            source = cast("faust.Stream[bytes]", stream).noack()
-            ready = getattr(source.channel, "queue", None)
-            handling: set[asyncio.Task[None]] = set()
-            failures: list[BaseException] = []
-            batch: list[EventT[bytes]] = []
-
-            async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
-                # A task runs in a copy of its creator's context: this event is current
-                # for this task only, as Faust's stream makes each event current.
-                _current_event.set(weakref.ref(event))
+        async def admit(stream: faust.StreamT[bytes]) -> None:
+            async for event in stream.events():
                 message = event.message
-                dispatcher().note_lag(lag, message.timestamp)
+                dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
+                await budgets_read.wait()  # runtime budgets bind from the first request
                 spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
-                result = await dispatcher().admit(
+                await dispatcher().handle_request(
                     message.topic,
                     message.partition,
                     message.offset,
@@ -489,41 +405,8 @@ def create_app(settings: Settings) -> faust.App:
                     message.value,
                     message.headers,
                 )
-                await saved  # the batch's window sums are written
-                store.flush()  # this request's own, should it have been judged after them
-                if isinstance(result, Admitted):
-                    await dispatcher().finish(result)
-                await source.ack(event)
 
-            def handled(task: asyncio.Task[None]) -> None:
-                handling.discard(task)
-                if not task.cancelled() and task.exception() is not None:
-                    failures.append(task.exception())  # type: ignore[arg-type]
-
-            try:
-                async for event in source.events():
-                    batch.append(event)
-                    if len(batch) < settings.admit_batch_max and await more_coming(ready):
-                        continue  # they join this batch
-                    if failures:
-                        raise failures[0]  # not forwarded: unacked, so Faust redelivers
-                    await budgets_read.wait()  # runtime budgets bind from the first request
-                    saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    for event in batch:
-                        task = asyncio.create_task(handle(event, saved))
-                        handling.add(task)
-                        task.add_done_callback(handled)
-                    batch.clear()
-                    await asyncio.sleep(0)  # the tasks above run first: each judges its own
-                    store.flush()  # before any of these events is acked
-                    saved.set_result(None)
-                    while len(handling) >= settings.admit_concurrency:
-                        await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in handling:
-                    task.cancel()
-
-        app.agent(topic, name=f"admit_p{priority}")(admit)
+        app.agent(topic, name=f"admit_p{priority}", concurrency=settings.admit_concurrency)(admit)
 
     for priority in (0, 1, 2):
         admit_agent(priority)
