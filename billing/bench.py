@@ -69,6 +69,13 @@ class TimedStore:
         finally:
             self.seconds["insert"] += time.perf_counter() - started
 
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        started = time.perf_counter()
+        try:
+            self.inner.insert_columns(columns, dedup_token=dedup_token)
+        finally:
+            self.seconds["insert"] += time.perf_counter() - started
+
     def query(self, sql: str, parameters: Any = None) -> list[dict[str, Any]]:
         return self.inner.query(sql, parameters)
 

@@ -24,7 +24,7 @@ from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
-from billing.rows import USAGE_COLUMNS
+from billing.rows import USAGE_COLUMNS, millis
 
 Row = dict[str, Any]
 
@@ -56,11 +56,16 @@ class UsageStore(Queryable, Protocol):
         ...
 
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        """Writes the rows (``USAGE_COLUMNS`` order) durably, as one block, before returning.
+        """Writes the rows (``USAGE_COLUMNS`` order) as ``insert_columns`` does."""
+        ...
+
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        """Writes the columns (``USAGE_COLUMNS`` order, timestamps as DateTime64(3) ticks,
+        ``billing.rows.usage_columns``) durably, as one block, before returning.
 
         The sink commits the batch's offsets right after this returns, so a return must
         mean the rows survive a crash. After an exception the sink calls it again with
-        the same rows and token: a store must drop the repeat of a block that did land
+        the same columns and token: a store must drop the repeat of a block that did land
         (ClickHouse does, by ``insert_deduplication_token``), rollups included.
         """
         ...
@@ -135,11 +140,12 @@ class ClickHouseStore:
         # integer ticks as they are, where it would convert each datetime in Python.
         columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
         for index in _TICK_COLUMNS:
-            # _millis, inline: a call per value was most of the cost.
-            columns[index] = [
-                ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
-                for at in columns[index]
-            ]
+            columns[index] = millis(columns[index])
+        self.insert_columns(columns, dedup_token=dedup_token)
+
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        if not columns or not columns[0]:
+            return
         with self._lock:
             if self._usage_types is None:
                 self._usage_types = _usage_insert_types(self._client)
