@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import repeat
-from operator import attrgetter, floordiv, sub
 from typing import Any
 
 from billing.pricing import Charge
@@ -106,116 +104,65 @@ def usage_columns(events: Sequence[Usage], charges: Sequence[Charge]) -> list[Se
 
     The same values the rows hold, read straight into columns: the sink's insert is
     column-oriented, and a tuple per row, taken apart again, was work for nothing.
+    One comprehension per column: an attribute read there is cheaper than through
+    ``attrgetter``, or than a tuple per event transposed.
     """
+    if len(charges) != len(events):
+        raise ValueError(f"{len(events)} events but {len(charges)} charges")
     if not events:
         return [[] for _ in USAGE_COLUMNS]
-    (
-        tenant,
-        session,
-        request,
-        attempt,
-        model,
-        adapter,
-        worker,
-        priority,
-        status,
-        finish_reason,
-        prompt,
-        completion,
-        cached,
-        queue_ms,
-        ttft_ms,
-        total_ms,
-        error_code,
-        overload_tier,
-        precision,
-        flags,
-        key_sha256,
-        created_at,
-        finished_at,
-    ) = zip(*map(_EVENT_FIELDS, events), strict=True)
+    attempt = [e.attempt for e in events]
+    prompt = [e.num_prompt_tokens for e in events]
+    completion = [e.num_completion_tokens for e in events]
+    cached = [e.num_cached_tokens for e in events]
     if min(attempt) < 0 or min(prompt) < 0 or min(completion) < 0 or min(cached) < 0:
         for event in events:
             check_storable(event)  # raises, naming the field
-    cost_weight, cost_units, billed_units, price_version = zip(*charges, strict=True)
-    if len(cost_weight) != len(events):
-        raise ValueError(f"{len(events)} events but {len(cost_weight)} charges")
+    values = _VALUES
     return [
-        tenant,
-        session,
-        request,
+        [e.tenant_id for e in events],
+        [e.session_id for e in events],
+        [e.request_id for e in events],
         attempt,
-        model,
-        _or_empty(adapter),
-        _or_empty(worker),
-        priority,
-        list(map(_VALUES.__getitem__, status)),
-        list(map(_FINISH_VALUES.__getitem__, finish_reason)),
+        [e.model for e in events],
+        [e.adapter or "" for e in events],
+        [e.worker_id or "" for e in events],
+        [e.priority for e in events],
+        [values[e.status] for e in events],
+        [values[e.finish_reason] if e.finish_reason is not None else "" for e in events],
         prompt,
         completion,
         cached,
-        queue_ms,
-        ttft_ms,
-        total_ms,
-        _or_empty(error_code),
-        overload_tier,
-        precision,
-        flags,
-        cost_weight,
-        cost_units,
-        billed_units,
-        price_version,
-        _or_empty(key_sha256),
-        millis(created_at),
-        millis(finished_at),
+        [e.queue_ms for e in events],
+        [e.ttft_ms for e in events],
+        [e.total_ms for e in events],
+        [e.error_code or "" for e in events],
+        [e.overload_tier for e in events],
+        [e.precision for e in events],
+        [e.flags for e in events],
+        [c[0] for c in charges],
+        [c[1] for c in charges],
+        [c[2] for c in charges],
+        [c[3] for c in charges],
+        [e.key_sha256 or "" for e in events],
+        millis([e.created_at for e in events]),
+        millis([e.finished_at for e in events]),
     ]
 
 
 def millis(column: Sequence[datetime]) -> list[int]:
     """DateTime64(3) ticks of each instant, as clickhouse-connect computes them:
     milliseconds since the epoch, rounded down; a naive instant is taken as UTC."""
+    epoch, millisecond = _EPOCH, _MILLISECOND
     try:
-        # In C, for the aware instants producers send: the difference, then the division.
-        return list(map(floordiv, map(sub, column, repeat(_EPOCH)), repeat(_MILLISECOND)))
+        return [(at - epoch) // millisecond for at in column]  # aware, as producers send
     except TypeError:  # a naive one among them
         return [
-            ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
+            ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - epoch) // millisecond
             for at in column
         ]
 
 
-def _or_empty(column: Sequence[str | None]) -> Sequence[str]:
-    if None not in column:
-        return column  # type: ignore[return-value]
-    return [value or "" for value in column]
-
-
-_EVENT_FIELDS = attrgetter(
-    "tenant_id",
-    "session_id",
-    "request_id",
-    "attempt",
-    "model",
-    "adapter",
-    "worker_id",
-    "priority",
-    "status",
-    "finish_reason",
-    "num_prompt_tokens",
-    "num_completion_tokens",
-    "num_cached_tokens",
-    "queue_ms",
-    "ttft_ms",
-    "total_ms",
-    "error_code",
-    "overload_tier",
-    "precision",
-    "flags",
-    "key_sha256",
-    "created_at",
-    "finished_at",
-)
-"""The event's fields ``usage_columns`` reads, in one C call per event."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
 
@@ -223,10 +170,6 @@ _VALUES: dict[UsageStatus | FinishReason, str] = {
     member: member.value for enum in (UsageStatus, FinishReason) for member in enum
 }
 """Each status and finish reason --> its text: a lookup, not an enum property per row."""
-_FINISH_VALUES: dict[FinishReason | None, str] = {
-    None: "",
-    **{member: member.value for member in FinishReason},
-}
 
 
 def _utc(value: datetime) -> datetime:
