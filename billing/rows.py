@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.pricing import Charge
+from billing.pricing import Charge, NanoCharge
 from billing.usage_codec import Usage
 from schemas import FinishReason, UsageStatus
 
@@ -98,9 +98,10 @@ def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
     )
 
 
-def usage_columns(events: Sequence[Usage], charges: Sequence[Charge]) -> list[Sequence[Any]]:
+def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> list[Sequence[Any]]:
     """``usage_row`` of each event and its charge, by column (``USAGE_COLUMNS`` order),
-    with ``created_at`` and ``finished_at`` as DateTime64(3) ticks (``millis``).
+    with ``created_at`` and ``finished_at`` as DateTime64(3) ticks (``millis``), and the
+    costs in integer nano-units (``Pricer.charge_nanos``), as the table holds them.
 
     The same values the rows hold, read straight into columns: the sink's insert is
     column-oriented, and a tuple per row, taken apart again, was work for nothing.

@@ -124,6 +124,9 @@ def test_a_column_plan_is_the_row_plan_by_column() -> None:
         for name in ("created_at", "finished_at"):
             index = USAGE_COLUMNS.index(name)
             by_column[index] = [_millis(at) for at in by_column[index]]
+        for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
+            index = USAGE_COLUMNS.index(name)
+            by_column[index] = [int(cost.scaleb(9)) for cost in by_column[index]]
         assert [list(column) for column in columns.columns] == by_column
 
 

@@ -3,7 +3,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.pricing import Charge
+from billing.pricing import Charge, NanoCharge
 from billing.rows import USAGE_COLUMNS, UnstorableEvent, millis, usage_columns, usage_row
 from billing.storage import _millis
 from schemas import FinishReason, UsageEvent, UsageStatus
@@ -91,7 +91,19 @@ def _by_column(rows: list[tuple[object, ...]]) -> list[list[object]]:
     for name in ("created_at", "finished_at"):
         index = USAGE_COLUMNS.index(name)
         columns[index] = [_millis(at) for at in columns[index]]
+    for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
+        index = USAGE_COLUMNS.index(name)
+        columns[index] = [int(cost.scaleb(9)) for cost in columns[index]]  # type: ignore[attr-defined]
     return columns
+
+
+def _nanos(charge: Charge) -> NanoCharge:
+    return (
+        charge.cost_weight,
+        int(charge.cost_units.scaleb(9)),
+        int(charge.billed_units.scaleb(9)),
+        charge.price_version,
+    )
 
 
 def test_columns_hold_the_values_of_the_rows() -> None:
@@ -115,7 +127,7 @@ def test_columns_hold_the_values_of_the_rows() -> None:
     ]
     charges = [CHARGE, CHARGE._replace(cost_units=Decimal("0.75")), CHARGE]
 
-    columns = usage_columns(events, charges)
+    columns = usage_columns(events, [_nanos(c) for c in charges])
 
     rows = [usage_row(e, c) for e, c in zip(events, charges, strict=True)]
     assert [list(column) for column in columns] == _by_column(rows)
@@ -127,7 +139,7 @@ def test_columns_of_aware_events_alone_are_the_same_ticks() -> None:
         _event(created_at=datetime(2026, 1, 1, 0, 0, 0, n * 777, tzinfo=UTC)) for n in range(5)
     ]
 
-    columns = usage_columns(events, [CHARGE] * 5)
+    columns = usage_columns(events, [_nanos(CHARGE)] * 5)
 
     assert [list(c) for c in columns] == _by_column([usage_row(e, CHARGE) for e in events])
 
@@ -135,7 +147,7 @@ def test_columns_of_aware_events_alone_are_the_same_ticks() -> None:
 def test_columns_of_nothing_are_empty_and_a_negative_count_is_refused() -> None:
     assert usage_columns([], []) == [[] for _ in USAGE_COLUMNS]
     with pytest.raises(UnstorableEvent, match="num_cached_tokens"):
-        usage_columns([_event(), _event(num_cached_tokens=-1)], [CHARGE, CHARGE])
+        usage_columns([_event(), _event(num_cached_tokens=-1)], [_nanos(CHARGE)] * 2)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,11 @@ class FakeStore:
         )
 
     def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        # The costs come in nano-units: as Decimals, as ClickHouse reads them back.
+        columns = [
+            [Decimal(n).scaleb(-9) for n in column] if name in _COSTS else column
+            for name, column in zip(USAGE_COLUMNS, columns, strict=True)
+        ]
         rows = list(zip(*columns, strict=True))
         if self.consumer is not None:
             self.fetches_at_insert.append(self.consumer.num_fetches)
@@ -145,6 +151,9 @@ class FakeStore:
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[Row]:
         raise NotImplementedError
+
+
+_COSTS = ("cost_units", "billed_units")
 
 
 def _from_ticks(ticks: int) -> datetime:
