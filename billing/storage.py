@@ -55,10 +55,6 @@ class UsageStore(Queryable, Protocol):
         ``limit`` of them (the newest), and the instant from which that list is complete."""
         ...
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        """Writes the rows (``USAGE_COLUMNS`` order) as ``insert_columns`` does."""
-        ...
-
     def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
         """Writes the columns (``USAGE_COLUMNS`` order, as ``billing.rows.usage_columns``
         makes them: timestamps as DateTime64(3) ticks, costs in integer nano-units)
@@ -135,6 +131,8 @@ class ClickHouseStore:
         return StoredAttempts(kept, cutoff + timedelta(milliseconds=1))
 
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        """Writes the rows (``USAGE_COLUMNS`` order, ``billing.rows.usage_row``) as
+        ``insert_columns`` writes their columns: for ``billing.dedup.write_usage``."""
         if not rows:
             return
         # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
