@@ -62,10 +62,10 @@ class TimedStore:
         finally:
             self.seconds["lookup"] += time.perf_counter() - started
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
         started = time.perf_counter()
         try:
-            self.inner.insert_rows(rows, dedup_token=dedup_token)
+            self.inner.insert_columns(columns, dedup_token=dedup_token)
         finally:
             self.seconds["insert"] += time.perf_counter() - started
 

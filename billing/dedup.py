@@ -17,10 +17,10 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from billing.pricing import Pricer
-from billing.rows import usage_row
+from billing.rows import USAGE_COLUMNS, usage_columns, usage_row
 from billing.usage_codec import Usage
 
 UsageKey = tuple[str, str, str, int]
@@ -77,6 +77,44 @@ def plan_keyed_insert(
     rows = [usage_row(event, charge(event)) for _, event in new]
     attempts = [(key, event.created_at) for key, event in new]
     return InsertPlan(rows, dedup_token([key for key, _ in new]), len(keyed) - len(new), attempts)
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """``InsertPlan`` by column: what the sink inserts."""
+
+    columns: list[Sequence[Any]]
+    """``usage_columns`` of the new attempts: the rows of ``InsertPlan``, by column."""
+    dedup_token: str
+    num_known: int
+    keys: list[UsageKey]
+    """The attempts the columns hold, in row order."""
+    created_ticks: list[int]
+    """Their ``created_at``, in DateTime64(3) ticks: the ``created_at`` column."""
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.keys)
+
+
+def plan_keyed_columns(
+    keyed: Sequence[tuple[UsageKey, Usage]], existing: set[UsageKey], pricer: Pricer
+) -> ColumnPlan:
+    """``plan_keyed_insert`` by column: the same token, the same values."""
+    new = [item for item in keyed if item[0] not in existing] if existing else keyed
+    keys = [key for key, _ in new]
+    events = [event for _, event in new]
+    columns = usage_columns(events, list(map(pricer.charge_nanos, events)))
+    return ColumnPlan(
+        columns,
+        dedup_token(keys),
+        len(keyed) - len(new),
+        keys,
+        cast(list[int], columns[_CREATED_AT]),
+    )
+
+
+_CREATED_AT = USAGE_COLUMNS.index("created_at")
 
 
 def dedup_token(keys: Iterable[UsageKey]) -> str:

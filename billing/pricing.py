@@ -171,15 +171,25 @@ class Pricer:
         return found
 
     def charge(self, event: Usage) -> Charge:
+        weight, cost_nanos, billed_nanos, version = self.charge_nanos(event)
+        if version == UNPRICED_VERSION or event.status is UsageStatus.REJECTED:
+            return _new_charge(Charge, (weight, _ZERO, _ZERO, version))
+        cost = Decimal(cost_nanos).scaleb(-9)
+        if self.book._share_micros[event.status] == _MICROS:
+            return _new_charge(Charge, (weight, cost, cost, version))
+        return _new_charge(Charge, (weight, cost, Decimal(billed_nanos).scaleb(-9), version))
+
+    def charge_nanos(self, event: Usage) -> NanoCharge:
+        """``charge``, its costs in integer nano-units: what the sink writes."""
         weight, weight_micros = self._weight(event)
         found = self.book._in_force(event.model, event.created_at, event.adapter)
         if found is None:
-            return _new_charge(Charge, (weight, _ZERO, _ZERO, UNPRICED_VERSION))
+            return (weight, 0, 0, UNPRICED_VERSION)
         price, (input_nanos, output_nanos, cached_nanos) = found
         status = event.status
         if status is UsageStatus.REJECTED:
             # Refused before it ran: a prompt the dispatcher counted was never computed.
-            return _new_charge(Charge, (weight, _ZERO, _ZERO, price.version))
+            return (weight, 0, 0, price.version)
         num_prompt = event.num_prompt_tokens
         num_cached = min(max(event.num_cached_tokens, 0), num_prompt)
         at_list_price = (
@@ -188,14 +198,20 @@ class Pricer:
             + event.num_completion_tokens * output_nanos
         )  # nano-units x 1,000
         cost_nanos = _divide_half_even(at_list_price * weight_micros, 1000 * _MICROS)
-        cost = Decimal(cost_nanos).scaleb(-9)
         share_micros = self.book._share_micros[status]
         if share_micros == _MICROS:  # all of it, as for ok work by default
-            return _new_charge(Charge, (weight, cost, cost, price.version))
-        billed_nanos = _divide_half_even(cost_nanos * share_micros, _MICROS)
-        billed = Decimal(billed_nanos).scaleb(-9)
-        return _new_charge(Charge, (weight, cost, billed, price.version))
+            return (weight, cost_nanos, cost_nanos, price.version)
+        return (
+            weight,
+            cost_nanos,
+            _divide_half_even(cost_nanos * share_micros, _MICROS),
+            price.version,
+        )
 
+
+NanoCharge = tuple[float, int, int, int]
+"""``Charge`` with its costs in integer nano-units (``COST_QUANTUM``): cost weight, cost,
+billed, price version. ``Decimal(n).scaleb(-9)`` is the cost ``charge`` gives."""
 
 _new_charge = tuple.__new__
 """``Charge(...)`` without the Python-level ``__new__`` a named tuple has: once per event."""

@@ -25,7 +25,7 @@ Pure: no I/O and no clock; time is the events' own ``created_at``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -101,6 +101,26 @@ class RecentAttempts:
             if seconds < horizon_s:
                 continue
             minute = int(seconds // 60)
+            digest = hash(key)
+            known = minute_of.get(digest)
+            if known is None or known < minute:
+                minute_of[digest] = minute
+                by_minute.setdefault(minute, []).append(digest)
+        while len(minute_of) > self.capacity:
+            self._forget_oldest_minute()
+
+    def add_ticks(self, keys: Sequence[UsageKey], created_ticks: Sequence[int]) -> None:
+        """``add`` of attempts given as keys and their ``created_at`` in DateTime64(3)
+        ticks (milliseconds since the epoch, rounded down), as the sink inserts them."""
+        minute_of = self._minute_of
+        by_minute = self._by_minute
+        # Tick t stands for an instant in [t, t + 1) ms: one created before the horizon
+        # (t + 1 <= horizon) is left out, as ``add`` leaves it; the minute is the same.
+        last_left_out = self._horizon_s * 1000.0 - 1.0
+        for key, ticks in zip(keys, created_ticks, strict=True):
+            if ticks <= last_left_out:
+                continue
+            minute = ticks // 60_000
             digest = hash(key)
             known = minute_of.get(digest)
             if known is None or known < minute:

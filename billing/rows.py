@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.pricing import Charge
+from billing.pricing import Charge, NanoCharge
 from billing.usage_codec import Usage
 from schemas import FinishReason, UsageStatus
 
@@ -96,6 +97,75 @@ def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
         _utc(event.finished_at),
     )
 
+
+def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> list[Sequence[Any]]:
+    """``usage_row`` of each event and its charge, by column (``USAGE_COLUMNS`` order),
+    with ``created_at`` and ``finished_at`` as DateTime64(3) ticks (``millis``), and the
+    costs in integer nano-units (``Pricer.charge_nanos``), as the table holds them.
+
+    The same values the rows hold, read straight into columns: the sink's insert is
+    column-oriented, and a tuple per row, taken apart again, was work for nothing.
+    One comprehension per column: an attribute read there is cheaper than through
+    ``attrgetter``, or than a tuple per event transposed.
+    """
+    if len(charges) != len(events):
+        raise ValueError(f"{len(events)} events but {len(charges)} charges")
+    if not events:
+        return [[] for _ in USAGE_COLUMNS]
+    attempt = [e.attempt for e in events]
+    prompt = [e.num_prompt_tokens for e in events]
+    completion = [e.num_completion_tokens for e in events]
+    cached = [e.num_cached_tokens for e in events]
+    if min(attempt) < 0 or min(prompt) < 0 or min(completion) < 0 or min(cached) < 0:
+        for event in events:
+            check_storable(event)  # raises, naming the field
+    values = _VALUES
+    return [
+        [e.tenant_id for e in events],
+        [e.session_id for e in events],
+        [e.request_id for e in events],
+        attempt,
+        [e.model for e in events],
+        [e.adapter or "" for e in events],
+        [e.worker_id or "" for e in events],
+        [e.priority for e in events],
+        [values[e.status] for e in events],
+        [values[e.finish_reason] if e.finish_reason is not None else "" for e in events],
+        prompt,
+        completion,
+        cached,
+        [e.queue_ms for e in events],
+        [e.ttft_ms for e in events],
+        [e.total_ms for e in events],
+        [e.error_code or "" for e in events],
+        [e.overload_tier for e in events],
+        [e.precision for e in events],
+        [e.flags for e in events],
+        [c[0] for c in charges],
+        [c[1] for c in charges],
+        [c[2] for c in charges],
+        [c[3] for c in charges],
+        [e.key_sha256 or "" for e in events],
+        millis([e.created_at for e in events]),
+        millis([e.finished_at for e in events]),
+    ]
+
+
+def millis(column: Sequence[datetime]) -> list[int]:
+    """DateTime64(3) ticks of each instant, as clickhouse-connect computes them:
+    milliseconds since the epoch, rounded down; a naive instant is taken as UTC."""
+    epoch, millisecond = _EPOCH, _MILLISECOND
+    try:
+        return [(at - epoch) // millisecond for at in column]  # aware, as producers send
+    except TypeError:  # a naive one among them
+        return [
+            ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - epoch) // millisecond
+            for at in column
+        ]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
 
 _VALUES: dict[UsageStatus | FinishReason, str] = {
     member: member.value for enum in (UsageStatus, FinishReason) for member in enum

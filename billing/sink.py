@@ -12,10 +12,11 @@ whichever comes first. For each batch, in this order:
    and find which of those ClickHouse already holds: the index of recent attempts
    (``billing.recent``) clears most of them, and only the rest, the unsure ones, are
    looked up in ClickHouse (an indexed read); retried;
-3. insert the rest, priced, as one block whose ``insert_deduplication_token`` is a digest
-   of its keys; retried with the same block and token until ClickHouse acknowledges.
-   The rollups (aggregate projections) are written inside the same parts as the rows.
-   Then the inserted attempts join the index;
+3. insert the rest, priced, as one block (built by column from the decoded events)
+   whose ``insert_deduplication_token`` is a digest of its keys; retried with the same
+   block and token until ClickHouse acknowledges. The rollups (aggregate projections)
+   are written inside the same parts as the rows. Then the inserted attempts join the
+   index;
 4. only then commit the offsets just past the batch.
 
 Deduplication choice: a ReplacingMergeTree whose rollups are correct without ``FINAL``.
@@ -75,7 +76,7 @@ from typing import Any, Protocol
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from billing.dedup import InsertPlan, keyed_first_copies, plan_keyed_insert
+from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
 from billing.pricing import Pricer
 from billing.recent import RecentAttempts
 from billing.retry import Backoff
@@ -325,12 +326,12 @@ class BillingSink:
             plan = await self._plan(events, stop)
             if plan is None or not await self._insert(plan, stop):
                 return  # stopping mid-outage: uncommitted, so the batch is redelivered
-            self.num_inserted += len(plan.rows)
-            self.num_duplicates += len(events) - len(plan.rows)
+            self.num_inserted += plan.num_rows
+            self.num_duplicates += len(events) - plan.num_rows
         self.num_batches += 1
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items()})
 
-    async def _plan(self, events: list[Usage], stop: asyncio.Event) -> InsertPlan | None:
+    async def _plan(self, events: list[Usage], stop: asyncio.Event) -> ColumnPlan | None:
         if self._recent is None and not await self._until_done(
             self._read_recent, stop, "read of the recent attempts"
         ):
@@ -346,7 +347,7 @@ class BillingSink:
 
         if keys and not await self._until_done(look_up, stop, f"lookup of {len(keys)} attempts"):
             return None
-        return plan_keyed_insert(firsts, known, self._pricer)
+        return plan_keyed_columns(firsts, known, self._pricer)
 
     async def _read_recent(self) -> None:
         stored = await asyncio.to_thread(
@@ -361,19 +362,19 @@ class BillingSink:
             self._recent.horizon or "the start",
         )
 
-    async def _insert(self, plan: InsertPlan, stop: asyncio.Event) -> bool:
-        if not plan.rows:
+    async def _insert(self, plan: ColumnPlan, stop: asyncio.Event) -> bool:
+        if not plan.num_rows:
             return True
 
         async def insert() -> None:
             await asyncio.to_thread(
-                self._store.insert_rows, plan.rows, dedup_token=plan.dedup_token
+                self._store.insert_columns, plan.columns, dedup_token=plan.dedup_token
             )
 
-        if not await self._until_done(insert, stop, f"insert of {len(plan.rows)} usage rows"):
+        if not await self._until_done(insert, stop, f"insert of {plan.num_rows} usage rows"):
             return False
         if self._recent is not None:
-            self._recent.add(plan.attempts)
+            self._recent.add_ticks(plan.keys, plan.created_ticks)
         return True
 
     async def _dead_letter(

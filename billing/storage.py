@@ -24,7 +24,7 @@ from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
-from billing.rows import USAGE_COLUMNS
+from billing.rows import USAGE_COLUMNS, millis
 
 Row = dict[str, Any]
 
@@ -55,12 +55,14 @@ class UsageStore(Queryable, Protocol):
         ``limit`` of them (the newest), and the instant from which that list is complete."""
         ...
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        """Writes the rows (``USAGE_COLUMNS`` order) durably, as one block, before returning.
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        """Writes the columns (``USAGE_COLUMNS`` order, as ``billing.rows.usage_columns``
+        makes them: timestamps as DateTime64(3) ticks, costs in integer nano-units)
+        durably, as one block, before returning.
 
         The sink commits the batch's offsets right after this returns, so a return must
         mean the rows survive a crash. After an exception the sink calls it again with
-        the same rows and token: a store must drop the repeat of a block that did land
+        the same columns and token: a store must drop the repeat of a block that did land
         (ClickHouse does, by ``insert_deduplication_token``), rollups included.
         """
         ...
@@ -129,25 +131,37 @@ class ClickHouseStore:
         return StoredAttempts(kept, cutoff + timedelta(milliseconds=1))
 
     def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+        """Writes the rows (``USAGE_COLUMNS`` order, ``billing.rows.usage_row``) as
+        ``insert_columns`` writes their columns: for ``billing.dedup.write_usage``."""
         if not rows:
             return
         # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
         # integer ticks as they are, where it would convert each datetime in Python.
+        # The wide Decimals as the integers they hold (``insert_columns`` takes them so).
         columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
         for index in _TICK_COLUMNS:
-            # _millis, inline: a call per value was most of the cost.
-            columns[index] = [
-                ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
-                for at in columns[index]
-            ]
+            columns[index] = millis(columns[index])
+        for index, column_type in enumerate(self._insert_types()):
+            if isinstance(column_type, ScaledDecimal):
+                columns[index] = column_type.scaled(columns[index])
+        self.insert_columns(columns, dedup_token=dedup_token)
+
+    def _insert_types(self) -> list[ClickHouseType]:
         with self._lock:
             if self._usage_types is None:
                 self._usage_types = _usage_insert_types(self._client)
+            return self._usage_types
+
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        if not columns or not columns[0]:
+            return
+        column_types = self._insert_types()
+        with self._lock:
             self._client.insert(
                 "usage_events",
                 columns,
                 column_names=USAGE_COLUMNS,
-                column_types=self._usage_types,
+                column_types=column_types,
                 column_oriented=True,
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
@@ -286,12 +300,17 @@ class ScaledDecimal(BigDecimal, registered=False):  # type: ignore[misc]
     """
 
     def _write_column_binary(self, column: Sequence[Any], dest: bytearray, _ctx: Any) -> None:
+        self._write_scaled(self.scaled(column), dest)
+
+    def scaled(self, column: Sequence[Any]) -> list[int]:
+        """The values as the integers the column holds: each times ``10**S``, cut
+        towards zero (a null as 0, its mask is written apart)."""
         with decimal.localcontext() as ctx:
             ctx.prec = self.prec
             scale = self.scale
             # Decimal(str(x)) is x itself for a Decimal; a float or text is read as
             # clickhouse-connect reads it. int() rounds towards zero, as it does.
-            ints = [
+            return [
                 0
                 if self.nullable and not x
                 else int(
@@ -299,15 +318,31 @@ class ScaledDecimal(BigDecimal, registered=False):  # type: ignore[misc]
                 )
                 for x in column
             ]
-        if _LITTLE and self.byte_size == 16 and all(_INT64_MIN <= v <= _INT64_MAX for v in ints):
-            # Little-endian Int128 from int64 halves: the value, then its sign extension.
-            words = array("q", bytes(16 * len(ints)))
-            words[0::2] = array("q", ints)
-            words[1::2] = array("q", [v >> 63 for v in ints])
-            dest += words.tobytes()
-        else:
-            for v in ints:
-                dest += v.to_bytes(self.byte_size, "little", signed=True)
+
+    def _write_scaled(self, ints: Sequence[int], dest: bytearray) -> None:
+        if _LITTLE and self.byte_size == 16 and ints and min(ints) >= _INT64_MIN:
+            if max(ints) <= _INT64_MAX:
+                # Little-endian Int128 from int64 halves: the value, then its sign
+                # extension (zeros already, unless a value is negative).
+                words = array("q", bytes(16 * len(ints)))
+                words[0::2] = array("q", ints)
+                if min(ints) < 0:
+                    words[1::2] = array("q", [v >> 63 for v in ints])
+                dest += words.tobytes()
+                return
+        for v in ints:
+            dest += v.to_bytes(self.byte_size, "little", signed=True)
+
+
+class ScaledIntegers(ScaledDecimal, registered=False):  # type: ignore[misc]
+    """``ScaledDecimal`` given the integers the column holds (``ScaledDecimal.scaled``):
+    nano-units for a cost column, as ``Pricer.charge_nanos`` computes them, so no
+    ``Decimal`` is made and taken apart again. A null is written as 0 under its mask."""
+
+    def _write_column_binary(self, column: Sequence[Any], dest: bytearray, _ctx: Any) -> None:
+        if self.nullable and None in column:
+            column = [0 if x is None else x for x in column]
+        self._write_scaled(column, dest)
 
 
 _INT64_MIN = -(2**63)
@@ -317,19 +352,22 @@ _LITTLE = sys.byteorder == "little"
 
 
 def _usage_insert_types(client: Any) -> list[ClickHouseType]:
-    """The table's types for ``USAGE_COLUMNS``, the wide Decimals as ``ScaledDecimal``.
+    """The table's types for ``USAGE_COLUMNS``, the wide Decimals as ``ScaledIntegers``:
+    ``insert_columns`` is given their values scaled.
 
     Given to each insert, they also spare it a ``DESCRIBE`` of the table.
     """
     context = client.create_insert_context("usage_events", column_names=list(USAGE_COLUMNS))
-    return [_scaled_decimal(t) for t in context.column_types]
+    return [_scaled_decimal(t, ScaledIntegers) for t in context.column_types]
 
 
-def _scaled_decimal(column_type: ClickHouseType) -> ClickHouseType:
+def _scaled_decimal(
+    column_type: ClickHouseType, as_type: type[ScaledDecimal] = ScaledDecimal
+) -> ClickHouseType:
     if type(column_type) is not BigDecimal:
         return column_type
     size = column_type.byte_size * 8
-    return ScaledDecimal(column_type.type_def, column_type.prec, size, column_type.scale)
+    return as_type(column_type.type_def, column_type.prec, size, column_type.scale)
 
 
 def _key(row: Sequence[Any]) -> UsageKey:

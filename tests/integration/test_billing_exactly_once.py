@@ -349,17 +349,17 @@ def _freeze_after_insert(num_inserts: int, marker: Path) -> None:
     from billing import __main__ as billing_main
     from billing.storage import ClickHouseStore
 
-    original = ClickHouseStore.insert_rows
+    original = ClickHouseStore.insert_columns
     calls = [0]
 
-    def insert_rows(self: ClickHouseStore, rows: Any, *, dedup_token: str) -> None:
-        original(self, rows, dedup_token=dedup_token)
+    def insert_columns(self: ClickHouseStore, columns: Any, *, dedup_token: str) -> None:
+        original(self, columns, dedup_token=dedup_token)
         calls[0] += 1
         if calls[0] == num_inserts:
             marker.touch()
             threading.Event().wait()  # acknowledged, never returns: no commit follows
 
-    ClickHouseStore.insert_rows = insert_rows  # type: ignore[method-assign]
+    ClickHouseStore.insert_columns = insert_columns  # type: ignore[method-assign]
     billing_main.main()
 
 

@@ -1,20 +1,24 @@
 """Which events of a batch are new attempts, and the token of their insert."""
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from billing.dedup import (
     dedup_token,
     first_copies,
     plan_insert,
+    plan_keyed_columns,
+    plan_keyed_insert,
     usage_key,
     write_usage,
 )
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.rows import USAGE_COLUMNS
-from schemas import UsageEvent, UsageStatus
+from billing.storage import _millis
+from billing.usage_codec import decode_usage
+from schemas import UsageEvent, UsageStatus, encode
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
@@ -93,3 +97,44 @@ def test_write_usage_stores_each_attempt_once_across_calls() -> None:
     assert plan.num_known == 1
     assert write_usage(store, [], PRICER).rows == []
     assert store.num_lookups == 2  # nothing to look up for an empty batch
+
+
+def test_a_column_plan_is_the_row_plan_by_column() -> None:
+    elsewhere = datetime(2026, 1, 1, 2, 0, 1, 1_500, tzinfo=timezone(timedelta(hours=2)))
+    events = [
+        decode_usage(encode(e))
+        for e in [
+            _event("a"),
+            _event("b", status=UsageStatus.FAILED, created_at=elsewhere),
+            _event("c", adapter="sql", num_completion_tokens=7),
+        ]
+    ]
+    keyed = [(usage_key(e), e) for e in events]
+
+    for existing in (set(), {usage_key(events[1])}):
+        rows = plan_keyed_insert(keyed, existing, PRICER)
+        columns = plan_keyed_columns(keyed, existing, PRICER)
+
+        assert columns.dedup_token == rows.dedup_token
+        assert columns.num_known == rows.num_known
+        assert columns.num_rows == len(rows.rows)
+        assert columns.keys == [key for key, _ in rows.attempts]
+        assert columns.created_ticks == [_millis(at) for _, at in rows.attempts]
+        by_column = [list(column) for column in zip(*rows.rows, strict=True)]
+        for name in ("created_at", "finished_at"):
+            index = USAGE_COLUMNS.index(name)
+            by_column[index] = [_millis(at) for at in by_column[index]]
+        for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
+            index = USAGE_COLUMNS.index(name)
+            by_column[index] = [int(cost.scaleb(9)) for cost in by_column[index]]
+        assert [list(column) for column in columns.columns] == by_column
+
+
+def test_a_column_plan_of_known_attempts_alone_is_empty() -> None:
+    events = [_event("a")]
+    keyed = [(usage_key(e), e) for e in events]
+
+    plan = plan_keyed_columns(keyed, {usage_key(events[0])}, PRICER)
+
+    assert (plan.num_rows, plan.num_known, plan.keys) == (0, 1, [])
+    assert plan.dedup_token == dedup_token([])

@@ -21,7 +21,7 @@ from clickhouse_connect.datatypes.registry import get_from_name
 from billing.dedup import UsageKey, dedup_token
 from billing.pricing import ChargePolicy, Price, PriceBook, Pricer, list_cost, quantize
 from billing.rows import USAGE_COLUMNS, usage_row
-from billing.storage import ScaledDecimal, _millis, _scaled_decimal
+from billing.storage import ScaledDecimal, ScaledIntegers, _millis, _scaled_decimal
 from billing.usage_codec import decode_usage
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
 
@@ -192,3 +192,37 @@ def test_rows_hold_the_enum_texts_and_the_column_block_is_unchanged() -> None:
         ticks = [_millis(value) for value in values]
         assert ticks == [int(value.timestamp() * 1000) for value in values]
         assert all(value.tzinfo is UTC for value in values)
+
+
+def test_charges_in_nano_units_are_the_charges_scaled() -> None:
+    pricer = Pricer(_BOOK)
+    for event in [*_events(), *(decode_usage(encode(e)) for e in _events())]:
+        charge = pricer.charge(event)
+        weight, cost, billed, version = pricer.charge_nanos(event)
+        assert (weight, version) == (charge.cost_weight, charge.price_version)
+        assert (type(cost), type(billed)) == (int, int)
+        assert Decimal(cost).scaleb(-9) == charge.cost_units
+        assert Decimal(billed).scaleb(-9) == charge.billed_units
+
+
+@pytest.mark.parametrize(
+    "type_name", ["Decimal(38, 9)", "Decimal(76, 9)", "Nullable(Decimal(38, 9))"]
+)
+def test_scaled_integers_write_the_bytes_of_their_decimals(type_name: str) -> None:
+    reference = get_from_name(type_name)
+    scaled = _scaled_decimal(reference)
+    integers = _scaled_decimal(reference, ScaledIntegers)
+    assert isinstance(scaled, ScaledDecimal) and isinstance(integers, ScaledIntegers)
+    columns: list[list[Any]] = [
+        _VALUES,
+        _VALUES[:7],
+        [Decimal(n).scaleb(-9) for n in range(0, 5000, 7)],  # none negative
+        [Decimal(n).scaleb(-9) for n in range(-500, 500, 7)],
+    ]
+    if reference.nullable:
+        columns.append([None, Decimal("1.25"), None, Decimal(0), Decimal("-7.000000003")])
+    for values in columns:
+        ints: list[Any] = scaled.scaled(values)
+        if reference.nullable:
+            ints = [None if value is None else n for value, n in zip(values, ints, strict=True)]
+        assert _written(integers, ints) == _written(reference, values)

@@ -88,3 +88,43 @@ def test_unsure_keys_are_the_keys_is_unsure_names(horizon: datetime | None) -> N
     assert expected  # the stored ones at least
     if horizon is not None:
         assert len(expected) > len(range(0, 40, 3))  # and some older than the horizon
+
+
+def _ticks(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize("capacity", [3, 1_000])
+@pytest.mark.parametrize("horizon", [None, T0, T0 + timedelta(seconds=50, milliseconds=1)])
+def test_adding_ticks_is_adding_the_instants(capacity: int, horizon: datetime | None) -> None:
+    batches = [
+        [(_key(n), T0 + timedelta(seconds=10 * n, microseconds=999 * n)) for n in range(-3, 8)],
+        [
+            (_key(1), T0 + timedelta(minutes=3)),  # again, a later minute
+            (_key(20), T0 - timedelta(microseconds=1)),
+            (_key(21), T0 + timedelta(seconds=50, microseconds=500)),  # in the horizon's ms
+            (_key(22), T0 + timedelta(seconds=50, milliseconds=1)),
+            (_key(23), T0 + timedelta(minutes=1, microseconds=-1)),
+        ],
+    ]
+    by_instant = RecentAttempts(capacity, horizon)
+    by_ticks = RecentAttempts(capacity, horizon)
+    for attempts in batches:
+        by_instant.add(attempts)
+        by_ticks.add_ticks([key for key, _ in attempts], [_ticks(at) for _, at in attempts])
+
+        assert by_ticks._minute_of == by_instant._minute_of
+        assert by_ticks._by_minute == by_instant._by_minute
+        assert by_ticks.horizon == by_instant.horizon
+
+
+def test_ticks_keep_every_attempt_at_or_after_a_horizon_between_ticks() -> None:
+    horizon = T0 + timedelta(microseconds=500)  # not a whole millisecond
+    index = RecentAttempts(capacity=10, horizon=horizon)
+
+    index.add_ticks([_key(0), _key(1), _key(2)], [_ticks(T0) - 1, _ticks(T0), _ticks(T0) + 1])
+
+    # Tick T0 may stand for an instant at or after the horizon: kept, looked up if seen.
+    assert not index.is_unsure(_key(0), T0 + timedelta(milliseconds=5))
+    assert index.is_unsure(_key(1), T0 + timedelta(milliseconds=5))
+    assert index.is_unsure(_key(2), T0 + timedelta(milliseconds=5))

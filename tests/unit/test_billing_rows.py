@@ -3,8 +3,9 @@ from decimal import Decimal
 
 import pytest
 
-from billing.pricing import Charge
-from billing.rows import USAGE_COLUMNS, UnstorableEvent, usage_row
+from billing.pricing import Charge, NanoCharge
+from billing.rows import USAGE_COLUMNS, UnstorableEvent, millis, usage_columns, usage_row
+from billing.storage import _millis
 from schemas import FinishReason, UsageEvent, UsageStatus
 
 CHARGE = Charge(
@@ -82,3 +83,81 @@ def test_the_charge_and_the_new_usage_fields_have_columns() -> None:
         Decimal("0.25"),
         3,
     )
+
+
+def _by_column(rows: list[tuple[object, ...]]) -> list[list[object]]:
+    """The rows by column, timestamps as DateTime64(3) ticks, as the store writes them."""
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    for name in ("created_at", "finished_at"):
+        index = USAGE_COLUMNS.index(name)
+        columns[index] = [_millis(at) for at in columns[index]]
+    for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
+        index = USAGE_COLUMNS.index(name)
+        columns[index] = [int(cost.scaleb(9)) for cost in columns[index]]  # type: ignore[attr-defined]
+    return columns
+
+
+def _nanos(charge: Charge) -> NanoCharge:
+    return (
+        charge.cost_weight,
+        int(charge.cost_units.scaleb(9)),
+        int(charge.billed_units.scaleb(9)),
+        charge.price_version,
+    )
+
+
+def test_columns_hold_the_values_of_the_rows() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    events = [
+        _event(),
+        _event(
+            request_id="req_2",
+            adapter="sql",
+            worker_id="w1",
+            status=UsageStatus.FAILED,
+            finish_reason=FinishReason.ERROR,
+            error_code="oom",
+            ttft_ms=3.5,
+            flags=["injection_suspected"],
+            key_sha256="ab" * 32,
+            created_at=datetime(2026, 1, 1, 12, 0, 0, 123_999),  # naive: UTC
+            finished_at=datetime(2026, 1, 1, 14, 0, 1, 1_500, tzinfo=plus_two),
+        ),
+        _event(request_id="req_3", status=UsageStatus.CANCELLED, finish_reason=FinishReason.STOP),
+    ]
+    charges = [CHARGE, CHARGE._replace(cost_units=Decimal("0.75")), CHARGE]
+
+    columns = usage_columns(events, [_nanos(c) for c in charges])
+
+    rows = [usage_row(e, c) for e, c in zip(events, charges, strict=True)]
+    assert [list(column) for column in columns] == _by_column(rows)
+    assert len(columns) == len(USAGE_COLUMNS)
+
+
+def test_columns_of_aware_events_alone_are_the_same_ticks() -> None:
+    events = [
+        _event(created_at=datetime(2026, 1, 1, 0, 0, 0, n * 777, tzinfo=UTC)) for n in range(5)
+    ]
+
+    columns = usage_columns(events, [_nanos(CHARGE)] * 5)
+
+    assert [list(c) for c in columns] == _by_column([usage_row(e, CHARGE) for e in events])
+
+
+def test_columns_of_nothing_are_empty_and_a_negative_count_is_refused() -> None:
+    assert usage_columns([], []) == [[] for _ in USAGE_COLUMNS]
+    with pytest.raises(UnstorableEvent, match="num_cached_tokens"):
+        usage_columns([_event(), _event(num_cached_tokens=-1)], [_nanos(CHARGE)] * 2)
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 3, 1, 12, 0, 0, 999, tzinfo=UTC),
+        datetime(2026, 3, 1, 14, 0, 0, 1_500, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 3, 1, 12, 0, 0, 123_456),  # naive: UTC
+        datetime(1969, 12, 31, 23, 59, 59, 999_500, tzinfo=UTC),
+    ],
+)
+def test_millis_are_the_ticks_of_the_store(at: datetime) -> None:
+    assert millis([at, at]) == [_millis(at), _millis(at)]

@@ -4,7 +4,8 @@ import asyncio
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,20 @@ class FakeStore:
         self.journal.append(("read back", len(self.rows)))
         created = USAGE_COLUMNS.index("created_at")
         return StoredAttempts(
-            [((r[0], r[1], r[2], r[3]), r[created] if len(r) > created else T0) for r in self.rows],
+            [
+                ((r[0], r[1], r[2], r[3]), _from_ticks(r[created]) if len(r) > created else T0)
+                for r in self.rows
+            ],
             None,
         )
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        # The costs come in nano-units: as Decimals, as ClickHouse reads them back.
+        columns = [
+            [Decimal(n).scaleb(-9) for n in column] if name in _COSTS else column
+            for name, column in zip(USAGE_COLUMNS, columns, strict=True)
+        ]
+        rows = list(zip(*columns, strict=True))
         if self.consumer is not None:
             self.fetches_at_insert.append(self.consumer.num_fetches)
         self.tokens.append(dedup_token)
@@ -141,6 +151,14 @@ class FakeStore:
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[Row]:
         raise NotImplementedError
+
+
+_COSTS = ("cost_units", "billed_units")
+
+
+def _from_ticks(ticks: int) -> datetime:
+    """A DateTime64(3) tick of the ``created_at`` column, as ClickHouse reads it back."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ticks)
 
 
 class FakePublish:
@@ -397,15 +415,15 @@ async def test_revoking_waits_for_the_batch_in_hand(tmp_path: Path) -> None:
     consumer = FakeConsumer(journal, {P0: [_usage(0)]})
     store = FakeStore(journal)
     release = asyncio.Event()
-    original = store.insert_rows
+    original = store.insert_columns
 
-    def slow_insert(rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        journal.append(("insert started", len(rows)))
+    def slow_insert(columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        journal.append(("insert started", len(columns[0])))
         asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
-        original(rows, dedup_token=dedup_token)
+        original(columns, dedup_token=dedup_token)
 
     loop = asyncio.get_running_loop()
-    store.insert_rows = slow_insert  # type: ignore[method-assign]
+    store.insert_columns = slow_insert  # type: ignore[method-assign]
     sink = _sink(_settings(tmp_path), store, FAST)
     listener = sink.rebalance_listener()
 
@@ -474,13 +492,13 @@ async def test_the_cycle_collector_pauses_for_a_batch_only(tmp_path: Path) -> No
     consumer = FakeConsumer(journal, {P0: [_usage(0)]})
     store = FakeStore(journal)
     seen: list[bool] = []
-    original = store.insert_rows
+    original = store.insert_columns
 
-    def insert_rows(rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
+    def insert_columns(columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
         seen.append(gc.isenabled())
-        original(rows, dedup_token=dedup_token)
+        original(columns, dedup_token=dedup_token)
 
-    store.insert_rows = insert_rows  # type: ignore[method-assign]
+    store.insert_columns = insert_columns  # type: ignore[method-assign]
     sink = _sink(_settings(tmp_path), store, FAST)
 
     await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)

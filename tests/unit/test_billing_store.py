@@ -13,7 +13,7 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
 
-from billing.dedup import dedup_token, usage_key, write_usage
+from billing.dedup import dedup_token, plan_keyed_columns, usage_key, write_usage
 from billing.migrate import Migration, apply_migrations, bundled_migrations
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
@@ -384,3 +384,28 @@ def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
     aware = at if at.tzinfo else at.replace(tzinfo=UTC)
 
     assert _millis(at) == column._datetime64_ticks(aware)
+
+
+def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
+    events = [
+        _event("acme", "sess_a", n, worker_id="w0", ttft_ms=1.5 * n, flags=["x"] * (n % 2))
+        for n in range(4)
+    ] + [_event("beta", "sess_b", 1, status=UsageStatus.FAILED, error_code="oom")]
+    as_rows = [e.model_copy(update={"tenant_id": f"{e.tenant_id}-rows"}) for e in events]
+    store.insert_rows(_rows(as_rows), dedup_token="rows")
+    keyed = [(usage_key(e), e) for e in events]
+    plan = plan_keyed_columns(keyed, set(), PRICER)
+    store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
+    store.insert_columns(plan.columns, dedup_token=plan.dedup_token)  # a retry: dropped
+
+    def stored(suffix: str) -> list[dict[str, Any]]:
+        rows = store.query(
+            "SELECT * EXCEPT inserted_at FROM usage_events"
+            " WHERE endsWith(tenant_id, {suffix:String}) ORDER BY tenant_id, request_id",
+            {"suffix": suffix},
+        )
+        return [{**row, "tenant_id": row["tenant_id"].removesuffix(suffix)} for row in rows]
+
+    by_rows = stored("-rows")
+    assert len(by_rows) == len(events)
+    assert [r for r in stored("") if not r["tenant_id"].endswith("-rows")] == by_rows

@@ -95,17 +95,23 @@ def refetching_unpack(
 
     def unpack(self: Any) -> Iterator[Any]:
         topic, partition = self._tp.topic, self._tp.partition
-        watched = topic.startswith(topic_prefix)
-        if watched:
-            self._records = watch = _BatchWatch(self._records)
+        if not topic.startswith(topic_prefix):
+            return original(self)
+        return watched(self, topic, partition)
+
+    def watched(self: Any, topic: str, partition: int) -> Iterator[Any]:
+        self._records = watch = _BatchWatch(self._records)
         expected = self.next_fetch_offset
         for record in original(self):
-            if watched:
-                expected = max(expected, watch.accounted_to)
-                if record.offset > expected and book.refetch(topic, partition, expected):
-                    self.next_fetch_offset = expected  # the position stays before the gap
+            offset = record.offset
+            # A gap: beyond the next offset expected and beyond what earlier batches
+            # account for (read only then: once per batch at most, not per record).
+            if offset > expected:
+                gap_at = max(expected, watch.accounted_to)
+                if offset > gap_at and book.refetch(topic, partition, gap_at):
+                    self.next_fetch_offset = gap_at  # the position stays before the gap
                     return
-            expected = record.offset + 1
+            expected = offset + 1
             yield record
 
     return unpack
