@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from billing.dedup import Attempt, UsageKey
+from billing.rows import millis
 
 
 class HasCreatedAt(Protocol):
@@ -90,24 +91,8 @@ class RecentAttempts:
         """Records attempts ClickHouse now holds, then forgets the oldest minutes while
         over capacity. Attempts created before the horizon are not kept: they are unsure
         anyway."""
-        minute_of = self._minute_of
-        by_minute = self._by_minute
-        horizon_s = self._horizon_s
-        for key, created_at in attempts:
-            # _seconds, inline: this runs for every attempt the sink inserts.
-            if created_at.tzinfo is None:
-                created_at = created_at.replace(tzinfo=UTC)
-            seconds = created_at.timestamp()
-            if seconds < horizon_s:
-                continue
-            minute = int(seconds // 60)
-            digest = hash(key)
-            known = minute_of.get(digest)
-            if known is None or known < minute:
-                minute_of[digest] = minute
-                by_minute.setdefault(minute, []).append(digest)
-        while len(minute_of) > self.capacity:
-            self._forget_oldest_minute()
+        pairs = list(attempts)
+        self.add_ticks([key for key, _ in pairs], millis([created for _, created in pairs]))
 
     def add_ticks(self, keys: Sequence[UsageKey], created_ticks: Sequence[int]) -> None:
         """``add`` of attempts given as keys and their ``created_at`` in DateTime64(3)
