@@ -32,7 +32,7 @@ Attempt = tuple[UsageKey, datetime]
 class KeyedStore(Protocol):
     def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]: ...
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None: ...
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None: ...
 
 
 def usage_key(event: Usage) -> UsageKey:
@@ -125,11 +125,11 @@ def dedup_token(keys: Iterable[UsageKey]) -> str:
     return f"usage-{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def write_usage(store: KeyedStore, events: Iterable[Usage], pricer: Pricer) -> InsertPlan:
-    """Inserts the new attempts among ``events``, as the sink does, in one go."""
-    batch = first_copies(events)
-    existing = store.existing_keys([usage_key(e) for e in batch]) if batch else set()
-    plan = plan_insert(batch, existing, pricer)
-    if plan.rows:
-        store.insert_rows(plan.rows, dedup_token=plan.dedup_token)
+def write_usage(store: KeyedStore, events: Iterable[Usage], pricer: Pricer) -> ColumnPlan:
+    """Inserts the new attempts among ``events``, by the sink's own plan, in one go."""
+    keyed = keyed_first_copies(events)
+    existing = store.existing_keys([key for key, _ in keyed]) if keyed else set()
+    plan = plan_keyed_columns(keyed, existing, pricer)
+    if plan.num_rows:
+        store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
     return plan

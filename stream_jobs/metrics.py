@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -164,9 +164,3 @@ def job_registry(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(JobCollector(metrics, budget_rows))
     return registry
-
-
-def render_metrics(
-    metrics: DispatchMetrics, budget_rows: list[dict[str, object]] | None = None
-) -> bytes:
-    return generate_latest(job_registry(lambda: metrics, lambda: budget_rows or []))

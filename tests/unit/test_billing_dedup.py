@@ -84,8 +84,8 @@ class MemoryStore:
         self.num_lookups += 1
         return set(keys) & {tuple(r[:4]) for r in self.rows}
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        self.rows.extend(rows)
+    def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
+        self.rows.extend(zip(*columns, strict=True))
 
 
 def test_write_usage_stores_each_attempt_once_across_calls() -> None:
@@ -95,7 +95,7 @@ def test_write_usage_stores_each_attempt_once_across_calls() -> None:
 
     assert [row[2] for row in store.rows] == ["a", "b", "c"]
     assert plan.num_known == 1
-    assert write_usage(store, [], PRICER).rows == []
+    assert write_usage(store, [], PRICER).num_rows == 0
     assert store.num_lookups == 2  # nothing to look up for an empty batch
 
 

@@ -277,11 +277,11 @@ def test_redelivered_events_do_not_double_the_table_or_the_rollups(
     ]
     write_usage(store, events, PRICER)
     plan = write_usage(store, events[:4], PRICER)  # redelivered, as after a crash
-    assert (plan.rows, plan.num_known) == ([], 4)
+    assert (plan.num_rows, plan.num_known) == (0, 4)
     # A batch mixing known and new attempts, with a repeat inside it.
     late = _event("beta", "sess_b", 9)
     plan = write_usage(store, [*events[4:6], late, late], PRICER)
-    assert (len(plan.rows), plan.num_known) == (1, 2)
+    assert (plan.num_rows, plan.num_known) == (1, 2)
     events.append(late)
 
     # Plain reads, no FINAL: one row per attempt.

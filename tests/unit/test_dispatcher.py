@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import (
@@ -24,7 +25,7 @@ from schemas import (
     encode,
 )
 from stream_jobs.dispatcher import Dispatcher, Outcome
-from stream_jobs.metrics import render_metrics
+from stream_jobs.metrics import job_registry
 from tests.unit.fakes import (
     TOPICS,
     MemoryLedger,
@@ -396,7 +397,7 @@ def test_the_lag_of_each_input_shows_in_the_metrics(dispatcher: Dispatcher) -> N
     usage = decode(UsageEvent, usage_of(0)).model_copy(update={"finished_at": finished})
     dispatcher.observe_usage(encode(usage))
     dispatcher.note_lag("requests_p0", time.time() - 0.04)
-    text = render_metrics(dispatcher.metrics).decode()
+    text = generate_latest(job_registry(lambda: dispatcher.metrics)).decode()
 
     def lag(stream: str) -> float:
         (family,) = (f for f in text_string_to_metric_families(text) if f.name.endswith("lag_ms"))

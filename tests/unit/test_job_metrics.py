@@ -3,11 +3,19 @@ dispatcher's plain counts, read back with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import WorkerStatus
 from stream_jobs.dispatcher import DispatchMetrics
-from stream_jobs.metrics import render_metrics
+from stream_jobs.metrics import job_registry
+
+
+def render_metrics(
+    metrics: DispatchMetrics, budget_rows: list[dict[str, object]] | None = None
+) -> bytes:
+    """What the job's /metrics serves for these counts and budget rows."""
+    return generate_latest(job_registry(lambda: metrics, lambda: budget_rows or []))
 
 
 def samples(text: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
