@@ -58,6 +58,7 @@ class UsageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     finished_at: datetime = msgspec.field(default_factory=_now)
     last_seq: _Int | None = None
     adapter: str | None = None
+    batch_id: str | None = None
 
 
 Usage = UsageEvent | UsageRecord

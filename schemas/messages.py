@@ -123,6 +123,9 @@ class InferenceRequest(Message):
     created_at: AwareDatetime | None = None
     """When the producer made it, with its time zone: used only for latency figures,
     bounded by the job."""
+    batch_id: RequestId | None = None
+    """The batch job this request is a line of (class 2 only): its own quota budget,
+    its own price, and billing's spend per batch."""
 
     @model_validator(mode="before")
     @classmethod
@@ -195,6 +198,8 @@ class WorkItem(Message):
     """Notes that travel to the UsageEvent: ``injection_suspected``, ``max_tokens_capped``."""
     adapter: Adapter | None = None
     """The LoRA adapter the request's ``base:adapter`` model named; ``model`` is the base."""
+    batch_id: str | None = None
+    """The batch job the request is a line of (``InferenceRequest.batch_id``)."""
 
     @property
     def requested_model(self) -> str:
@@ -312,6 +317,8 @@ class UsageEvent(Message):
     """The ``seq`` of the request's last chunk, so a duplicate's answer continues it."""
     adapter: str | None = None
     """The LoRA adapter that served it (``model`` is the base model); None: the base."""
+    batch_id: str | None = None
+    """The batch job the request was a line of (``WorkItem.batch_id``)."""
 
 
 class WorkerStatus(Message):

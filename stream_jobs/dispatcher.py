@@ -618,6 +618,7 @@ class Dispatcher:
             cache_salt=salt,
             flags=list(principal.flags),
             key_sha256=principal.key_sha256,
+            batch_id=request.batch_id,
         )
 
     @staticmethod

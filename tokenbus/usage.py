@@ -38,6 +38,7 @@ def usage_of(
         flags=fields.pop("flags", request.flags),
         adapter=request.adapter.name if request.adapter else None,
         key_sha256=request.key_sha256,
+        batch_id=request.batch_id,
         created_at=request.admitted_at,
         **fields,
     )
