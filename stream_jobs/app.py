@@ -135,7 +135,9 @@ class TableLedger:
 
     def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         self._table[f"{tenant_id}/{request_id}".encode()] = orjson.dumps(entry.to_json())
-        self._indexed().setdefault(tenant_id, {})[request_id] = entry.expires_at
+        expiries = self._indexed().setdefault(tenant_id, {})
+        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
+        expiries[request_id] = entry.expires_at
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)
@@ -145,8 +147,7 @@ class TableLedger:
         expiries = self._indexed().get(tenant_id)
         if not expiries:
             return
-        expired = [rid for rid, expires_at in expiries.items() if expires_at <= now]
-        for request_id in expired[:64]:  # a bounded share of work per request
+        for request_id in _expired(expiries, now):
             self.drop(tenant_id, request_id)
 
     def forget(self) -> None:
@@ -154,11 +155,28 @@ class TableLedger:
 
     def _indexed(self) -> dict[str, dict[str, float]]:
         if self._index is None:
-            self._index = defaultdict(dict)
+            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
             for key, value in self._table.items():
                 tenant, _, request_id = key.decode().partition("/")
-                self._index[tenant][request_id] = Entry.from_json(orjson.loads(value)).expires_at
+                expires_at = Entry.from_json(orjson.loads(value)).expires_at
+                found[tenant].append((expires_at, request_id))
+            self._index = defaultdict(dict)
+            for tenant, entries in found.items():
+                self._index[tenant] = {rid: at for at, rid in sorted(entries)}
         return self._index
+
+
+def _expired(expiries: dict[str, float], now: float, limit: int = 64) -> list[str]:
+    """The first expired ids of an index kept in expiry order (each write moves its id to
+    the end; the job's clock only moves on): a bounded share of work per request, and no
+    pass over the entries still live. Expiry itself is judged on each entry; this only
+    forgets them."""
+    expired: list[str] = []
+    for request_id, expires_at in expiries.items():
+        if expires_at > now or len(expired) == limit:
+            break
+        expired.append(request_id)
+    return expired
 
 
 _SEP = "\t"
@@ -215,6 +233,7 @@ class TableSpendStore:
             expiries.pop(request_id, None)
             return
         self._reservations[key] = orjson.dumps(reservation.to_json())
+        expiries.pop(request_id, None)  # to the end: the index stays in expiry order
         if reservation.settled:
             expiries[request_id] = reservation.expires_at
 
@@ -223,8 +242,7 @@ class TableSpendStore:
         expiries = self._expiries_now().get(tenant_id)
         if not expiries:
             return
-        expired = [rid for rid, at in expiries.items() if at <= now][:64]
-        for request_id in expired:
+        for request_id in _expired(expiries, now):
             self.put_reservation(tenant_id, request_id, None)
 
     def fired(self, budget_id: str, bucket: str) -> frozenset[int]:
@@ -263,12 +281,15 @@ class TableSpendStore:
 
     def _expiries_now(self) -> dict[str, dict[str, float]]:
         if self._expiries is None:
-            self._expiries = defaultdict(dict)
+            found: dict[str, list[tuple[float, str]]] = defaultdict(list)
             for key, value in self._reservations.items():
                 tenant_id, request_id = key.decode().split(_SEP)
                 reservation = Reservation.from_json(orjson.loads(value))
                 if reservation.settled:
-                    self._expiries[tenant_id][request_id] = reservation.expires_at
+                    found[tenant_id].append((reservation.expires_at, request_id))
+            self._expiries = defaultdict(dict)
+            for tenant_id, entries in found.items():
+                self._expiries[tenant_id] = {rid: at for at, rid in sorted(entries)}
         return self._expiries
 
 
