@@ -6,10 +6,19 @@
 # cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
 
-Commits: Faust acks an event when the agent's loop moves past it and commits acked
-offsets every ``faust_commit_interval_s``. The admit agent moves on only after the
-Dispatcher has forwarded, refused or dead-lettered the request, so nothing admitted
-is lost; a crash redelivers at most the last interval's requests.
+Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
+event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
+its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a task per
+event that runs under that event, so its table writes land on its tenant's changelog
+partition), writes each tenant's window sums once (``TableWindowStore.flush``), and only
+then may an event be acked: a refused, dead-lettered or duplicate request's once its
+answer is sent, an admitted one's after ``Dispatcher.finish``, once the broker
+acknowledged its forward (or it was answered) and the ledger says so. So no offset is
+committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
+included) redelivers every request of the batch, and those after it, that were not, and
+the ledger and the window's reservations keep a redelivered request from running or
+being charged twice. A request whose handling fails leaves its event unacked, and the
+agent raises that error on its next batch, as a failed ``handle_request`` did.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
@@ -25,18 +34,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
 
 import faust
 import orjson
 from aiokafka import TopicPartition
-from faust.types import TableT
+from faust.streams import _current_event, current_event
+from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
 
 from stream_jobs.budgets import Reservation
-from stream_jobs.dispatcher import Dispatcher
+from stream_jobs.dispatcher import Admitted, Dispatcher
 from stream_jobs.ledger import Entry
 from stream_jobs.metrics import job_registry
 from stream_jobs.window import Reservations, WindowState
@@ -51,6 +63,21 @@ log = logging.getLogger(__name__)
 
 def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
+
+
+@contextmanager
+def in_event(event: EventT[Any] | None) -> Iterator[None]:
+    """Makes ``event`` the current one, as Faust's stream does for each event it yields:
+    a table write lands on the changelog partition of the current event. The window
+    store writes a batch's sums after the batch, each under the event it was saved in."""
+    if event is None:
+        yield  # the current event stays whatever it is
+        return
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
 
 
 class TableReservations(Reservations):
@@ -88,6 +115,7 @@ class TableWindowStore:
         self._reservations = reservations
         self._states: dict[str, WindowState] = {}
         self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
+        self._unsaved: dict[str, tuple[WindowState, EventT[Any] | None]] = {}
 
     def load(self, tenant_id: str) -> WindowState:
         state = self._states.get(tenant_id)
@@ -102,7 +130,15 @@ class TableWindowStore:
         return state
 
     def save(self, tenant_id: str, state: WindowState) -> None:
-        self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
+        # Kept until ``flush`` with the event it was saved under: a batch writes each
+        # tenant's sums once, to the partition of that tenant's events.
+        self._unsaved[tenant_id] = (state, current_event())
+
+    def flush(self) -> None:
+        unsaved, self._unsaved = self._unsaved, {}
+        for tenant_id, (state, event) in unsaved.items():
+            with in_event(event):
+                self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
 
     def forget(self) -> None:
         self._states.clear()
@@ -411,14 +447,41 @@ def create_app(settings: Settings) -> faust.App:
 
     def admit_agent(priority: int) -> None:
         topic = app.topic(topics.requests(priority), key_type=bytes, value_type=bytes)
+        lag = f"requests_p{priority}"
 
-        async def admit(stream: faust.StreamT[bytes]) -> None:
-            async for event in stream.events():
+        async def more_coming(ready: Any) -> bool:
+            # Faust's fetcher hands a fetch's records to the stream one at a time, a
+            # loop turn or two apart: a few turns tell a burst from a lone request.
+            if ready is None:
+                return False
+            for _ in range(settings.admit_batch_turns):
+                if not ready.empty():
+                    return True
+                await asyncio.sleep(0)
+            return not ready.empty()
+
+        async def admit(stream: StreamT[bytes]) -> None:
+            # A batch is what the stream holds ready. Each request is judged in a task of
+            # its own, under its event (so its table writes land on its tenant's
+            # partition): all of a batch's tasks judge in one loop turn, in order (the
+            # admitted path does not await before its request is queued), and none waits
+            # for another's refusal to reach the broker. Then each tenant's window sums
+            # are written once, and each event is acked once its request has had its
+            # answer (forwarded, refused, dead-lettered), in any order.
+            source = cast("faust.Stream[bytes]", stream).noack()
+            ready = getattr(source.channel, "queue", None)
+            handling: set[asyncio.Task[None]] = set()
+            failures: list[BaseException] = []
+            batch: list[EventT[bytes]] = []
+
+            async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
+                # A task runs in a copy of its creator's context: this event is current
+                # for this task only, as Faust's stream makes each event current.
+                _current_event.set(weakref.ref(event))
                 message = event.message
-                dispatcher().note_lag(f"requests_p{priority}", message.timestamp)
-                await budgets_read.wait()  # runtime budgets bind from the first request
+                dispatcher().note_lag(lag, message.timestamp)
                 spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
-                await dispatcher().handle_request(
+                result = await dispatcher().admit(
                     message.topic,
                     message.partition,
                     message.offset,
@@ -426,8 +489,41 @@ def create_app(settings: Settings) -> faust.App:
                     message.value,
                     message.headers,
                 )
+                await saved  # the batch's window sums are written
+                store.flush()  # this request's own, should it have been judged after them
+                if isinstance(result, Admitted):
+                    await dispatcher().finish(result)
+                await source.ack(event)
 
-        app.agent(topic, name=f"admit_p{priority}", concurrency=settings.admit_concurrency)(admit)
+            def handled(task: asyncio.Task[None]) -> None:
+                handling.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    failures.append(task.exception())  # type: ignore[arg-type]
+
+            try:
+                async for event in source.events():
+                    batch.append(event)
+                    if len(batch) < settings.admit_batch_max and await more_coming(ready):
+                        continue  # they join this batch
+                    if failures:
+                        raise failures[0]  # not forwarded: unacked, so Faust redelivers
+                    await budgets_read.wait()  # runtime budgets bind from the first request
+                    saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    for event in batch:
+                        task = asyncio.create_task(handle(event, saved))
+                        handling.add(task)
+                        task.add_done_callback(handled)
+                    batch.clear()
+                    await asyncio.sleep(0)  # the tasks above run first: each judges its own
+                    store.flush()  # before any of these events is acked
+                    saved.set_result(None)
+                    while len(handling) >= settings.admit_concurrency:
+                        await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in handling:
+                    task.cancel()
+
+        app.agent(topic, name=f"admit_p{priority}")(admit)
 
     for priority in (0, 1, 2):
         admit_agent(priority)

@@ -100,7 +100,13 @@ class WindowStore(Protocol):
 
     def load(self, tenant_id: str) -> WindowState: ...
 
-    def save(self, tenant_id: str, state: WindowState) -> None: ...
+    def save(self, tenant_id: str, state: WindowState) -> None:
+        """May wait for ``flush``: a batch of requests writes each tenant's window once."""
+        ...
+
+    def flush(self) -> None:
+        """Writes what ``save`` kept back; runs before the requests saved are acked."""
+        ...
 
 
 class ReplyLog(Protocol):
@@ -141,6 +147,13 @@ class _Waiting:
     request: WorkItem
     done: asyncio.Future[Outcome]
     received_at: float
+
+
+@dataclass
+class Admitted:
+    """A request ``Dispatcher.admit`` queued: ``Dispatcher.finish`` awaits its forward."""
+
+    waiting: _Waiting
 
 
 _Picked = tuple[WorkItem, str]
@@ -269,6 +282,26 @@ class Dispatcher:
         value: bytes | None,
         headers: Headers = None,
     ) -> Outcome:
+        """One request, start to end: ``admit``, then ``finish`` if it was queued."""
+        admitted = await self.admit(topic, partition, offset, key, value, headers)
+        self._store.flush()
+        if isinstance(admitted, Outcome):
+            return admitted
+        return await self.finish(admitted)
+
+    async def admit(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers = None,
+    ) -> Outcome | Admitted:
+        """Judges a request and queues it, without waiting for its forward: an
+        ``Outcome`` when it has had its answer here, else the ``Admitted`` request that
+        ``finish`` sees through. Window saves wait in the store for ``flush``, which the
+        caller runs before the request's record may be acked."""
         where = (topic, partition, offset, key, value)
         try:
             request = decode(InferenceRequest, value)
@@ -433,8 +466,14 @@ class Dispatcher:
             num_output=item.sampling.max_tokens,
         )
         self._wake.set()
-        outcome = await waiting.done
-        # Still in this agent's context: the table writes land on the tenant's partition.
+        return Admitted(waiting)
+
+    async def finish(self, admitted: Admitted) -> Outcome:
+        """Waits for an admitted request's forward (or its answer), then records it.
+        Runs in the context of the request's event: the table writes land on the
+        tenant's partition."""
+        item = admitted.waiting.request
+        outcome = await admitted.waiting.done
         if outcome is Outcome.FORWARDED:
             self._remember(item, State.FORWARDED, self._clock())
         else:  # cancelled while waiting, or refused (no worker): answered
@@ -444,6 +483,7 @@ class Dispatcher:
             state = self._store.load(item.tenant_id)
             release(state, item.request_id, self._clock())
             self._store.save(item.tenant_id, state)
+            self._store.flush()
             budgets.release(self._spend, item.tenant_id, item.request_id)
         return outcome
 

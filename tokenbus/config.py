@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     """Serves the job's ``/metrics`` here; unset, the job runs no web server."""
     admit_concurrency: int = 256
     """Requests per priority topic the job holds at once, waiting for capacity."""
+    admit_batch_max: int = 256
+    """The most requests the admit agent takes from its stream in one batch (it takes
+    what is ready, and never waits for a clock to fill a batch)."""
+    admit_batch_turns: int = 4
+    """Event loop turns the admit agent gives Faust's fetcher to hand over the rest of a
+    fetch before it judges the batch it holds (microseconds, not a linger)."""
 
     # -- who may produce (tokenbus.auth) ----------------------------------------------------
     tenants_file: Path | None = None

@@ -35,12 +35,14 @@ def test_a_request_writes_its_own_reservation_and_the_sums_only() -> None:
         state = store.load("acme")
         assert reserve(state, f"r{n}", 10, LIMITS, now=100.0 + n * 0.1).admitted
         store.save("acme", state)
+        store.flush()
     assert reservations.writes == 50 and len(reservations) == 50
     assert b"acme/r49" in reservations and b"r49" not in windows[b"acme"]
 
     state = store.load("acme")
     settle(state, "r0", 4, now=105.0)
     store.save("acme", state)
+    store.flush()
     assert reservations.writes == 51  # the settled reservation, nothing else
 
 
@@ -54,6 +56,7 @@ def test_a_new_store_over_the_same_tables_resumes_the_counts() -> None:
         settle(state, f"{tenant}-0", 40, now=13.0)
         release(state, f"{tenant}-2", now=13.0)
         first.save(tenant, state)
+        first.flush()
 
     restarted = store_over(windows, reservations)
     state = restarted.load("acme")
@@ -72,8 +75,90 @@ def test_reservations_leaving_the_window_are_deleted_from_the_table() -> None:
     reserve(state, "old", 100, LIMITS, now=0.0)
     reserve(state, "new", 100, LIMITS, now=30.0)
     store.save("acme", state)
+    store.flush()
     state = store.load("acme")
     reserve(state, "later", 100, LIMITS, now=65.0)
     store.save("acme", state)
+    store.flush()
     assert set(reservations) == {b"acme/new", b"acme/later"}
     assert state.used() == (200, 2)
+
+
+def test_a_batch_writes_each_tenants_sums_once_at_flush() -> None:
+    windows, reservations = Table(), Table()
+    store = store_over(windows, reservations)
+    for n in range(20):
+        tenant = ("acme", "globex")[n % 2]
+        state = store.load(tenant)
+        assert reserve(state, f"r{n}", 10, LIMITS, now=100.0 + n * 0.1).admitted
+        store.save(tenant, state)
+    assert windows.writes == 0  # kept back until the batch is judged
+    store.flush()
+    assert windows.writes == 2 and set(windows) == {b"acme", b"globex"}
+    assert reservations.writes == 20
+    store.flush()
+    assert windows.writes == 2  # nothing left to write
+
+    restarted = store_over(windows, reservations)
+    assert restarted.load("acme").used() == (100, 10)
+
+
+def test_expired_takes_the_expired_head_of_an_index_in_expiry_order() -> None:
+    from stream_jobs.app import _expired
+
+    index = {f"r{n}": float(n) for n in range(200)}
+    assert _expired(index, now=2.5) == ["r0", "r1", "r2"]
+    assert _expired(index, now=-1.0) == []
+    assert _expired(index, now=1e9) == [f"r{n}" for n in range(64)]  # a bounded share
+
+
+class Event:
+    """What the store keeps of a Faust event: only that it is one (weakly referenced)."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+
+class EventTable(Table):
+    """Records the partition of the event current at each write, as Faust's changelog
+    does (``Table.on_key_set`` reads ``faust.streams.current_event()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partitions: dict[bytes, int | None] = {}
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        from faust.streams import current_event
+
+        event = cast(Any, current_event())
+        self.partitions[key] = event.partition if event is not None else None
+        super().__setitem__(key, value)
+
+
+def test_a_flush_writes_each_tenants_sums_under_the_event_it_was_saved_in() -> None:
+    from stream_jobs.app import in_event
+
+    windows, reservations = EventTable(), Table()
+    store = store_over(windows, reservations)
+    for n, (tenant, event) in enumerate((("acme", Event(0)), ("globex", Event(3)))):
+        with in_event(cast(Any, event)):
+            state = store.load(tenant)
+            reserve(state, f"r{n}", 10, LIMITS, now=100.0)
+            store.save(tenant, state)
+    store.flush()  # outside both events, as the agent runs it after the batch
+    assert windows.partitions == {b"acme": 0, b"globex": 3}
+
+
+def test_in_event_makes_the_event_current_and_restores_the_one_before() -> None:
+    from faust.streams import current_event
+
+    from stream_jobs.app import in_event
+
+    outer, inner = Event(1), Event(2)
+    with in_event(cast(Any, outer)):
+        with in_event(cast(Any, inner)):
+            assert current_event() is inner
+        assert current_event() is outer
+        with in_event(None):
+            assert current_event() is outer  # none given: the current one stays
+    assert current_event() is None
