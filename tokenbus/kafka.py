@@ -20,6 +20,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus import tansu
 from tokenbus.config import Settings
+from tokenbus.metadata import keep_known_topics
 
 
 class Publish(Protocol):
@@ -50,7 +51,9 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
         "partitioner": partition_by_key,
     }
     options.update(overrides)
-    return AIOKafkaProducer(**options)
+    producer = AIOKafkaProducer(**options)
+    keep_known_topics(producer.client)
+    return producer
 
 
 def make_consumer(
