@@ -55,6 +55,7 @@ from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
+from tokenbus.metadata import keep_known_topics
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 
@@ -344,6 +345,22 @@ def job_clock(settings: Settings) -> Callable[[], float]:
     return clock
 
 
+def keep_producer_topics(app: faust.App) -> None:
+    """Faust's producer (aiokafka's) keeps the metadata of every topic it knows
+    (``tokenbus.metadata``): else a changelog record queued as a new topic is first sent
+    to finds no leader for 30 s, and Faust's commit, which flushes the producer first,
+    waits that long (so did a SIGTERM, in ``wait_empty``)."""
+    producer = cast(Any, app.producer)
+    new_producer = producer._new_producer
+
+    def new_producer_keeping_topics(*args: Any, **kwargs: Any) -> Any:
+        made = new_producer(*args, **kwargs)
+        keep_known_topics(made.client)
+        return made
+
+    producer._new_producer = new_producer_keeping_topics
+
+
 def create_app(settings: Settings) -> faust.App:
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     topics = Topics(settings.topic_prefix)
@@ -368,6 +385,7 @@ def create_app(settings: Settings) -> faust.App:
         producer_linger_ms=settings.linger_ms,
         consumer_auto_offset_reset="earliest",
     )
+    keep_producer_topics(app)
     # Keyed by tenant, like every stream that writes it: requests and usage are
     # co-partitioned, so one instance owns each tenant's window.
     windows = app.Table(
@@ -471,7 +489,6 @@ def create_app(settings: Settings) -> faust.App:
             source = cast("faust.Stream[bytes]", stream).noack()
             ready = getattr(source.channel, "queue", None)
             handling: set[asyncio.Task[None]] = set()
-            failures: list[BaseException] = []
             batch: list[EventT[bytes]] = []
 
             async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
@@ -479,34 +496,42 @@ def create_app(settings: Settings) -> faust.App:
                 # for this task only, as Faust's stream makes each event current.
                 _current_event.set(weakref.ref(event))
                 message = event.message
-                dispatcher().note_lag(lag, message.timestamp)
-                spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
-                result = await dispatcher().admit(
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    message.key,
-                    message.value,
-                    message.headers,
-                )
-                await saved  # the batch's window sums are written
-                store.flush()  # this request's own, should it have been judged after them
-                if isinstance(result, Admitted):
-                    await dispatcher().finish(result)
+                try:
+                    dispatcher().note_lag(lag, message.timestamp)
+                    spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
+                    result = await dispatcher().admit(
+                        message.topic,
+                        message.partition,
+                        message.offset,
+                        message.key,
+                        message.value,
+                        message.headers,
+                    )
+                    await saved  # the batch's window sums are written
+                    store.flush()  # this request's own, should it have been judged after them
+                    if isinstance(result, Admitted):
+                        await dispatcher().finish(result)
+                except Exception:
+                    # As the per-event agent did (its loop acked the event it raised on):
+                    # logged and acked, so this one request is not retried for good and
+                    # Faust's wait for unacked events (rebalance, shutdown) can end.
+                    log.exception(
+                        "admitting %s[%d]@%d failed",
+                        message.topic,
+                        message.partition,
+                        message.offset,
+                    )
+                # Not on cancellation (the agent stops): left unacked, it is redelivered.
                 await source.ack(event)
 
             def handled(task: asyncio.Task[None]) -> None:
                 handling.discard(task)
-                if not task.cancelled() and task.exception() is not None:
-                    failures.append(task.exception())  # type: ignore[arg-type]
 
             try:
                 async for event in source.events():
                     batch.append(event)
                     if len(batch) < settings.admit_batch_max and await more_coming(ready):
                         continue  # they join this batch
-                    if failures:
-                        raise failures[0]  # not forwarded: unacked, so Faust redelivers
                     await budgets_read.wait()  # runtime budgets bind from the first request
                     saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     for event in batch:
@@ -520,6 +545,9 @@ def create_app(settings: Settings) -> faust.App:
                     while len(handling) >= settings.admit_concurrency:
                         await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                # Stopped: Faust has waited for every taken event to be acked (its
+                # ``wait_empty`` on shutdown and rebalance) before it stops an agent, so
+                # what is left here was not forwarded; unacked, it is redelivered.
                 for task in handling:
                     task.cancel()
 

@@ -18,7 +18,7 @@ SERVICE_SECRET = "unit-test-bus-service-secret-0123456789"
 
 
 class MemoryWindowStore:
-    """The quota windows (``dispatcher.WindowStore``) in a dict."""
+    """The quota windows (``dispatcher.WindowStore``) in a dict; saves need no flush."""
 
     def __init__(self) -> None:
         self._states: dict[str, WindowState] = {}
@@ -28,6 +28,9 @@ class MemoryWindowStore:
 
     def save(self, tenant_id: str, state: WindowState) -> None:
         self._states[tenant_id] = state
+
+    def flush(self) -> None:
+        pass
 
 
 class Recorder:

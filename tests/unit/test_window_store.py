@@ -103,15 +103,6 @@ def test_a_batch_writes_each_tenants_sums_once_at_flush() -> None:
     assert restarted.load("acme").used() == (100, 10)
 
 
-def test_expired_takes_the_expired_head_of_an_index_in_expiry_order() -> None:
-    from stream_jobs.app import _expired
-
-    index = {f"r{n}": float(n) for n in range(200)}
-    assert _expired(index, now=2.5) == ["r0", "r1", "r2"]
-    assert _expired(index, now=-1.0) == []
-    assert _expired(index, now=1e9) == [f"r{n}" for n in range(64)]  # a bounded share
-
-
 class Event:
     """What the store keeps of a Faust event: only that it is one (weakly referenced)."""
 
