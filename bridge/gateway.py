@@ -48,6 +48,7 @@ from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
+from tokenbus.logs import bind_request
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
@@ -193,6 +194,11 @@ class Gateway:
             session_id=ids["X-Session-ID"],
             request_id=ids["X-Request-ID"],
             credential=credential,
+        )
+        bind_request(
+            tenant=caller.tenant.tenant_id,
+            request_id=request.request_id,
+            session_id=request.session_id,
         )
         feed = ChunkFeed(self._bus.stream(request), caller.tenant.tenant_id)
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
 
     debug_loggers: list[str] = []
     """Loggers (e.g. ``workers.replies``) to log at DEBUG; the rest log at INFO."""
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per line, with the request's tenant, ids and trace on
+    every line about a request (``tokenbus.logs``)."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Every service's event loop (tokenbus.loops; uvicorn takes the same names). uvloop
     runs the same code on less CPU, and on two cores that CPU is the engine's

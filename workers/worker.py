@@ -60,6 +60,7 @@ from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.logs import request_context
 from tokenbus.topics import Topics
 from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
@@ -201,7 +202,14 @@ class Worker:
                     record, f"reply_to {request.reply_to!r} is not a reply topic"
                 )
                 return
-            await self._serve(request)
+            with request_context(
+                tenant=request.tenant_id,
+                request_id=request.request_id,
+                session_id=request.session_id,
+                attempt=request.attempt,
+                batch_id=request.batch_id,
+            ):
+                await self._serve(request)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
             # the dispatcher still holds it; it is resent if this run is lost.
@@ -399,6 +407,17 @@ class Worker:
         )
         await self._producer.send_and_wait(
             self._topics.usage, encode(usage), key=request.tenant_id.encode()
+        )
+        log.debug(
+            "reported: %s",
+            usage.status.value,
+            extra={
+                "finish_reason": finish.value,
+                "num_prompt_tokens": num_prompt,
+                "num_completion_tokens": num_completion,
+                "ttft_ms": usage.ttft_ms,
+                "total_ms": usage.total_ms,
+            },
         )
 
     # -- cancels ---------------------------------------------------------------------------
