@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, MutableSequence, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import orjson
 from opentelemetry.context import Context
@@ -88,6 +88,11 @@ def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
     or a malformed one (the W3C parser refuses it), so the span opened under it starts a
     trace of its own."""
     return _PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
+
+
+def extract_http(headers: Mapping[str, str]) -> Context:
+    """``extract`` for an HTTP request's headers (a W3C ``traceparent`` from the caller)."""
+    return _PROPAGATOR.extract(headers)
 
 
 class SpanBuffer(SpanProcessor):
