@@ -29,6 +29,7 @@ from schemas import SchemaError, decode
 from schemas.budgets import BudgetAlert
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
+from tokenbus.logs import setup_logging
 from tokenbus.loops import run
 from tokenbus.topics import Topics
 
@@ -109,8 +110,8 @@ async def _main(settings: Settings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = Settings()
+    setup_logging(settings)
     run(_main(settings), settings)
 
 

@@ -1,4 +1,4 @@
-"""``python -m billing``: the sinks (usage, budget alerts) and the query server, until
+"""``python -m billing``: the sinks (usage, budget alerts, spans) and the query server, until
 SIGINT or SIGTERM.
 
 This process owns the ClickHouse data (see ``billing.query_server`` for why that
@@ -19,6 +19,7 @@ from billing.price_file import load_price_book
 from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
 from billing.sink import BillingSink
+from billing.span_sink import SpanSink
 from billing.storage import ClickHouseStore
 from tokenbus import loops
 from tokenbus.config import Settings
@@ -46,6 +47,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             topics.usage: settings.num_partitions,
             topics.dead_letters: 1,
             topics.budget_alerts: 1,  # as the local stack makes it
+            topics.spans: settings.num_partitions,
         },
     )
     # The writer migrates first; the query side gets a client of its own, read-only,
@@ -60,9 +62,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         try:
             sink = BillingSink(settings, store, pricer)
             alert_sink = AlertSink(settings, store)
+            span_sink = SpanSink(settings, store)
 
             def stats() -> dict[str, int]:
-                return {**sink.stats(), "num_alerts": alert_sink.num_alerts}
+                return {
+                    **sink.stats(),
+                    "num_alerts": alert_sink.num_alerts,
+                    "num_spans": span_sink.num_spans,
+                }
 
             app = create_app(query_store, dsn=settings.clickhouse, stats=stats)
             runner = await start_query_server(app, settings.billing_query_port)
@@ -73,8 +80,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 settings.billing_query_port,
             )
             try:
-                # Usage and budget alerts, each in its own group; one writer client.
-                await asyncio.gather(sink.run(stop), alert_sink.run(stop))
+                # Usage, budget alerts and spans, each in its own group; one writer.
+                await asyncio.gather(sink.run(stop), alert_sink.run(stop), span_sink.run(stop))
             finally:
                 await runner.cleanup()
         finally:

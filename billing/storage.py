@@ -25,6 +25,7 @@ from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
 from billing.rows import USAGE_COLUMNS, millis
+from billing.traces import SPAN_COLUMNS
 
 Row = dict[str, Any]
 
@@ -191,6 +192,13 @@ class ClickHouseStore:
                 column_names=ALERT_COLUMNS,
                 settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
             )
+
+    def insert_spans(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Writes span rows (``SPAN_COLUMNS`` order); a repeat is merged away by the
+        table's key (``ReplacingMergeTree``), so no dedup token is needed."""
+        if rows:
+            with self._lock:
+                self._client.insert("spans", list(rows), column_names=SPAN_COLUMNS)
 
     def sync_prices(self, book: PriceBook) -> int:
         """Copies the book into ``prices``; returns how many versions were new.

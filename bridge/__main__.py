@@ -26,6 +26,7 @@ def main() -> int:
         port=settings.bridge_port,
         loop=settings.event_loop,  # uvicorn's names for the same two loops
         log_level="info",
+        log_config=None,  # uvicorn's loggers reach the root handler setup_logging made
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )

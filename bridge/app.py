@@ -43,6 +43,7 @@ from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer
 from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.topics import Topics
+from tokenbus.tracing import Tracing
 
 log = logging.getLogger(__name__)
 ENDPOINTS = frozenset(
@@ -97,7 +98,10 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         )
     directory = settings.tenant_directory()
     tokens = ServiceTokens(settings.bus_service_secret)
-    client = bus or TokenbusClient(settings)  # its cancels carry service tokens
+    tracing = Tracing(settings, "bridge")
+    # Its cancels carry service tokens; its producer sends the bridge's spans, and each
+    # request carries the bridge's span to the job (the bridge's own spans time it).
+    client = bus or TokenbusClient(settings, tracing=tracing, request_spans=False)
     authenticator = Authenticator(
         directory,
         audience=settings.jwt_audience,
@@ -123,6 +127,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         ),
         metrics,
         tokens,
+        tracing.tracer,
     )
     spec = build_spec(settings.served_model_name)
 

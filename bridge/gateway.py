@@ -20,6 +20,16 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol, TypeVar
 
+from opentelemetry import context as otel_context
+from opentelemetry.trace import (
+    NoOpTracer,
+    Span,
+    SpanKind,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+    use_span,
+)
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -48,6 +58,8 @@ from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
+from tokenbus.logs import bind_request
+from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
@@ -97,7 +109,9 @@ class Gateway:
         planner: Planner,
         metrics: BridgeMetrics,
         tokens: ServiceTokens,
+        tracer: Tracer | None = None,
     ) -> None:
+        self._tracer = tracer or NoOpTracer()
         self._settings = settings
         self._bus = bus
         self._auth = authenticator
@@ -156,19 +170,52 @@ class Gateway:
 
     # -- endpoints ------------------------------------------------------------------------
     async def chat_completions(self, http: Request) -> Response:
-        caller = self.authenticate(http)
-        body = await self.read_body(http, ChatCompletionRequest)
-        return await self._complete(http, caller, self._planner.plan_chat(body, caller), "chat")
+        return await self._traced(http, "chat")
 
     async def completions(self, http: Request) -> Response:
-        caller = self.authenticate(http)
-        body = await self.read_body(http, CompletionRequest)
-        return await self._complete(
-            http, caller, self._planner.plan_completion(body, caller), "text"
+        return await self._traced(http, "text")
+
+    async def _traced(self, http: Request, kind: Kind) -> Response:
+        """One completion under a ``bridge.request`` span, the caller's ``traceparent``
+        its parent, with auth, hygiene, the wait for admission and the relay as its
+        children. A streamed answer ends the span when its last event is out."""
+        tracer = self._tracer
+        span = tracer.start_span(
+            "bridge.request", context=extract_http(http.headers), kind=SpanKind.SERVER
         )
+        # For the rest of this request's task, the streamed relay included.
+        otel_context.attach(set_span_in_context(span))
+        try:
+            with tracer.start_as_current_span("bridge.auth") as auth:
+                caller = self.authenticate(http)
+                tenant = {ATTR_TENANT: caller.tenant.tenant_id}
+                auth.set_attributes(tenant)
+            ids = ids_of(http)
+            span.set_attributes(
+                span_attributes(
+                    tenant=caller.tenant.tenant_id,
+                    request_id=ids["X-Request-ID"],
+                    session_id=ids["X-Session-ID"],
+                )
+            )
+            with tracer.start_as_current_span("bridge.hygiene", attributes=tenant):
+                if kind == "chat":
+                    chat = await self.read_body(http, ChatCompletionRequest)
+                    plan = self._planner.plan_chat(chat, caller)
+                else:
+                    text = await self.read_body(http, CompletionRequest)
+                    plan = self._planner.plan_completion(text, caller)
+            response = await self._complete(http, caller, plan, kind, span)
+        except BaseException as exc:
+            span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+            span.end()
+            raise
+        return response
 
     # -- one completion -------------------------------------------------------------------
-    async def _complete(self, http: Request, caller: Caller, plan: Plan, kind: Kind) -> Response:
+    async def _complete(
+        self, http: Request, caller: Caller, plan: Plan, kind: Kind, span: Span
+    ) -> Response:
         ids = ids_of(http)
         for flag in plan.flags:
             self._metrics.flags.labels(flag).inc()
@@ -183,16 +230,30 @@ class Gateway:
             flags=tuple(plan.flags),
             key_sha256=caller.key_sha256,
         )
-        request = await self._bus.submit(
-            tenant_id=caller.tenant.tenant_id,
-            prompt=plan.prompt,
-            messages=plan.messages,
-            model=plan.model,
-            priority=plan.priority,
-            sampling=plan.sampling,
-            session_id=ids["X-Session-ID"],
-            request_id=ids["X-Request-ID"],
-            credential=credential,
+        tenant = {ATTR_TENANT: caller.tenant.tenant_id}
+        # From submit to the first chunk: the bus, the job's admission and queue, the
+        # engine's prefill. The request carries this span to the job.
+        waiting = self._tracer.start_span("bridge.admission_wait", attributes=tenant)
+        try:
+            with use_span(waiting):
+                request = await self._bus.submit(
+                    tenant_id=caller.tenant.tenant_id,
+                    prompt=plan.prompt,
+                    messages=plan.messages,
+                    model=plan.model,
+                    priority=plan.priority,
+                    sampling=plan.sampling,
+                    session_id=ids["X-Session-ID"],
+                    request_id=ids["X-Request-ID"],
+                    credential=credential,
+                )
+        except BaseException:
+            waiting.end()
+            raise
+        bind_request(
+            tenant=caller.tenant.tenant_id,
+            request_id=request.request_id,
+            session_id=request.session_id,
         )
         feed = ChunkFeed(self._bus.stream(request), caller.tenant.tenant_id)
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
@@ -202,14 +263,19 @@ class Gateway:
         except BaseException:
             feed.close()
             raise
+        finally:
+            waiting.end()
         if first is not None:
             self._metrics.ttft.observe(time.monotonic() - received)
             if first.error is not None:
                 feed.close()
                 raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
+        relaying = self._tracer.start_span("bridge.relay", attributes=tenant)
         if plan.stream:
             return EventStreamResponse(
-                self._events(feed, relay, request, first, plan.include_usage, caller),
+                self._events(
+                    feed, relay, request, first, plan.include_usage, caller, (relaying, span)
+                ),
                 headers=ids,
                 on_disconnect=lambda: self._cancel(request, "client_disconnected"),
             )
@@ -217,6 +283,8 @@ class Gateway:
             body = await self._collect(http, feed, relay, request, first, caller)
         finally:
             feed.close()
+            relaying.end()
+        span.end()
         return JSONResponse(body, headers=ids)
 
     async def _first_chunk(
@@ -283,7 +351,9 @@ class Gateway:
         chunk: Chunk | None,
         include_usage: bool,
         caller: Caller,
+        spans: tuple[Span, ...] = (),
     ) -> AsyncGenerator[bytes, None]:
+        """``spans`` end with the stream, however it ends."""
         relayed = self._metrics.tokens_relayed.labels(caller.tenant.tenant_id)
         self._metrics.active_streams.inc()
         try:
@@ -322,6 +392,8 @@ class Gateway:
         finally:
             self._metrics.active_streams.dec()
             feed.close()
+            for span in spans:
+                span.end()
 
     async def _cancel(self, request: InferenceRequest, reason: str) -> None:
         log.info("cancelling %s: %s", request.request_id, reason)

@@ -33,6 +33,7 @@ from typing import Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError
+from opentelemetry.trace import Span, SpanKind, StatusCode, set_span_in_context
 
 from producers.inbox import Inbox
 from schemas import (
@@ -51,6 +52,7 @@ from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics, reply_batch_key
+from tokenbus.tracing import Tracing, inject, span_attributes
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,13 @@ class TokenbusClient:
         *,
         credential: Credential | None = None,
         tenant_id: str | None = None,
+        tracing: Tracing | None = None,
+        request_spans: bool = True,
     ) -> None:
+        """``tracing``: this process's tracer; its spans are sent with this client's
+        producer. With ``request_spans``, each request gets a ``client.request`` span
+        from submit to its last chunk; without, the request still carries whatever span
+        is current at submit (the bridge's own) to the job."""
         if isinstance(credential, str) and tenant_id is None:
             raise ValueError(
                 "a client with one tenant's key or token needs tenant_id=: its reply "
@@ -109,6 +117,11 @@ class TokenbusClient:
         self._streams: dict[StreamKey, Inbox[Chunk]] = {}
         self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
+        self._tracing = tracing
+        self._request_spans = request_spans and tracing is not None
+        self._spans: dict[StreamKey, Span] = {}
+        self._flush_stop = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -133,11 +146,20 @@ class TokenbusClient:
         await self._consumer.seek_to_end(tp)
         await self._consumer.position(tp)  # resolves the end offset before any request
         self._reader = asyncio.create_task(self._read_replies())
+        if self._tracing is not None:
+            publish = publisher(self._producer)
+            self._flusher = asyncio.create_task(self._tracing.run(publish, self._flush_stop))
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
+        for span in self._spans.values():
+            span.end()
+        self._spans.clear()
+        if self._flusher is not None:
+            self._flush_stop.set()
+            await self._flusher
         if self._consumer is not None:
             await self._consumer.stop()
         if self._reply_log is not None:
@@ -191,13 +213,30 @@ class TokenbusClient:
                 "created_at": created,
             }
         )
+        key = (tenant, request.request_id)
         self.watch(request.request_id, tenant)
-        self._created[(tenant, request.request_id)] = created
+        self._created[key] = created
+        headers = self.headers(tenant, credential)
+        context = None
+        if self._request_spans:
+            assert self._tracing is not None
+            span = self._tracing.tracer.start_span(
+                "client.request",
+                kind=SpanKind.PRODUCER,
+                attributes=span_attributes(
+                    tenant=tenant,
+                    request_id=request.request_id,
+                    session_id=request.session_id,
+                    priority=priority,
+                    model=request.model,
+                    batch_id=request.batch_id,
+                ),
+            )
+            self._spans[key] = span
+            context = set_span_in_context(span)
+        inject(headers, context)
         await self._producer.send_and_wait(
-            self._topics.requests(priority),
-            encode(request),
-            key=tenant.encode(),
-            headers=self.headers(tenant, credential),
+            self._topics.requests(priority), encode(request), key=tenant.encode(), headers=headers
         )
         return request
 
@@ -248,6 +287,7 @@ class TokenbusClient:
         read_back_for = -1  # the seq a gap was last read back for
         quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
         silent_s = 0.0
+        chunk: Chunk | None = None
         try:
             while True:
                 wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
@@ -284,6 +324,13 @@ class TokenbusClient:
             inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
+            span = self._spans.pop(key, None)
+            if span is not None:
+                # Returned right after the last chunk: ``chunk`` is it.
+                span.set_attribute("tokenbus.num_chunks", expected)
+                if chunk is None or not chunk.is_last or chunk.error is not None:
+                    span.set_status(StatusCode.ERROR)
+                span.end()
 
     async def _read_back(
         self,

@@ -9,7 +9,7 @@ import faust
 from stream_jobs.app import create_app
 from tokenbus import loops
 from tokenbus.config import Settings
-from tokenbus.logs import setup_logging
+from tokenbus.logs import logging_config, setup_logging
 
 
 def main() -> int:
@@ -17,7 +17,7 @@ def main() -> int:
     setup_logging(settings, configure_root=False)
     loops.install_policy(settings)
     app = create_app(settings)
-    worker = faust.Worker(app, loglevel="INFO", quiet=True)
+    worker = faust.Worker(app, loglevel="INFO", quiet=True, logging_config=logging_config(settings))
     worker.execute_from_commandline()
     return 0
 

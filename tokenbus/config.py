@@ -32,6 +32,17 @@ class Settings(BaseSettings):
 
     debug_loggers: list[str] = []
     """Loggers (e.g. ``workers.replies``) to log at DEBUG; the rest log at INFO."""
+    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of traces kept, decided where a trace starts (a request without a sampled
+    ``traceparent``) and followed by every service after it; 0 turns tracing off."""
+    otlp_endpoint: str | None = None
+    """An OTLP/HTTP collector (``http://host:4318``): spans go there. Unset: to the
+    ``spans`` topic and ClickHouse, for ``tokenbus trace``."""
+    trace_flush_interval_s: float = Field(default=1.0, gt=0.0)
+    """How often a service sends the spans it ended to the ``spans`` topic."""
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per line, with the request's tenant, ids and trace on
+    every line about a request (``tokenbus.logs``)."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Every service's event loop (tokenbus.loops; uvicorn takes the same names). uvloop
     runs the same code on less CPU, and on two cores that CPU is the engine's

@@ -48,6 +48,12 @@ class Topics:
         return f"{self.prefix}.aborts"
 
     @property
+    def spans(self) -> str:
+        """Finished spans (``schemas.spans.SpanBatch``), keyed by tenant: tokenbus's own
+        trace store when no OTLP collector is configured (``tokenbus.tracing``)."""
+        return f"{self.prefix}.spans"
+
+    @property
     def heartbeats(self) -> str:
         """WorkerStatus heartbeats, keyed by worker id."""
         return f"{self.prefix}.heartbeats"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -438,3 +439,51 @@ def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@main.command()
+@click.argument("request_id")
+@click.option("--tenant", required=True, help="The tenant the request belongs to.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the request's spans to reach the store.",
+)
+def trace(request_id: str, tenant: str, wait_s: float) -> None:
+    """Print REQUEST_ID's trace: every span of every service it went through, as a
+    timeline, from tokenbus's own trace store (the spans topic, kept in ClickHouse by
+    the billing process; with TOKENBUS_OTLP_ENDPOINT set, look in your collector)."""
+    from billing.reader import QueryError, open_reader
+    from billing.traces import TRACE_SQL, render, timeline
+
+    settings = Settings()
+    if settings.otlp_endpoint:
+        click.echo(
+            f"note: TOKENBUS_OTLP_ENDPOINT is set: spans go to {settings.otlp_endpoint}, "
+            "not to tokenbus's store",
+            err=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            reader = open_reader(settings)
+        except QueryError as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            rows = reader.query(TRACE_SQL, {"tenant": tenant, "request_id": request_id})
+        except QueryError as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            reader.close()
+        if rows or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if not rows:
+        raise click.ClickException(
+            f"no spans of request {request_id!r} for tenant {tenant!r} (spans arrive "
+            "within a few seconds; tracing is off when TOKENBUS_TRACE_SAMPLE_RATIO=0)"
+        )
+    click.echo(render(timeline(rows)))

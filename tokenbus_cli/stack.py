@@ -138,6 +138,7 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.dead_letters] = 1
     partitions[topics.budgets] = 1
     partitions[topics.budget_alerts] = 1
+    partitions[topics.spans] = settings.num_partitions
     return partitions
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
+import orjson
+
 from tokenbus import loops
 from tokenbus.config import Settings
-from tokenbus.logs import setup_logging
+from tokenbus.logs import logging_config, setup_logging
 from workers.worker import Worker
 
 log = logging.getLogger("workers")
@@ -35,9 +38,20 @@ async def _serve(settings: Settings) -> None:
         await engine.shutdown()
 
 
+def _vllm_logs_as_ours(settings: Settings) -> None:
+    """vLLM configures logging in each of its processes (this one and the engine core it
+    spawns) from ``VLLM_LOGGING_CONFIG_PATH``: give it ours, so its lines are JSON too."""
+    path = settings.home / "logs" / "worker-logging.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(logging_config(settings)))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
+
+
 def main() -> int:
     settings = Settings()
     setup_logging(settings)
+    if settings.log_format == "json":
+        _vllm_logs_as_ours(settings)
     if not settings.model_dir.exists():
         print(f"error: no model at {settings.model_dir}", file=sys.stderr)
         return 2

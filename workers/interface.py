@@ -14,6 +14,18 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
+class EngineTimings:
+    """The engine's own times of one request, in seconds on ``time.monotonic()``'s clock
+    (vLLM's engine core stamps them so, in its own process)."""
+
+    queued: float
+    scheduled: float
+    """First scheduled: the end of the wait in the engine's queue."""
+    first_token: float
+    last_token: float
+
+
+@dataclass(frozen=True)
 class EngineDelta:
     """New output of one request since its previous delta (one engine step's worth)."""
 
@@ -25,6 +37,8 @@ class EngineDelta:
     """Set on the first delta of a request."""
     num_cached_tokens: int | None = None
     """Prompt tokens served from the prefix cache; set on the first delta."""
+    timings: EngineTimings | None = None
+    """On the last delta, when the engine measured them."""
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,22 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.utils.mistral import is_mistral_tokenizer
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+from vllm.v1.metrics.stats import (
+    IterationStats,
+    MultiModalCacheStats,
+    RequestStateStats,
+    SchedulerStats,
+)
 
 from tokenbus.config import Settings
 from tokenbus.procfs import children, thread_ids
-from workers.interface import AdapterRef, EngineDelta, EngineStats, GenerateParams
+from workers.interface import (
+    AdapterRef,
+    EngineDelta,
+    EngineStats,
+    EngineTimings,
+    GenerateParams,
+)
 
 GiB = 1 << 30
 RATE_WINDOW_S = 5.0
@@ -240,6 +251,7 @@ class VllmEngine:
                     finish_reason=finish_reason,
                     num_prompt_tokens=len(out.prompt_token_ids or ()) if first else None,
                     num_cached_tokens=(out.num_cached_tokens or 0) if first else None,
+                    timings=_timings(out.metrics) if finish_reason else None,
                 )
                 first = False
 
@@ -282,3 +294,14 @@ def _lora_request(adapter: AdapterRef) -> LoRARequest:
     return LoRARequest(
         lora_name=adapter.name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
     )
+
+
+def _timings(stats: object) -> EngineTimings | None:
+    """vLLM's per-request stats (``RequestStateStats``, kept while stats are logged, as
+    our recorder makes them) as the engine's times; None when any is missing."""
+    if not isinstance(stats, RequestStateStats):
+        return None
+    times = (stats.queued_ts, stats.scheduled_ts, stats.first_token_ts, stats.last_token_ts)
+    if not all(times):
+        return None
+    return EngineTimings(*times)

@@ -44,6 +44,7 @@ import uuid
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from opentelemetry.trace import SpanKind, get_current_span
 
 from schemas import (
     REASSIGNED,
@@ -60,11 +61,20 @@ from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.logs import request_context
 from tokenbus.topics import Topics
+from tokenbus.tracing import (
+    ATTR_COMPLETION_TOKENS,
+    ATTR_PROMPT_TOKENS,
+    Tracing,
+    extract,
+    inject,
+    span_attributes,
+)
 from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
 from workers.cancels import CancelBook
-from workers.interface import AdapterRef, Engine, EngineDelta, GenerateParams
+from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
 from workers.replies import Deliveries, ReplyBatcher
 
 log = logging.getLogger(__name__)
@@ -100,6 +110,19 @@ def finish_of(engine_reason: str | None) -> tuple[FinishReason | None, ErrorInfo
     return reason, None
 
 
+ENGINE_PHASES = ("worker.engine_queue", "worker.prefill", "worker.decode")
+"""Spans of a request inside vLLM, from its own timestamps: queued to first scheduled,
+to first token, to last token."""
+
+
+def attributes_of(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
+    return {
+        ATTR_PROMPT_TOKENS: num_prompt,
+        ATTR_COMPLETION_TOKENS: num_completion,
+        "tokenbus.num_cached_tokens": num_cached,
+    }
+
+
 def _elapsed_ms(since: datetime, until: datetime) -> float:
     return max(0.0, (until - since).total_seconds() * 1000)
 
@@ -107,9 +130,13 @@ def _elapsed_ms(since: datetime, until: datetime) -> float:
 class Worker:
     """Feeds one engine from one topic and reports every request exactly once."""
 
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine, *, tracing: Tracing | None = None
+    ) -> None:
         self._settings = settings
         self._engine = engine
+        self._tracing = tracing or Tracing(settings, "worker")
+        self._tracer = self._tracing.tracer
         self._topics = Topics(settings.topic_prefix)
         self.worker_id = settings.worker_id
         self.request_topic = self._topics.worker(self.worker_id)
@@ -137,6 +164,8 @@ class Worker:
         self._cancel_consumer = await self._follow_cancels()
         cancels = asyncio.create_task(self._cancel_loop(self._cancel_consumer))
         heartbeats = asyncio.create_task(self._heartbeat_loop())
+        spans_stop = asyncio.Event()
+        spans = asyncio.create_task(self._tracing.run(publisher(self._producer), spans_stop))
         log.info(
             "%s ready: serving %s from %s",
             self.worker_id,
@@ -158,6 +187,8 @@ class Worker:
             await self._cancel_consumer.stop()
             await self._consumer.stop()
             await self._replies.drain()
+            spans_stop.set()
+            await spans
             await self._producer.stop()
 
     async def _follow_requests(self) -> AIOKafkaConsumer:
@@ -201,7 +232,33 @@ class Worker:
                     record, f"reply_to {request.reply_to!r} is not a reply topic"
                 )
                 return
-            await self._serve(request)
+            attributes = span_attributes(
+                tenant=request.tenant_id,
+                request_id=request.request_id,
+                session_id=request.session_id,
+                attempt=request.attempt,
+                priority=request.priority,
+                model=request.requested_model,
+                worker=self.worker_id,
+                batch_id=request.batch_id,
+            )
+            with (
+                self._tracer.start_as_current_span(
+                    "worker.request",
+                    context=extract(record.headers),
+                    kind=SpanKind.CONSUMER,
+                    attributes=attributes,
+                ) as span,
+                request_context(
+                    tenant=request.tenant_id,
+                    request_id=request.request_id,
+                    session_id=request.session_id,
+                    attempt=request.attempt,
+                    batch_id=request.batch_id,
+                    trace_id=f"{span.get_span_context().trace_id:032x}",
+                ),
+            ):
+                await self._serve(request)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
             # the dispatcher still holds it; it is resent if this run is lost.
@@ -263,6 +320,7 @@ class Worker:
         self._running[(tenant_id, request_id)] = engine_id
         abort_sent = False
         ended = False  # the engine gave its finish reason
+        timings: EngineTimings | None = None
         try:
             prompt: str | list[int]
             if request.prompt is not None:
@@ -339,6 +397,7 @@ class Worker:
                 if reason is not None:
                     finish = reason
                     ended = True
+                    timings = delta.timings
                     break
         except Exception as exc:
             log.exception("engine failed on %s", request.request_id)
@@ -355,6 +414,7 @@ class Worker:
         finally:
             self._running.pop((tenant_id, request_id), None)
         await deliveries.wait()
+        self._engine_spans(request, timings, attributes_of(num_prompt, num_completion, num_cached))
         await self._report(
             request,
             finish,
@@ -397,9 +457,43 @@ class Worker:
             finished_at=finished,
             last_seq=request.resume_seq if last_seq is None else last_seq,
         )
+        headers: list[tuple[str, bytes]] = []
+        inject(headers)  # billing's row of this attempt joins the request's trace
         await self._producer.send_and_wait(
-            self._topics.usage, encode(usage), key=request.tenant_id.encode()
+            self._topics.usage, encode(usage), key=request.tenant_id.encode(), headers=headers
         )
+        log.debug(
+            "reported: %s",
+            usage.status.value,
+            extra={
+                "finish_reason": finish.value,
+                "num_prompt_tokens": num_prompt,
+                "num_completion_tokens": num_completion,
+                "ttft_ms": usage.ttft_ms,
+                "total_ms": usage.total_ms,
+            },
+        )
+
+    def _engine_spans(
+        self, request: WorkItem, timings: EngineTimings | None, counts: dict[str, int]
+    ) -> None:
+        """The engine's queue, prefill and decode, as children of the request's span,
+        at the times vLLM's engine core stamped (moved from its monotonic clock to the
+        wall clock spans use)."""
+        current = get_current_span()
+        current.set_attributes(counts)
+        if timings is None or not current.is_recording():
+            return
+        to_wall_ns = time.time_ns() - time.monotonic_ns()
+        edges = (timings.queued, timings.scheduled, timings.first_token, timings.last_token)
+        attributes = span_attributes(
+            tenant=request.tenant_id, request_id=request.request_id, attempt=request.attempt
+        )
+        for name, start, end in zip(ENGINE_PHASES, edges, edges[1:], strict=False):
+            span = self._tracer.start_span(
+                name, start_time=int(start * 1e9) + to_wall_ns, attributes=attributes
+            )
+            span.end(end_time=int(max(end, start) * 1e9) + to_wall_ns)
 
     # -- cancels ---------------------------------------------------------------------------
     async def _follow_cancels(self) -> AIOKafkaConsumer:

@@ -83,9 +83,10 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
             (4, "usage_key"),
             (5, "budget_alerts"),
             (6, "created_at_index"),
+            (8, "spans"),
         ]
         assert len(ledger) == len(bundled_migrations())
-        for table in ("usage_events", "prices", "budget_alerts"):
+        for table in ("usage_events", "prices", "budget_alerts", "spans"):
             assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
     finally:
         client.close()

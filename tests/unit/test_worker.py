@@ -22,12 +22,14 @@ from schemas import (
     UsageStatus,
     WorkItem,
     decode,
+    encode,
 )
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
-from workers.interface import AdapterRef, EngineDelta, GenerateParams
+from tokenbus.tracing import Tracing, inject
+from workers.interface import AdapterRef, EngineDelta, EngineTimings, GenerateParams
 from workers.replies import ReplyBatcher
-from workers.worker import Worker, finish_of, ids_digest
+from workers.worker import ENGINE_PHASES, Worker, finish_of, ids_digest
 
 REPLY_TO = "tokenbus.replies.acme.c1"
 
@@ -42,6 +44,7 @@ class Sent:
 class RecordingProducer:
     def __init__(self) -> None:
         self.records: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]]] = []
 
     async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
         self.records.append((topic, key, value))
@@ -49,8 +52,11 @@ class RecordingProducer:
         done.set_result(Sent(len(self.records)))
         return done
 
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> Sent:
+    async def send_and_wait(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> Sent:
         self.records.append((topic, key, value))
+        self.headers.append(list(headers or []))
         return Sent(len(self.records))
 
     def on(self, topic: str) -> list[bytes]:
@@ -229,3 +235,77 @@ def test_finish_of_maps_every_reason() -> None:
     reason, error = finish_of("something-new")
     assert reason is FinishReason.ERROR and error is not None
     assert "'something-new'" in error.message
+
+
+class TimedEngine(ScriptedEngine):
+    """Ends each request with the engine's own times, as vLLM's stats give them."""
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: GenerateParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[EngineDelta]:
+        now = time.monotonic()
+        yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=1)
+        timings = EngineTimings(now - 0.030, now - 0.020, now - 0.012, now - 0.002)
+        yield EngineDelta(" b", [6], "stop", timings=timings)
+
+
+async def test_a_request_is_traced_under_its_records_context_with_the_engines_phases(
+    tmp_path: Path,
+) -> None:
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), TimedEngine("stop"))
+    producer = RecordingProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker._replies = ReplyBatcher(producer)
+    job = Tracing(Settings(), "job")
+    headers: list[tuple[str, bytes]] = []
+    with job.tracer.start_as_current_span("job.dispatch") as dispatch:
+        inject(headers)
+    record = ConsumerRecord(
+        "tokenbus.worker.w1",
+        0,
+        7,
+        0,
+        0,
+        b"acme",
+        encode(work_item(attempt=1)),
+        None,
+        0,
+        0,
+        headers,
+    )
+    await worker._slots.acquire()
+    await worker._handle(record)
+    await worker._replies.drain()
+    assert worker._tracing.buffer is not None
+    spans = {s["name"]: s for s in worker._tracing.buffer.take()["acme"]}
+    request = spans["worker.request"]
+    assert request["trace_id"] == f"{dispatch.get_span_context().trace_id:032x}"
+    assert request["parent_span_id"] == f"{dispatch.get_span_context().span_id:016x}"
+    assert request["attributes"] == {
+        "tokenbus.tenant": "acme",
+        "tokenbus.request_id": "r1",
+        "tokenbus.session_id": "sess_1",
+        "tokenbus.attempt": 1,
+        "tokenbus.priority": 1,
+        "tokenbus.model": "tiny",
+        "tokenbus.worker": "w1",
+        "tokenbus.num_prompt_tokens": 3,
+        "tokenbus.num_completion_tokens": 2,
+        "tokenbus.num_cached_tokens": 1,
+    }
+    phases = [spans[name] for name in ENGINE_PHASES]
+    assert all(p["parent_span_id"] == request["span_id"] for p in phases)
+    durations_ms = [(int(p["end_ns"]) - int(p["start_ns"])) / 1e6 for p in phases]
+    assert [round(d) for d in durations_ms] == [10, 8, 10]
+    assert int(phases[0]["start_ns"]) >= int(request["start_ns"]) - 40_000_000
+    # The usage record carries the request's span: billing's row joins the trace.
+    (usage_headers,) = [h for h in producer.headers if h]
+    (traceparent,) = [v.decode() for k, v in usage_headers if k == "traceparent"]
+    assert traceparent.split("-")[1:3] == [request["trace_id"], request["span_id"]]

@@ -1,0 +1,104 @@
+"""Spans --> ClickHouse ``spans``, for ``tokenbus trace``.
+
+# spans (group <prefix>-billing-spans) --> SpanBatch, key == tenant --> span_rows()
+# --> one insert per fetch --> offset commit
+
+Write order: insert, then commit. Loses nothing: offsets are committed only for spans in
+ClickHouse (or unreadable: those go to the dead-letter topic with the reason), so a crash
+redelivers, and a redelivered span lands on its own key (tenant, trace, span), which the
+table's ReplacingMergeTree keeps once. A batch whose record key is not its tenant is
+refused: a service writes its tenants' spans under their own keys, and nothing else may
+file spans under a tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from aiokafka.errors import KafkaError
+
+from billing.retry import Backoff
+from billing.traces import span_rows
+from schemas import SchemaError, decode
+from schemas.spans import SpanBatch
+from tokenbus.config import Settings
+from tokenbus.dlq import dead_letter_record
+from tokenbus.kafka import make_consumer, make_producer, publisher
+from tokenbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class SpanStore(Protocol):
+    def insert_spans(self, rows: Sequence[tuple[Any, ...]]) -> None: ...
+
+
+class SpanSink:
+    def __init__(
+        self, settings: Settings, store: SpanStore, *, backoff: Backoff | None = None
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._topics = Topics(settings.topic_prefix)
+        self.group_id = f"{settings.topic_prefix}-billing-spans"
+        self._backoff = backoff or Backoff()
+        self.num_spans = 0
+        self.num_refused = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = make_consumer(self._settings, self._topics.spans, group_id=self.group_id)
+        producer = make_producer(self._settings)
+        await consumer.start()
+        await producer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=500, max_records=1000)
+                records = [r for records in batch.values() for r in records]
+                if not records:
+                    continue
+                rows = await self._rows(records, publisher(producer))
+                if not await self._write(rows, stop):
+                    continue
+                offsets = {tp: rs[-1].offset + 1 for tp, rs in batch.items() if rs}
+                try:
+                    await consumer.commit(offsets)
+                except KafkaError as exc:  # redelivered, then merged away by the key
+                    log.warning("span offset commit failed: %s", exc)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    async def _rows(self, records: list[Any], publish: Any) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        for record in records:
+            try:
+                spans = decode(SpanBatch, record.value)
+                if record.key != spans.tenant_id.encode():
+                    raise SchemaError(f"a batch of tenant {spans.tenant_id!r} keyed {record.key!r}")
+            except SchemaError as exc:
+                self.num_refused += 1
+                await dead_letter_record(
+                    publish, self._topics, record, consumer=self.group_id, reason=str(exc)
+                )
+                continue
+            rows.extend(span_rows(spans))
+        return rows
+
+    async def _write(self, rows: list[tuple[Any, ...]], stop: asyncio.Event) -> bool:
+        num_failures = 0
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self._store.insert_spans, rows)
+                self.num_spans += len(rows)
+                return True
+            except Exception as exc:
+                num_failures += 1
+                delay_s = self._backoff.delay_s(num_failures)
+                log.warning("span insert failed, again in %.1f s: %s", delay_s, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+        return False

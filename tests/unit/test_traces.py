@@ -1,0 +1,120 @@
+"""billing.traces: spans as rows, a request's trace as a timeline, on the embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from billing.storage import ClickHouseStore
+from billing.traces import TRACE_SQL, render, span_rows, timeline
+from schemas import decode
+from schemas.spans import SpanBatch
+from tokenbus.config import Settings
+from tokenbus.tracing import ATTR_TENANT, Tracing, extract, inject, span_attributes
+
+
+@pytest.fixture
+def store() -> Iterator[ClickHouseStore]:
+    with ClickHouseStore("chdb://memory") as store:
+        yield store
+
+
+def traced_request(tenant: str, request_id: str) -> list[SpanBatch]:
+    """Spans of one request through three services, handed on by Kafka headers, with a
+    second attempt on the worker; and one unrelated request."""
+    client, job, worker = (Tracing(Settings(), name) for name in ("client", "job", "worker"))
+    attrs = span_attributes(tenant=tenant, request_id=request_id, session_id="s")
+    headers: list[tuple[str, bytes]] = []
+    with client.tracer.start_as_current_span("client.request", attributes=attrs):
+        inject(headers)
+        admit = {ATTR_TENANT: tenant}  # no request id: found through its trace
+        with job.tracer.start_as_current_span(
+            "job.admit", context=extract(headers), attributes=admit
+        ):
+            inject(headers)
+        for attempt in (0, 1):
+            worker_attrs = {**attrs, **span_attributes(tenant=tenant, request_id=request_id)}
+            worker_attrs["tokenbus.attempt"] = attempt
+            with worker.tracer.start_as_current_span(
+                "worker.generate", context=extract(headers), attributes=worker_attrs
+            ):
+                pass
+    other = span_attributes(tenant=tenant, request_id="unrelated")
+    with client.tracer.start_as_current_span("client.request", attributes=other):
+        pass
+    batches: list[SpanBatch] = []
+
+    async def publish(topic: str, key: bytes, value: bytes) -> None:
+        batches.append(decode(SpanBatch, value))
+
+    for tracing in (client, job, worker):
+        asyncio.run(tracing.flush(publish))
+    return batches
+
+
+def test_a_requests_trace_comes_back_as_one_tree(store: ClickHouseStore) -> None:
+    batches = traced_request("acme", "r1")
+    rows = [row for batch in batches for row in span_rows(batch)]
+    store.insert_spans(rows)
+    store.insert_spans(rows)  # redelivered: merged away by the key
+    found = store.query(TRACE_SQL, {"tenant": "acme", "request_id": "r1"})
+    steps = timeline(found)
+    assert [(s.depth, s.name, s.attempt) for s in steps] == [
+        (0, "client.request", -1),
+        (1, "job.admit", -1),
+        (2, "worker.generate", 0),
+        (2, "worker.generate", 1),
+    ]
+    assert steps[0].offset_ms == 0.0
+    assert all(s.offset_ms >= 0 and s.duration_ms >= 0 for s in steps)
+    assert {s.service for s in steps} == {"tokenbus-client", "tokenbus-job", "tokenbus-worker"}
+    text = render(steps)
+    assert text.splitlines()[0] == f"trace {steps[0].trace_id}"
+    assert "      worker.generate" in text and "attempt 1" in text
+
+
+def test_another_tenant_reads_nothing_of_it(store: ClickHouseStore) -> None:
+    store.insert_spans([row for batch in traced_request("acme", "r1") for row in span_rows(batch)])
+    assert store.query(TRACE_SQL, {"tenant": "globex", "request_id": "r1"}) == []
+
+
+def test_a_span_whose_parent_is_missing_starts_a_tree_of_its_own() -> None:
+    batches = traced_request("acme", "r1")
+    rows = [
+        row
+        for batch in batches
+        if batch.spans[0].service != "tokenbus-client"
+        for row in span_rows(batch)
+    ]
+    found = [
+        dict(
+            zip(
+                (
+                    "tenant_id",
+                    "trace_id",
+                    "span_id",
+                    "parent_span_id",
+                    "name",
+                    "service",
+                    "start_time",
+                    "duration_us",
+                    "status",
+                    "request_id",
+                    "attempt",
+                    "attributes",
+                ),
+                row,
+                strict=True,
+            )
+        )
+        for row in rows
+    ]
+    steps = timeline(found)
+    assert [(s.depth, s.name) for s in steps] == [
+        (0, "job.admit"),
+        (1, "worker.generate"),
+        (1, "worker.generate"),
+    ]
+    assert render([]) == ""

@@ -1,0 +1,230 @@
+"""Traces across the bus: W3C trace context in Kafka headers, spans out through OTLP or
+through tokenbus's own span topic.
+
+# a record's ``traceparent``/``tracestate`` headers <--> inject() / extract()
+# a service's spans --> OpenTelemetry SDK (parent-based ratio sampler)
+#   --> OTLP/HTTP, when ``TOKENBUS_OTLP_ENDPOINT`` is set
+#   --> otherwise SpanBuffer --> flush(): one SpanBatch per tenant --> <prefix>.spans,
+#       keyed by tenant --> billing's span sink --> ClickHouse ``spans`` --> ``tokenbus trace``
+
+Every service builds one ``Tracing`` at start and hands its ``tracer`` to the code that
+opens spans. A request's spans carry the ``ATTR_*`` attributes, with the tenant the
+credential proved (never a producer's word for it). A producer's ``traceparent`` header
+is honoured as a parent and nothing more: it names a trace id, so a producer can file its
+request under a trace of its own choosing, but ``tokenbus trace`` reads a tenant's spans
+only, so no tenant can reach into another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
+
+import orjson
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter, Setter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenbus.config import Settings
+from tokenbus.kafka import Publish
+from tokenbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+ATTR_TENANT = "tokenbus.tenant"
+ATTR_SESSION = "tokenbus.session_id"
+ATTR_REQUEST = "tokenbus.request_id"
+ATTR_ATTEMPT = "tokenbus.attempt"
+ATTR_PRIORITY = "tokenbus.priority"
+ATTR_MODEL = "tokenbus.model"
+ATTR_WORKER = "tokenbus.worker"
+ATTR_BATCH = "tokenbus.batch_id"
+ATTR_PROMPT_TOKENS = "tokenbus.num_prompt_tokens"
+ATTR_COMPLETION_TOKENS = "tokenbus.num_completion_tokens"
+
+NO_TENANT = "-"
+"""The key of spans that belong to no tenant (none of tokenbus's spans today)."""
+
+Headers = MutableSequence[tuple[str, bytes]]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _HeaderSetter(Setter[Headers]):
+    def set(self, carrier: Headers, key: str, value: str) -> None:
+        carrier[:] = [(k, v) for k, v in carrier if k != key]
+        carrier.append((key, value.encode()))
+
+
+class _HeaderGetter(Getter[Sequence[tuple[str, bytes]]]):
+    def get(self, carrier: Sequence[tuple[str, bytes]], key: str) -> list[str] | None:
+        found = [v.decode("latin-1") for k, v in carrier if k == key and v is not None]
+        return found or None
+
+    def keys(self, carrier: Sequence[tuple[str, bytes]]) -> list[str]:
+        return [k for k, _ in carrier]
+
+
+_SETTER = _HeaderSetter()
+_GETTER = _HeaderGetter()
+
+
+def inject(headers: Headers, context: Context | None = None) -> None:
+    """Writes the current (or ``context``'s) span as ``traceparent``/``tracestate``
+    headers, replacing any already there. Nothing is written without a valid span."""
+    _PROPAGATOR.inject(headers, context, _SETTER)
+
+
+def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
+    """The trace context a record's headers carry; an empty context when they carry none
+    or a malformed one (the W3C parser refuses it), so the span opened under it starts a
+    trace of its own."""
+    return _PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
+
+
+def extract_http(headers: Mapping[str, str]) -> Context:
+    """``extract`` for an HTTP request's headers (a W3C ``traceparent`` from the caller)."""
+    return _PROPAGATOR.extract(headers)
+
+
+class SpanBuffer(SpanProcessor):
+    """Keeps the spans the service ended, by tenant, until ``Tracing.flush`` sends them.
+    Bounded: past ``max_spans`` a span is counted in ``num_dropped`` and left out."""
+
+    def __init__(self, service: str, max_spans: int = 100_000) -> None:
+        self.service = service
+        self.max_spans = max_spans
+        self.num_dropped = 0
+        self._num_spans = 0
+        self._by_tenant: dict[str, list[dict[str, object]]] = defaultdict(list)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is None or not context.trace_flags.sampled:
+            return
+        if self._num_spans >= self.max_spans:
+            self.num_dropped += 1
+            return
+        attributes = {k: v for k, v in (span.attributes or {}).items() if _scalar(v)}
+        tenant = str(attributes.get(ATTR_TENANT, NO_TENANT))
+        self._by_tenant[tenant].append(
+            {
+                "trace_id": f"{context.trace_id:032x}",
+                "span_id": f"{context.span_id:016x}",
+                "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                "name": span.name[:256],
+                "service": self.service,
+                "start_ns": span.start_time or 0,
+                "end_ns": span.end_time or 0,
+                "status": _STATUS[span.status.status_code],
+                "attributes": attributes,
+            }
+        )
+        self._num_spans += 1
+
+    def take(self) -> dict[str, list[dict[str, object]]]:
+        """The spans kept so far, by tenant; the buffer starts again empty."""
+        taken, self._by_tenant = self._by_tenant, defaultdict(list)
+        self._num_spans = 0
+        return taken
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+_STATUS = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, str | bool | int | float)
+
+
+class Tracing:
+    """One service's tracer and where its spans go."""
+
+    def __init__(
+        self, settings: Settings, service: str, *, exporter: SpanExporter | None = None
+    ) -> None:
+        self.service = f"tokenbus-{service}"
+        self._topics = Topics(settings.topic_prefix)
+        self._interval_s = settings.trace_flush_interval_s
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": self.service}),
+            sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+        )
+        if exporter is None and settings.otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=f"{settings.otlp_endpoint}/v1/traces")
+        self.buffer: SpanBuffer | None = None
+        if exporter is not None:
+            self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        else:
+            self.buffer = SpanBuffer(self.service)
+            self.provider.add_span_processor(self.buffer)
+        self.tracer: Tracer = self.provider.get_tracer("tokenbus")
+        self.num_sent = 0
+
+    async def flush(self, publish: Publish) -> int:
+        """Sends the buffered spans, one record per tenant; returns how many spans.
+        A batch the broker refuses is logged and dropped: traces are best effort and
+        never hold up the service."""
+        if self.buffer is None:
+            return 0
+        num_spans = 0
+        for tenant, spans in self.buffer.take().items():
+            value = orjson.dumps({"schema_version": 1, "tenant_id": tenant, "spans": spans})
+            try:
+                await publish(self._topics.spans, tenant.encode(), value)
+            except Exception as exc:
+                log.warning("dropped %d spans of %s: %s", len(spans), tenant, exc)
+                continue
+            num_spans += len(spans)
+        self.num_sent += num_spans
+        return num_spans
+
+    async def run(self, publish: Publish, stop: asyncio.Event) -> None:
+        """Flushes every ``trace_flush_interval_s`` until ``stop``, then once more."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+            await self.flush(publish)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def span_attributes(
+    *,
+    tenant: str,
+    request_id: str,
+    session_id: str | None = None,
+    attempt: int | None = None,
+    priority: int | None = None,
+    model: str | None = None,
+    worker: str | None = None,
+    batch_id: str | None = None,
+) -> dict[str, str | int]:
+    """A request's span attributes, with what is known left in."""
+    pairs: Iterable[tuple[str, str | int | None]] = (
+        (ATTR_TENANT, tenant),
+        (ATTR_REQUEST, request_id),
+        (ATTR_SESSION, session_id),
+        (ATTR_ATTEMPT, attempt),
+        (ATTR_PRIORITY, priority),
+        (ATTR_MODEL, model),
+        (ATTR_WORKER, worker),
+        (ATTR_BATCH, batch_id),
+    )
+    return {k: v for k, v in pairs if v is not None}
