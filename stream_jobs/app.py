@@ -36,7 +36,7 @@ import logging
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -58,6 +58,7 @@ from tokenbus.kafka import make_consumer
 from tokenbus.metadata import keep_known_topics
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
+from tokenbus.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -445,10 +446,19 @@ def create_app(settings: Settings) -> faust.App:
     state: dict[str, Dispatcher] = {}
     clock = job_clock(settings)
 
-    async def publish(topic: str, key: bytes, value: bytes) -> Any:
+    async def publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> Any:
         return await app.producer.send_and_wait(
-            topic, key, value, partition=None, timestamp=None, headers=None
+            topic,
+            key,
+            value,
+            partition=None,
+            timestamp=None,
+            headers=list(headers) if headers else None,
         )
+
+    tracing = Tracing(settings, "job")
 
     def dispatcher() -> Dispatcher:
         if "dispatcher" not in state:
@@ -460,8 +470,14 @@ def create_app(settings: Settings) -> faust.App:
                 ledger,
                 clock=clock,
                 spend=spend,
+                tracer=tracing.tracer,
             )
         return state["dispatcher"]
+
+    @app.timer(interval=settings.trace_flush_interval_s)
+    async def send_spans() -> None:
+        # Best effort: a refused batch is logged and dropped (tokenbus.tracing).
+        await tracing.flush(publish)
 
     def admit_agent(priority: int) -> None:
         topic = app.topic(topics.requests(priority), key_type=bytes, value_type=bytes)

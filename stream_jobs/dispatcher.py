@@ -44,6 +44,15 @@ from enum import Enum
 from typing import Any, Protocol
 
 import orjson
+from opentelemetry.context import Context
+from opentelemetry.trace import (
+    NoOpTracer,
+    Span,
+    SpanKind,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+)
 
 from billing.price_file import load_price_book
 from billing.pricing import Pricer
@@ -85,8 +94,10 @@ from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
+from tokenbus.logs import bind_request
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
+from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes
 from tokenbus.usage import usage_of
 
 Headers = Any
@@ -115,6 +126,13 @@ class ReplyLog(Protocol):
     def read(
         self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
     ) -> Awaitable[list[Chunk]]: ...
+
+
+def _header_pairs(headers: Headers) -> list[tuple[str, bytes]]:
+    if not headers:
+        return []
+    pairs = headers.items() if hasattr(headers, "items") else headers
+    return [(k, v) for k, v in pairs if isinstance(v, bytes)]
 
 
 def header(headers: Headers, name: str) -> bytes | None:
@@ -147,6 +165,9 @@ class _Waiting:
     request: WorkItem
     done: asyncio.Future[Outcome]
     received_at: float
+    trace: Context | None = None
+    """The request's ``job.admit`` span (or, resent, its previous attempt's trace)."""
+    queued_ns: int = field(default_factory=time.time_ns)
 
 
 @dataclass
@@ -165,6 +186,8 @@ class _InFlight:
     request: WorkItem
     """The copy forwarded to the worker."""
     cancelled: bool = False
+    trace: Context | None = None
+    """Its trace, so that an attempt sent again after a worker loss joins it."""
 
     @property
     def worker(self) -> tuple[str | None, str | None]:
@@ -226,9 +249,11 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         spend: SpendStore | None = None,
         pricer: Pricer | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._settings = settings
         self._publish = publish
+        self._tracer = tracer or NoOpTracer()
         self._store = store
         self._replies = replies
         self._ledger = ledger
@@ -301,7 +326,37 @@ class Dispatcher:
         """Judges a request and queues it, without waiting for its forward: an
         ``Outcome`` when it has had its answer here, else the ``Admitted`` request that
         ``finish`` sees through. Window saves wait in the store for ``flush``, which the
-        caller runs before the request's record may be acked."""
+        caller runs before the request's record may be acked.
+
+        Traced as ``job.admit``, under the trace context the record carries; its
+        ``tokenbus.outcome`` says what became of the request."""
+        span = self._tracer.start_span(
+            "job.admit", context=extract(_header_pairs(headers)), kind=SpanKind.CONSUMER
+        )
+        try:
+            result = await self._admit(span, topic, partition, offset, key, value, headers)
+        except BaseException as exc:
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            span.end()
+            raise
+        if isinstance(result, Admitted):
+            span.set_attribute(ATTR_OUTCOME, "admitted")
+            result.waiting.trace = set_span_in_context(span)
+        else:
+            span.set_attribute(ATTR_OUTCOME, result.value)
+        span.end()
+        return result
+
+    async def _admit(
+        self,
+        span: Span,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+    ) -> Outcome | Admitted:
         where = (topic, partition, offset, key, value)
         try:
             request = decode(InferenceRequest, value)
@@ -319,6 +374,26 @@ class Dispatcher:
             return Outcome.REFUSED
         item = self._work_item(request, principal, now)
         ident = (item.tenant_id, item.request_id)
+        # Under the tenant the credential proved: an unproven request's spans file under
+        # no tenant, so nobody can write into another tenant's traces.
+        span.set_attributes(
+            span_attributes(
+                tenant=item.tenant_id,
+                request_id=item.request_id,
+                session_id=item.session_id,
+                priority=item.priority,
+                model=item.requested_model,
+                batch_id=item.batch_id,
+            )
+        )
+        # This request's task (one per request in the admit agent) logs with its fields.
+        bind_request(
+            tenant=item.tenant_id,
+            request_id=item.request_id,
+            session_id=item.session_id,
+            batch_id=item.batch_id,
+            trace_id=f"{span.get_span_context().trace_id:032x}",
+        )
         owns_reply_topic = principal.owns_reply_topic(item.reply_to)
         if key != principal.tenant_id.encode():
             # On another tenant's partition: nothing of this tenant's (its window, its
@@ -1020,11 +1095,35 @@ class Dispatcher:
             )
             return Outcome.REFUSED
         forwarded, topic = picked
+        # Admitted (or sent again) to forwarded: the fair queue's wait, the route, the
+        # send. The worker's spans are its children.
+        queued = self._tracer.start_span(
+            "job.queue",
+            context=waiting.trace,
+            start_time=waiting.queued_ns,
+            kind=SpanKind.PRODUCER,
+            attributes=span_attributes(
+                tenant=forwarded.tenant_id,
+                request_id=forwarded.request_id,
+                attempt=forwarded.attempt,
+                priority=forwarded.priority,
+                worker=forwarded.worker_id,
+            ),
+        )
+        trace = set_span_in_context(queued)
+        flight = self._in_flight.get((forwarded.tenant_id, forwarded.request_id))
+        if flight is not None:
+            flight.trace = waiting.trace
+        headers: list[tuple[str, bytes]] = []
+        inject(headers, trace)
         try:
-            await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded))
+            await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded), headers)
         except Exception:
             self._in_flight.pop((forwarded.tenant_id, forwarded.request_id), None)
+            queued.set_status(StatusCode.ERROR, "not forwarded")
             raise
+        finally:
+            queued.end()
         self.metrics.num_dispatched += 1
         return Outcome.FORWARDED
 
@@ -1130,7 +1229,9 @@ class Dispatcher:
             progress.next_seq,
             len(progress.token_ids),
         )
-        waiting = _Waiting(again, asyncio.get_running_loop().create_future(), time.monotonic())
+        waiting = _Waiting(
+            again, asyncio.get_running_loop().create_future(), time.monotonic(), flight.trace
+        )
         try:
             await self._dispatch(waiting)
         except Exception:

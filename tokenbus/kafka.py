@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -26,7 +26,13 @@ from tokenbus.metadata import keep_known_topics
 class Publish(Protocol):
     """Sends one record and returns once the broker has acknowledged it."""
 
-    def __call__(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]: ...
+    def __call__(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> Awaitable[Any]: ...
 
 
 _murmur2 = DefaultPartitioner()
@@ -76,8 +82,12 @@ def make_consumer(
 
 
 def publisher(producer: AIOKafkaProducer) -> Publish:
-    async def publish(topic: str, key: bytes, value: bytes) -> Any:
-        return await producer.send_and_wait(topic, value, key=key)
+    async def publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> Any:
+        return await producer.send_and_wait(
+            topic, value, key=key, headers=list(headers) if headers else None
+        )
 
     return publish
 

@@ -49,6 +49,7 @@ ATTR_WORKER = "tokenbus.worker"
 ATTR_BATCH = "tokenbus.batch_id"
 ATTR_PROMPT_TOKENS = "tokenbus.num_prompt_tokens"
 ATTR_COMPLETION_TOKENS = "tokenbus.num_completion_tokens"
+ATTR_OUTCOME = "tokenbus.outcome"
 
 NO_TENANT = "-"
 """The key of spans that belong to no tenant (none of tokenbus's spans today)."""

@@ -3,6 +3,7 @@ reads back, the request ledger, the quota windows, and credentials the bus belie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,9 +39,17 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]]] = []
 
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+    async def __call__(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.sent.append((topic, key, value))
+        self.headers.append(list(headers or ()))
 
     def on(self, topic: str) -> list[bytes]:
         return [value for t, _, value in self.sent if t == topic]

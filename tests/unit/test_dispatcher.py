@@ -373,7 +373,7 @@ async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
     # every request already picked, or the whole queue would go out at once.
     acked = asyncio.Event()
 
-    async def slow_publish(topic: str, key: bytes, value: bytes) -> None:
+    async def slow_publish(topic: str, key: bytes, value: bytes, headers: object = None) -> None:
         recorder.sent.append((topic, key, value))
         if topic == "w-topic":
             await acked.wait()
