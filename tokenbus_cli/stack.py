@@ -138,6 +138,7 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.dead_letters] = 1
     partitions[topics.budgets] = 1
     partitions[topics.budget_alerts] = 1
+    partitions[topics.load] = 1  # a few records a second; readers read them all
     return partitions
 
 
