@@ -391,12 +391,14 @@ class Dispatcher:
 
         # A batch line is charged to its tenant's batch window, never to the interactive
         # one: a million lines cannot take the tenant's own minute, nor another's batch.
+        # Its budget is tokens alone (a line costs a token at least, so an RPM equal to
+        # the TPM never binds first): the tenant's RPM is for its interactive traffic.
         window = window_key(item.tenant_id, item.batch_id)
-        limits = Limits(
-            tpm=self._batch_tpm(tenant.batch_tpm) if item.batch_id is not None else tenant.tpm,
-            rpm=tenant.rpm,
-            burst_s=tenant.burst_s,
-        )
+        if item.batch_id is None:
+            limits = Limits(tpm=tenant.tpm, rpm=tenant.rpm, burst_s=tenant.burst_s)
+        else:
+            batch_tpm = self._batch_tpm(tenant.batch_tpm)
+            limits = Limits(tpm=batch_tpm, rpm=batch_tpm, burst_s=tenant.burst_s)
         state = self._store.load(window)
         # The quota counts cost-weighted tokens, by the same rule billing prices with; the
         # precision is not known before a worker is picked, so settling corrects it.

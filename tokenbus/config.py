@@ -130,8 +130,9 @@ class Settings(BaseSettings):
     default_batch_tpm: int = 1_000_000
     """Tokens per minute of batch lines (requests with a ``batch_id``) for a tenant whose
     entry sets no ``batch_tpm``: charged to a window of their own (``<tenant>/batch``),
-    never to the tenant's interactive TPM. A batch line over it is refused with
-    ``quota_exceeded`` and ``retry_after_s``, which the batch runner waits out."""
+    never to the tenant's interactive TPM, and not held by its RPM either. A batch line
+    over it is refused with ``quota_exceeded`` and ``retry_after_s``, which the batch
+    runner waits out."""
     default_burst_s: float = 0.0
     """Spending smoothing for tenants not in the tenants file (see TenantConfig.burst_s)."""
     default_priority_class: int = 1

@@ -84,8 +84,8 @@ class TenantConfig(BaseModel):
     tpm: Annotated[int, Field(ge=1)] = 1_000_000
     batch_tpm: Annotated[int, Field(ge=1)] | None = None
     """Tokens per minute for the tenant's batch lines (requests with a ``batch_id``): a
-    window of their own, apart from ``tpm``, so a batch never takes the tenant's
-    interactive minute, nor another tenant's batch budget. Unset:
+    window of their own, apart from ``tpm`` (and not held by ``rpm``), so a batch never
+    takes the tenant's interactive minute, nor another tenant's batch budget. Unset:
     ``Settings.default_batch_tpm``."""
     burst_s: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Smooths spending: at most ``tpm * burst_s / 60`` tokens in any ``burst_s`` seconds

@@ -170,6 +170,26 @@ async def test_batch_lines_spend_the_batch_budget_and_never_the_interactive_one(
     loop.cancel()
 
 
+async def test_the_tenant_s_request_rate_does_not_bind_its_batch_lines(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[tenants.slow]\nrpm = 2\n")
+    dispatcher = dispatcher_for(Settings(home=tmp_path, tenants_file=tenants), recorder)
+    dispatcher.observe_heartbeat(heartbeat(capacity=50))
+    loop = asyncio.create_task(dispatcher.run())
+
+    # Two interactive requests a minute, but its batch lines are held by tokens alone.
+    lines = [line(n, "slow") for n in range(10)]
+    assert await outcomes(dispatcher, lines) == [Outcome.FORWARDED] * 10
+    assert await outcomes(dispatcher, [interactive(n, "slow") for n in range(3)]) == [
+        Outcome.FORWARDED,
+        Outcome.FORWARDED,
+        Outcome.REFUSED,
+    ]
+    loop.cancel()
+
+
 async def test_a_tenant_without_batch_tpm_gets_the_default_batch_budget(
     dispatcher: Dispatcher, recorder: Recorder
 ) -> None:
