@@ -101,6 +101,12 @@ def render_dashboard(
             errors.get("ttft_by_tenant_and_priority"),
         ),
         _card(
+            "Spend per batch",
+            "Billed cost units of each batch job's lines (at the batch price), costliest first.",
+            _batches(rows("spend_per_batch")),
+            errors.get("spend_per_batch"),
+        ),
+        _card(
             "Recent budget alerts",
             "Each budget alert fired in the window, newest first per tenant: the threshold "
             "reached (a hard budget's first refusal is its 100%) and the spend then.",
@@ -193,6 +199,15 @@ def _sessions(rows: Rows) -> str:
     return chart + _table(
         rows, ("tenant_id", "session_id", "billed_units", "num_attempts", "num_failed")
     )
+
+
+def _batches(rows: Rows) -> str:
+    if not rows:
+        return '<p class="note">no batch lines in this window</p>'
+    labels = [f"{r['tenant_id']} / {r['batch_id']}" for r in rows]
+    chart = hbar_chart(labels, [number(r["billed_units"]) for r in rows], fmt=money)
+    columns = ("tenant_id", "batch_id", "billed_units", "num_attempts", "num_failed")
+    return chart + _table(rows, (*columns, "prompt_tokens", "completion_tokens"))
 
 
 def _share(rows: Rows) -> str:

@@ -12,7 +12,13 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from billing.pricing import DEFAULT_SHARES, ChargePolicy, Price, PriceBook
+from billing.pricing import (
+    DEFAULT_BATCH_MULTIPLIER,
+    DEFAULT_SHARES,
+    ChargePolicy,
+    Price,
+    PriceBook,
+)
 from schemas import UsageStatus
 from tokenbus.config import Settings
 
@@ -40,14 +46,16 @@ def read_price_book(path: Path) -> PriceBook:
 
 
 def parse_price_book(data: dict[str, Any]) -> PriceBook:
-    unknown = set(data) - {"charge", "price"}
+    unknown = set(data) - {"charge", "price", "batch"}
     if unknown:
-        raise ValueError(f"unknown sections {sorted(unknown)}; expected [charge] and [[price]]")
+        raise ValueError(
+            f"unknown sections {sorted(unknown)}; expected [charge], [batch] and [[price]]"
+        )
     entries = data.get("price", [])
     if not isinstance(entries, list) or not entries:
         raise ValueError("no [[price]] entries")
     prices = [_price(entry, n) for n, entry in enumerate(entries, start=1)]
-    return PriceBook(prices, _policy(data.get("charge", {})))
+    return PriceBook(prices, _policy(data.get("charge", {})), _batch(data.get("batch", {})))
 
 
 def _price(entry: Any, n: int) -> Price:
@@ -90,6 +98,21 @@ def _policy(table: Any) -> ChargePolicy:
         if share > 1:
             raise ValueError(f"[charge] {status.value}: a share is between 0 and 1, got {share}")
     return ChargePolicy(shares)
+
+
+def _batch(table: Any) -> Decimal:
+    """``[batch] multiplier``: the share of the list price a batch line costs."""
+    if not isinstance(table, dict):
+        raise ValueError("[batch] is not a table")
+    unknown = set(table) - {"multiplier"}
+    if unknown:
+        raise ValueError(f"[batch]: unknown fields {sorted(unknown)}; expected multiplier")
+    if "multiplier" not in table:
+        return DEFAULT_BATCH_MULTIPLIER
+    multiplier = _amount(table["multiplier"], "[batch] multiplier")
+    if multiplier > 1:
+        raise ValueError(f"[batch] multiplier: a share of the list price, 0 to 1, got {multiplier}")
+    return multiplier
 
 
 def _amount(value: Any, where: str) -> Decimal:

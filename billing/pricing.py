@@ -9,6 +9,9 @@ as it writes the row, and stores the result with the price version it used.
   Rejected work never ran and costs nothing.
 - ``billed_units``: ``cost_units`` times the share the charge policy bills for the status
   (by default all of ok and cancelled work, none of failed or rejected work).
+- A line of a batch job (``batch_id`` set) is priced at ``PriceBook.batch_multiplier`` of
+  the list price (0.5 by default, as OpenAI discounts batch work): both its
+  ``cost_units`` and so its ``billed_units``. The job admits a batch id at class 2 only.
 
 Money is ``Decimal`` quantized to ``COST_QUANTUM``, the scale of the ClickHouse column,
 so a sum in ClickHouse equals the sum of the values computed here, to the last digit.
@@ -31,6 +34,8 @@ from tokenbus.cost import CONTEXT_STEP_TOKENS, NO_PEAK_HOURS, PeakHours, cost_we
 
 COST_QUANTUM = Decimal("0.000000001")
 """Nine decimals: ``Decimal(38, 9)`` in ``usage_events``."""
+DEFAULT_BATCH_MULTIPLIER = Decimal("0.5")
+"""Batch lines at half the list price, unless the price file's ``[batch]`` says otherwise."""
 ANY_MODEL = "*"
 """The price entry for every model that has none of its own."""
 
@@ -112,9 +117,19 @@ class Charge(NamedTuple):
 class PriceBook:
     """Every price version; ``price_for`` picks the one in force for a model at an instant."""
 
-    def __init__(self, prices: Sequence[Price], policy: ChargePolicy | None = None) -> None:
+    def __init__(
+        self,
+        prices: Sequence[Price],
+        policy: ChargePolicy | None = None,
+        batch_multiplier: Decimal = DEFAULT_BATCH_MULTIPLIER,
+    ) -> None:
         self.prices = tuple(sorted(prices, key=lambda p: (p.model, p.version)))
         self.policy = policy or ChargePolicy()
+        self.batch_multiplier = batch_multiplier
+        """The share of the list price a batch line costs (0 to 1, six decimals at most)."""
+        if not 0 <= batch_multiplier <= 1:
+            raise ValueError(f"the batch multiplier is between 0 and 1, got {batch_multiplier}")
+        self._batch_micros = _scaled(batch_multiplier, _MICROS, "the batch multiplier")
         self._by_model: dict[str, list[Price]] = {}
         for price in self.prices:
             self._by_model.setdefault(price.model, []).append(price)
@@ -197,7 +212,12 @@ class Pricer:
             + num_cached * cached_nanos
             + event.num_completion_tokens * output_nanos
         )  # nano-units x 1,000
-        cost_nanos = _divide_half_even(at_list_price * weight_micros, 1000 * _MICROS)
+        if event.batch_id is None:
+            cost_nanos = _divide_half_even(at_list_price * weight_micros, 1000 * _MICROS)
+        else:  # a batch line: at the batch share of the list price, rounded once
+            cost_nanos = _divide_half_even(
+                at_list_price * weight_micros * self.book._batch_micros, 1000 * _MICROS * _MICROS
+            )
         share_micros = self.book._share_micros[status]
         if share_micros == _MICROS:  # all of it, as for ok work by default
             return (weight, cost_nanos, cost_nanos, price.version)
@@ -220,7 +240,8 @@ _new_charge = tuple.__new__
 def list_cost(event: Usage, price: Price) -> Decimal:
     """Tokens at list price, before the weight: cached prompt tokens at the cached rate.
 
-    The definition, in Decimal; ``Pricer.charge`` computes the same in integers.
+    The definition, in Decimal; ``Pricer.charge`` computes the same in integers (times
+    the batch multiplier for a batch line).
     """
     num_cached = min(max(event.num_cached_tokens, 0), event.num_prompt_tokens)
     num_uncached = event.num_prompt_tokens - num_cached

@@ -70,7 +70,35 @@ class SessionTotals:
         return sql, parameters
 
 
-def fetch(source: Queryable, query: TenantTotals | SessionTotals) -> list[Row]:
+@dataclass(frozen=True)
+class BatchTotals:
+    """One row per (tenant, batch job) of the batch lines (``batch_id`` set), with their
+    cost: what a batch's output usage is checked against, and spend per batch."""
+
+    tenant_id: str | None = None
+    batch_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def to_sql(self) -> tuple[str, dict[str, Any]]:
+        where, parameters = _where(self.tenant_id, None, self.since, self.until)
+        if self.batch_id is not None:
+            parameters["batch_id"] = self.batch_id
+            batch = "batch_id = {batch_id:String}"
+        else:
+            batch = "batch_id != ''"
+        where = f"{where}  AND {batch}\n" if where else f"WHERE {batch}\n"
+        sql = (
+            f"SELECT\n    tenant_id,\n    batch_id,\n{_TOTALS},\n"
+            "    sum(cost_units) AS cost_units,\n"
+            "    sum(billed_units) AS billed_units\n"
+            f"FROM usage_events FINAL\n{where}"
+            "GROUP BY tenant_id, batch_id\nORDER BY tenant_id, batch_id"
+        )
+        return sql, parameters
+
+
+def fetch(source: Queryable, query: TenantTotals | SessionTotals | BatchTotals) -> list[Row]:
     sql, parameters = query.to_sql()
     return source.query(sql, parameters)
 

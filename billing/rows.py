@@ -36,6 +36,7 @@ USAGE_COLUMNS: tuple[str, ...] = (
     "billed_units",
     "price_version",
     "key_sha256",
+    "batch_id",
     "created_at",
     "finished_at",
 )
@@ -93,6 +94,7 @@ def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
         charge.billed_units,
         charge.price_version,
         event.key_sha256 or "",
+        event.batch_id or "",
         _utc(event.created_at),
         _utc(event.finished_at),
     )
@@ -146,6 +148,7 @@ def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> lis
         [c[2] for c in charges],
         [c[3] for c in charges],
         [e.key_sha256 or "" for e in events],
+        [e.batch_id or "" for e in events],
         millis([e.created_at for e in events]),
         millis([e.finished_at for e in events]),
     ]

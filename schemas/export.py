@@ -18,6 +18,7 @@ from schemas.messages import (
     CancelRequest,
     DeadLetter,
     InferenceRequest,
+    LoadReport,
     TokenChunkBatch,
     UsageEvent,
     WorkerStatus,
@@ -30,6 +31,7 @@ BUS_MESSAGES: tuple[type[BaseModel], ...] = (
     WorkerStatus,
     CancelRequest,
     DeadLetter,
+    LoadReport,
 )
 SCHEMA_DIR = Path(__file__).parent / "json"
 

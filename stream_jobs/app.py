@@ -5,6 +5,7 @@
 # budgets (compacted) --> budgets task (every instance, from the start) --> BudgetBook
 # cancels --> cancel agent --> Dispatcher.handle_cancel (drops waiting requests)
 # heartbeats --> registry task (every instance reads every heartbeat)
+# every load_report_interval_s --> Dispatcher.load_reports --> load (keyed by model)
 
 Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
 event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 import weakref
 from collections import defaultdict
@@ -47,6 +50,7 @@ from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
 
+from schemas import encode
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
 from stream_jobs.ledger import Entry
@@ -152,8 +156,10 @@ class TableWindowStore:
             # or a rebalance, rather than one per tenant.
             self._recovered = defaultdict(list)
             for key, value in self._reservations.items():
-                tenant, _, request_id = key.decode().partition("/")  # tenant ids have no "/"
-                self._recovered[tenant].append((request_id, orjson.loads(value)))
+                # ``<window>/<request_id>``, the window a tenant's (``acme``) or its batch
+                # lines' (``acme/batch``): request ids hold no "/".
+                window, _, request_id = key.decode().rpartition("/")
+                self._recovered[window].append((request_id, orjson.loads(value)))
         return self._recovered.pop(tenant_id, [])
 
 
@@ -599,6 +605,19 @@ def create_app(settings: Settings) -> faust.App:
     @app.task
     async def dispatch_loop() -> None:
         await dispatcher().run()
+
+    @app.task
+    async def publish_load() -> None:
+        # Every instance reports what it holds, keyed by model; a lost report is
+        # replaced by the next one, so nothing here waits or retries.
+        instance = f"{socket.gethostname()}-{os.getpid()}"
+        while True:
+            await asyncio.sleep(settings.load_report_interval_s)
+            try:
+                for report in dispatcher().load_reports(instance):
+                    await publish(topics.load, report.model.encode(), encode(report))
+            except Exception:
+                log.exception("could not publish the load reports")
 
     @app.task
     async def follow_heartbeats() -> None:

@@ -63,6 +63,7 @@ from schemas import (
     ErrorInfo,
     FinishReason,
     InferenceRequest,
+    LoadReport,
     SchemaError,
     TokenChunk,
     TokenChunkBatch,
@@ -80,13 +81,14 @@ from stream_jobs.affinity import SessionAffinity
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
+from stream_jobs.load import LoadTracker, load_report
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
 from stream_jobs.routing import RoutingWeights
 from stream_jobs.seats import has_room
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
-from stream_jobs.window import Limits, WindowState, release, reserve, settle
+from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
 from tokenbus.auth import Authenticator, AuthError, Principal
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.chunks import Chunk
@@ -107,7 +109,8 @@ log = logging.getLogger(__name__)
 
 
 class WindowStore(Protocol):
-    """Per-tenant quota windows. ``save`` is called from the tenant's partition's agent."""
+    """Quota windows, by ``window.window_key``: each tenant's, and its batch lines'
+    (``<tenant>/batch``). ``save`` is called from the tenant's partition's agent."""
 
     def load(self, tenant_id: str) -> WindowState: ...
 
@@ -221,6 +224,12 @@ class DispatchMetrics:
     num_affine: int = 0
     num_adapter_affine: int = 0
     """Adapter requests sent to a worker that already held their adapter."""
+    num_batch_admitted: int = 0
+    """Batch lines (requests with a ``batch_id``) admitted by their tenant's batch budget."""
+    num_batch_rejected_quota: int = 0
+    """Batch lines refused by their tenant's batch TPM/RPM window (they are retried)."""
+    num_batch_rejected_invalid: int = 0
+    """Requests with a ``batch_id`` refused for not being class 2."""
     tier: int = 0
     tier_changed_at: float = 0.0
     num_waiting: int = 0
@@ -295,6 +304,8 @@ class Dispatcher:
         self._alerts: list[BudgetAlert] = []
         self._wake = asyncio.Event()
         self._started_at = time.monotonic()
+        self._load = LoadTracker()
+        self._load_since = time.monotonic()
         self.metrics = DispatchMetrics()
 
     # -- admission (runs in the request's agent: may write the tenant's window) --------
@@ -439,6 +450,8 @@ class Dispatcher:
         problem = self._check_tenant_rules(item, principal, num_prompt)
         if problem is not None:
             self.metrics.num_rejected_invalid += 1
+            if item.batch_id is not None:
+                self.metrics.num_batch_rejected_invalid += 1
             return await self._turn_down(item, problem, now)
 
         priority = item.priority
@@ -484,7 +497,17 @@ class Dispatcher:
                 self._remember(item, State.DONE, now)
                 return Outcome.REFUSED
 
-        state = self._store.load(item.tenant_id)
+        # A batch line is charged to its tenant's batch window, never to the interactive
+        # one: a million lines cannot take the tenant's own minute, nor another's batch.
+        # Its budget is tokens alone (a line costs a token at least, so an RPM equal to
+        # the TPM never binds first): the tenant's RPM is for its interactive traffic.
+        window = window_key(item.tenant_id, item.batch_id)
+        if item.batch_id is None:
+            limits = Limits(tpm=tenant.tpm, rpm=tenant.rpm, burst_s=tenant.burst_s)
+        else:
+            batch_tpm = self._batch_tpm(tenant.batch_tpm)
+            limits = Limits(tpm=batch_tpm, rpm=batch_tpm, burst_s=tenant.burst_s)
+        state = self._store.load(window)
         # The quota counts cost-weighted tokens, by the same rule billing prices with; the
         # precision is not known before a worker is picked, so settling corrects it.
         weight = cost_weight(num_prompt, "", item.admitted_at, self._peak_hours)
@@ -492,30 +515,34 @@ class Dispatcher:
             state,
             item.request_id,
             math.ceil((num_prompt + item.sampling.max_tokens) * weight),
-            Limits(tpm=tenant.tpm, rpm=tenant.rpm, burst_s=tenant.burst_s),
+            limits,
             now,
         )
         if not decision.admitted:
             budgets.release(self._spend, item.tenant_id, item.request_id)
             self.metrics.num_rejected_quota += 1
+            if item.batch_id is not None:
+                self.metrics.num_batch_rejected_quota += 1
             by_requests = decision.reason == "rpm"
             return await self._turn_down(
                 item,
                 ErrorInfo(
                     code="quota_exceeded",
                     message=(
-                        f"tenant {item.tenant_id!r}: {decision.reason}; used "
-                        f"{decision.num_tokens_used} of {tenant.tpm} tokens and "
-                        f"{decision.num_requests_used} of {tenant.rpm} requests in the last 60 s"
+                        f"tenant {item.tenant_id!r}"
+                        f"{' (batch budget)' if item.batch_id is not None else ''}: "
+                        f"{decision.reason}; used "
+                        f"{decision.num_tokens_used} of {limits.tpm} tokens and "
+                        f"{decision.num_requests_used} of {limits.rpm} requests in the last 60 s"
                     ),
                     retry_after_s=round(decision.retry_after_s, 3) or None,
                     limit_kind="requests" if by_requests else "tokens",
-                    num_limit=tenant.rpm if by_requests else tenant.tpm,
+                    num_limit=limits.rpm if by_requests else limits.tpm,
                     num_remaining=max(
                         0,
-                        tenant.rpm - decision.num_requests_used
+                        limits.rpm - decision.num_requests_used
                         if by_requests
-                        else tenant.tpm - decision.num_tokens_used,
+                        else limits.tpm - decision.num_tokens_used,
                     ),
                 ),
                 now,
@@ -525,9 +552,11 @@ class Dispatcher:
             self.metrics.num_duplicates += 1
             await self._answer_duplicate(item, 0, False)
             return Outcome.DUPLICATE
-        self._store.save(item.tenant_id, state)
+        self._store.save(window, state)
         self._remember(item, State.ADMITTED, now)
         self.metrics.num_admitted += 1
+        if item.batch_id is not None:
+            self.metrics.num_batch_admitted += 1
 
         waiting = _Waiting(item, asyncio.get_running_loop().create_future(), time.monotonic())
         self._waiting[ident] = waiting
@@ -555,12 +584,16 @@ class Dispatcher:
             self._remember(item, State.DONE, self._clock(), last_seq=item.resume_seq)
         if outcome is not Outcome.FORWARDED:
             # Never ran: give the tenant its reservation back (in this agent's context).
-            state = self._store.load(item.tenant_id)
+            window = window_key(item.tenant_id, item.batch_id)
+            state = self._store.load(window)
             release(state, item.request_id, self._clock())
-            self._store.save(item.tenant_id, state)
+            self._store.save(window, state)
             self._store.flush()
             budgets.release(self._spend, item.tenant_id, item.request_id)
         return outcome
+
+    def _batch_tpm(self, configured: int | None) -> int:
+        return configured if configured is not None else self._settings.default_batch_tpm
 
     # -- spend budgets ------------------------------------------------------------------
     def _budget_refusal(
@@ -767,6 +800,15 @@ class Dispatcher:
         self, item: WorkItem, principal: Principal, num_prompt: int
     ) -> ErrorInfo | None:
         tenant = principal.tenant
+        if item.batch_id is not None and item.priority != 2:
+            # The batch window and the batch price are for class 2 work only: a batch id
+            # must not buy them for interactive traffic.
+            return ErrorInfo(
+                code="invalid_request",
+                message=f"batch_id is for batch lines, which run at priority 2; this "
+                f"request runs at priority {item.priority} (send it at priority 2, or "
+                "without batch_id)",
+            )
         if not tenant.may_use(item.requested_model):
             return ErrorInfo(
                 code="model_not_allowed",
@@ -920,6 +962,36 @@ class Dispatcher:
         samples.append(max(0.0, time.time() - since) * 1000)
         del samples[:-1000]
 
+    def load_reports(self, instance: str) -> list[LoadReport]:
+        """A ``LoadReport`` per model this instance sees (live workers, requests waiting
+        or in flight), over the interval since the last call; the app publishes them."""
+        now = time.monotonic()
+        interval_s, self._load_since = now - self._load_since, now
+        samples = self._load.take()
+        waiting: dict[str, list[int]] = {}
+        for entry in self._waiting.values():
+            waiting.setdefault(entry.request.model, [0, 0, 0])[entry.request.priority] += 1
+        in_flight: dict[str, list[int]] = {}
+        for flight in self._in_flight.values():
+            counts = in_flight.setdefault(flight.request.model, [0, 0])
+            counts[0] += 1
+            counts[1] += flight.request.batch_id is not None
+        workers = self._registry.all_live(now)
+        models = {view.status.model for view in workers} | set(waiting) | set(in_flight)
+        return [
+            load_report(
+                model,
+                instance=instance,
+                interval_s=interval_s,
+                samples=samples.get(model),
+                waiting_by_class=waiting.get(model, [0, 0, 0]),
+                workers=[view.status for view in workers if view.status.model == model],
+                num_in_flight=in_flight.get(model, [0, 0])[0],
+                num_batch_in_flight=in_flight.get(model, [0, 0])[1],
+            )
+            for model in sorted(models)
+        ]
+
     def observe_usage(self, value: bytes | None) -> None:
         """Settles the window on the real count, frees the slot, corrects the VTC counter."""
         try:
@@ -927,13 +999,15 @@ class Dispatcher:
         except SchemaError:
             return  # the billing sink dead-letters usage it cannot read
         self.note_lag("usage_since_finish", usage.finished_at.timestamp())
-        state = self._store.load(usage.tenant_id)
+        self._load.note_usage(usage.model, usage.priority, usage.ttft_ms)
+        window = window_key(usage.tenant_id, usage.batch_id)
+        state = self._store.load(window)
         weight = cost_weight(
             usage.num_prompt_tokens, usage.precision, usage.created_at, self._peak_hours
         )
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         if settle(state, usage.request_id, actual, self._clock()) is not None:
-            self._store.save(usage.tenant_id, state)
+            self._store.save(window, state)
         self._settle_budgets(usage)
         ident = (usage.tenant_id, usage.request_id)
         if usage.status is not UsageStatus.REJECTED:
@@ -1160,6 +1234,7 @@ class Dispatcher:
         samples = self.metrics.queue_ms_by_class[request.priority]
         samples.append((now - waiting.received_at) * 1000)
         del samples[:-1000]
+        self._load.note_queue_wait(request.model, request.priority, samples[-1])
         return forwarded, worker.status.request_topic
 
     # -- failover -------------------------------------------------------------------------

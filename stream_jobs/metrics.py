@@ -40,6 +40,9 @@ _COUNTERS = {
     "num_recovered_finished": "finished requests whose UsageEvent the job wrote on recovery",
     "num_affine": "requests sent to their session's last worker",
     "num_adapter_affine": "adapter requests sent to a worker holding their adapter",
+    "num_batch_admitted": "batch lines admitted by their tenant's batch budget",
+    "num_batch_rejected_quota": "batch lines refused by their tenant's batch TPM/RPM window",
+    "num_batch_rejected_invalid": "requests with a batch_id refused for not being class 2",
 }
 _GAUGES = {
     "tier": "overload tier: 0 normal, 1 capped, 2 shedding",

@@ -31,6 +31,13 @@ BUCKETS_PER_S = 10
 """The window slides in steps of 100 ms: the limit holds over any 60 s to within a step."""
 
 
+def window_key(tenant_id: str, batch_id: str | None = None) -> str:
+    """The window a request is charged to: its tenant's, or for a line of a batch job the
+    tenant's batch window ``<tenant>/batch``, with a budget of its own. Tenant ids hold
+    no ``/``, so the two never meet."""
+    return tenant_id if batch_id is None else f"{tenant_id}/batch"
+
+
 def _bucket(now: float) -> int:
     # A float's width of slack: a time computed as a boundary (``now + retry_after``) can
     # land a hair short of it, and must count as the next bucket, as it was meant.

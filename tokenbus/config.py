@@ -144,6 +144,12 @@ class Settings(BaseSettings):
     # -- admission and scheduling ------------------------------------------------------
     default_tpm: int = 1_000_000
     default_rpm: int = 6_000
+    default_batch_tpm: int = 1_000_000
+    """Tokens per minute of batch lines (requests with a ``batch_id``) for a tenant whose
+    entry sets no ``batch_tpm``: charged to a window of their own (``<tenant>/batch``),
+    never to the tenant's interactive TPM, and not held by its RPM either. A batch line
+    over it is refused with ``quota_exceeded`` and ``retry_after_s``, which the batch
+    runner waits out."""
     default_burst_s: float = 0.0
     """Spending smoothing for tenants not in the tenants file (see TenantConfig.burst_s)."""
     default_priority_class: int = 1
@@ -162,6 +168,21 @@ class Settings(BaseSettings):
     tier_cap_above: float = 1.2
     tier_shed_above: float = 1.5
     tier_capped_max_tokens: int = 256
+
+    # -- batch jobs: load reports and pacing (batches.pacing) ----------------------------
+    load_report_interval_s: float = 1.0
+    """How often the job publishes a ``LoadReport`` per model to ``<prefix>.load``."""
+    batch_max_in_flight: int = 64
+    """The most batch lines a pacer lets a runner keep in flight (per model)."""
+    batch_target_interactive_ratio: float = 1.5
+    """A pacer backs off while interactive (class 0/1) queue wait or TTFT p99 is above
+    this times its baseline (measured while batch lines were few), or while interactive
+    requests wait at the job for a seat."""
+    batch_target_floor_ms: float = 50.0
+    """Interactive queue-wait p99 at or below this never counts as pressure, whatever the
+    baseline: a few milliseconds' jitter must not stop a batch."""
+    batch_target_ttft_floor_ms: float = 250.0
+    """The same floor for interactive TTFT p99."""
 
     # -- routing (stream_jobs.routing) ---------------------------------------------------
     route_weight_kv: float = 5.0

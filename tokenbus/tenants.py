@@ -6,6 +6,7 @@ names the tenant and the field. JWT claims (in the bridge) can only narrow these
     [tenants.acme]
     rpm = 600
     tpm = 120000
+    batch_tpm = 600000                     # batch lines' own budget (unset: default_batch_tpm)
     burst_s = 10                           # at most tpm/6 tokens in any 10 s (0: off)
     priority_class = 1
     weight = 2.0
@@ -81,6 +82,11 @@ class TenantConfig(BaseModel):
     tenant_id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)] | Literal["*"]
     rpm: Annotated[int, Field(ge=1)] = 600
     tpm: Annotated[int, Field(ge=1)] = 1_000_000
+    batch_tpm: Annotated[int, Field(ge=1)] | None = None
+    """Tokens per minute for the tenant's batch lines (requests with a ``batch_id``): a
+    window of their own, apart from ``tpm`` (and not held by ``rpm``), so a batch never
+    takes the tenant's interactive minute, nor another tenant's batch budget. Unset:
+    ``Settings.default_batch_tpm``."""
     burst_s: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Smooths spending: at most ``tpm * burst_s / 60`` tokens in any ``burst_s`` seconds
     (so 10 means a sixth of the minute's tokens in any 10 s). 0 is off: the whole

@@ -71,6 +71,12 @@ class Topics:
         return f"{self.prefix}.budget-alerts"
 
     @property
+    def load(self) -> str:
+        """The job's ``LoadReport``s, keyed by model, one per model every
+        ``load_report_interval_s``: read by batch runners to pace their lines."""
+        return f"{self.prefix}.load"
+
+    @property
     def dead_letters(self) -> str:
         """Messages a consumer could not parse, with the reason."""
         return f"{self.prefix}.dlq"

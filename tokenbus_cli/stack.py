@@ -139,6 +139,7 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.budgets] = 1
     partitions[topics.budget_alerts] = 1
     partitions[topics.spans] = settings.num_partitions
+    partitions[topics.load] = 1  # a few records a second; readers read them all
     return partitions
 
 

@@ -49,6 +49,9 @@ TENANTS: dict[str, dict[str, object]] = {
     "tier-std": {"priority_class": 1},
     "tier-batch": {"priority_class": 2},
     "limited": {"models": ["other-model"], "max_prompt_tokens": 50, "max_output_tokens": 100},
+    # Batch budgets: ten 24-token lines a minute each, apart from their interactive TPM.
+    "bq-a": {"tpm": 2400, "batch_tpm": 240, "rpm": 100_000},
+    "bq-b": {"tpm": 2400, "batch_tpm": 240, "rpm": 100_000},
     # The fleet: tenants who opt in to one prefix-cache salt.
     "share-a": {"sharing_group": "docs"},
     "share-b": {"sharing_group": "docs"},

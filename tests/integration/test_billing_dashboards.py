@@ -89,6 +89,8 @@ def _seed() -> list[UsageEvent]:
                 finished_at=created + timedelta(seconds=rng.randint(1, 300)),
             )
         )
+        if events[-1].priority == 2 and n % 5 == 0:  # a line of one of four batch jobs
+            events[-1] = events[-1].model_copy(update={"batch_id": f"batch_{n % 4}"})
     return events
 
 
@@ -212,6 +214,39 @@ def test_top_sessions_by_cost(store: ClickHouseStore, events: list[UsageEvent]) 
     assert _run(store, "top_sessions_by_cost", {**WINDOW, "limit": "7"}) == sessions[:7]
     assert _run(store, "top_sessions_by_cost", {**WINDOW, "limit": "1000"}) == sessions
     assert len(sessions) == 54  # six sessions ended before the window
+
+
+def test_spend_per_batch(store: ClickHouseStore, events: list[UsageEvent]) -> None:
+    lines = [e for e in events if e.batch_id is not None and _in_window(e.created_at)]
+    batches = []
+    for (tenant, batch), group in _grouped(lines, lambda e: (e.tenant_id, e.batch_id)).items():
+        sums = _sums(group)
+        batches.append(
+            {
+                "tenant_id": tenant,
+                "batch_id": batch,
+                "billed_units": sums["billed_units"],
+                "cost_units": sums["cost_units"],
+                "num_attempts": sums["num_attempts"],
+                "num_failed": sum(e.status is UsageStatus.FAILED for e in group),
+                "prompt_tokens": sums["prompt_tokens"],
+                "completion_tokens": sums["completion_tokens"],
+                "first_created_at": min(e.created_at for e in group),
+                "last_finished_at": max(e.finished_at for e in group),
+            }
+        )
+    batches.sort(key=lambda r: (-r["billed_units"], r["tenant_id"], r["batch_id"]))
+
+    assert _run(store, "spend_per_batch", WINDOW) == batches
+    assert _run(store, "spend_per_batch", {**WINDOW, "limit": "3"}) == batches[:3]
+    only_acme = _run(store, "spend_per_batch", {**WINDOW, "tenant": "acme"})
+    assert only_acme == [row for row in batches if row["tenant_id"] == "acme"]
+    assert len(batches) == 11  # of 3 tenants x 4 batch ids, one pair has no line in the window
+    # Priced as batch lines: half what the same work costs outside a batch (each line
+    # rounded to the column's nine decimals once).
+    full = _sums([e.model_copy(update={"batch_id": None}) for e in lines])["cost_units"]
+    halved = sum((r["cost_units"] for r in batches), Decimal(0))
+    assert abs(2 * halved - full) <= len(lines) * Decimal("0.000000001")
 
 
 def test_share_of_failed_and_cancelled_work(

@@ -367,6 +367,39 @@ async def test_a_priority_above_the_tenant_s_class_is_clamped(
     assert [r["priority"] for r in rows] == [1]
 
 
+async def test_a_batch_id_does_not_buy_the_batch_price_for_interactive_work(
+    settings: Settings, listener: TokenbusClient
+) -> None:
+    """A batch id is for class 2 lines: at priority 1 the request is refused, and billed
+    nothing; the same at priority 2 runs as a batch line, priced as one."""
+    batch = new_request_id()
+    interactive = body(listener.reply_topic, tenant_id=A, priority=1, batch_id=batch)
+    line = body(listener.reply_topic, tenant_id=A, priority=2, batch_id=batch)
+    for value, priority in ((interactive, 1), (line, 2)):
+        listener.watch(value["request_id"], A)
+        await produce(settings, value, key=A, headers=bearer(bus_key(A)), priority=priority)
+
+    [refusal] = await asyncio.wait_for(answer(listener, interactive["request_id"], A), 30)
+    assert refusal.error is not None and refusal.error.code == "invalid_request"
+    assert "batch_id is for batch lines, which run at priority 2" in refusal.error.message
+    ran = await asyncio.wait_for(answer(listener, line["request_id"], A), 60)
+    assert ran[-1].error is None
+    [rejected] = await eventually(lambda: billing_rows(settings, interactive["request_id"]))
+    assert (rejected["status"], rejected["error_code"]) == ("rejected", "invalid_request")
+    assert float(rejected["billed_units"]) == 0
+    [row] = await eventually(lambda: billing_rows(settings, line["request_id"]))
+    assert row["status"] == "ok" and float(row["billed_units"]) > 0
+    batch_ids = open_reader(settings).query(
+        "SELECT request_id, batch_id, priority FROM usage_events FINAL"
+        " WHERE tenant_id = {tenant:String} AND batch_id = {batch:String} ORDER BY priority",
+        {"tenant": A, "batch": batch},
+    )
+    assert [(r["request_id"], r["priority"]) for r in batch_ids] == [
+        (interactive["request_id"], 1),
+        (line["request_id"], 2),
+    ]
+
+
 # -- replies go only where they belong -----------------------------------------------------------
 async def test_reply_to_the_heartbeats_topic_is_refused_and_nothing_is_written_there(
     settings: Settings, dlq: Tap

@@ -6,14 +6,27 @@ import asyncio
 import math
 import time
 import urllib.request
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+from billing.price_file import load_price_book
+from billing.pricing import COST_QUANTUM
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import FinishReason, InferenceRequest, SamplingParams, TokenChunk
+from schemas import (
+    FinishReason,
+    InferenceRequest,
+    LoadReport,
+    SamplingParams,
+    TokenChunk,
+    decode,
+    encode,
+)
 from tests.integration.conftest import eventually
 from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer, make_producer
+from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
 TPM = 2400
@@ -211,3 +224,133 @@ async def test_restarting_the_job_mid_window_loses_no_count_and_no_request(
     )
     admitted = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["status"] == "ok")
     assert admitted == TPM
+
+
+async def submit_line(
+    client: TokenbusClient, producer: Any, topics: Topics, tenant: str, batch_id: str, n: int
+) -> InferenceRequest:
+    """A line of a batch job, produced as a batch runner does: class 2, with its batch id,
+    under the tenant's service credential."""
+    request = InferenceRequest(
+        request_id=f"{batch_id}.{n}",
+        tenant_id=tenant,
+        priority=2,
+        model="tiny-llama",
+        prompt=PROMPT,
+        sampling=SHORT,
+        reply_to=client.reply_topic,
+        batch_id=batch_id,
+    )
+    client.watch(request.request_id, tenant)
+    await producer.send_and_wait(
+        topics.requests(2),
+        encode(request),
+        key=tenant.encode(),
+        headers=client.headers(tenant),
+    )
+    return request
+
+
+async def read_load_reports(settings: Settings, seconds: float) -> list[LoadReport]:
+    consumer = make_consumer(settings, group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        topic = Topics(settings.topic_prefix).load
+        consumer.subscribe([topic])
+        reports: list[LoadReport] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                reports += (decode(LoadReport, r.value) for r in records)
+        return reports
+    finally:
+        await consumer.stop()
+
+
+async def test_batch_lines_are_held_to_their_tenant_s_batch_budget_alone(
+    client: TokenbusClient, settings: Settings
+) -> None:
+    """bq-a's batch budget (240 tokens a minute: ten 24-token lines) refuses its 11th to
+    14th lines with quota_exceeded and retry_after_s, while its interactive requests and
+    bq-b's lines, on budgets of their own, all run. Billing holds every line under its
+    batch, the ten that ran at half their list price."""
+    batch_a, batch_b = f"bqa_{time.time_ns()}", f"bqb_{time.time_ns()}"
+    before = job_metrics(settings)
+    topics = Topics(settings.topic_prefix)
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        lines_a = [
+            await submit_line(client, producer, topics, "bq-a", batch_a, n) for n in range(14)
+        ]
+        lines_b = [
+            await submit_line(client, producer, topics, "bq-b", batch_b, n) for n in range(10)
+        ]
+    finally:
+        await producer.stop()
+    interactive = [
+        await client.submit(tenant_id="bq-a", prompt=PROMPT, sampling=SHORT) for _ in range(5)
+    ]
+    results = await asyncio.wait_for(
+        asyncio.gather(*(run(client, r) for r in [*lines_a, *lines_b, *interactive])), 120
+    )
+    by_id = {
+        r.request_id: chunks[-1]
+        for r, chunks in zip([*lines_a, *lines_b, *interactive], results, strict=True)
+    }
+
+    refused = [by_id[r.request_id].error for r in lines_a if by_id[r.request_id].error]
+    assert len(refused) == 4, refused
+    for error in refused:
+        assert error is not None and error.code == "quota_exceeded", error
+        assert "(batch budget)" in error.message and error.num_limit == 240
+        assert error.retry_after_s is not None and 0 < error.retry_after_s <= 60
+    for request in [*lines_b, *interactive]:
+        assert by_id[request.request_id].error is None, by_id[request.request_id].error
+
+    def batch_rows() -> list[dict[str, Any]]:
+        return open_reader(settings).query(
+            "SELECT tenant_id, batch_id, status, error_code, priority, prompt_tokens,"
+            " cached_tokens, completion_tokens, cost_units, billed_units, cost_weight,"
+            " price_version"
+            " FROM usage_events FINAL WHERE tenant_id IN ('bq-a', 'bq-b')"
+            " AND batch_id IN {batches:Array(String)}",
+            {"batches": [batch_a, batch_b]},
+        )
+
+    rows = await eventually(batch_rows, until=lambda r: len(r) == 24, timeout_s=60)
+    ran = [r for r in rows if r["status"] == "ok"]
+    assert sorted((r["tenant_id"], r["batch_id"]) for r in ran) == sorted(
+        [("bq-a", batch_a)] * 10 + [("bq-b", batch_b)] * 10
+    )
+    assert {(r["status"], r["error_code"]) for r in rows if r["status"] != "ok"} == {
+        ("rejected", "quota_exceeded")
+    }
+    book = load_price_book(settings)
+    for row in ran:
+        assert row["priority"] == 2
+        price = book.price_for("tiny-llama", datetime.now(UTC))
+        assert price is not None and row["price_version"] == price.version
+        at_list_price = (
+            (
+                (row["prompt_tokens"] - row["cached_tokens"]) * price.input_per_1k
+                + row["cached_tokens"] * price.cached_input_per_1k
+                + row["completion_tokens"] * price.output_per_1k
+            )
+            / 1000
+            * Decimal(str(row["cost_weight"]))
+        )
+        # Money comes back from the query server as text, to the last digit.
+        assert (
+            Decimal(row["billed_units"])
+            == Decimal(row["cost_units"])
+            == (at_list_price * book.batch_multiplier).quantize(COST_QUANTUM)
+        )
+
+    after = job_metrics(settings)
+    for name, grew in (("admitted", 20), ("rejected_quota", 4)):
+        metric = f"tokenbus_job_num_batch_{name}_total"
+        assert after[metric] - before.get(metric, 0) == grew, name
+    reports = await read_load_reports(settings, 3.0)
+    assert reports and {r.model for r in reports} == {"tiny-llama"}
+    assert max(r.max_num_seqs for r in reports) >= 1

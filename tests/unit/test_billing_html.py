@@ -141,3 +141,26 @@ def test_recent_budget_alerts_are_a_table_per_tenant_and_escaped() -> None:
     assert "&lt;beta&gt;" in page and "<beta>" not in page
     empty = render_dashboard({}, FILTERS, generated_at=NOW)
     assert "no budget alerts in this window" in empty
+
+
+def test_spend_per_batch_is_a_chart_and_table_of_each_batch_escaped() -> None:
+    rows = [
+        {
+            "tenant_id": "acme",
+            "batch_id": "batch_<01>",
+            "billed_units": Decimal("0.25"),
+            "cost_units": Decimal("0.25"),
+            "num_attempts": 500,
+            "num_failed": 2,
+            "prompt_tokens": 12_000,
+            "completion_tokens": 3_000,
+        }
+    ]
+
+    page = render_dashboard({"spend_per_batch": rows}, FILTERS, generated_at=NOW)
+    empty = render_dashboard({}, FILTERS, generated_at=NOW)
+
+    assert "Spend per batch" in page
+    assert "acme / batch_&lt;01&gt;" in page and "batch_<01>" not in page
+    assert "<td>500</td>" in page and "<td>12,000</td>" in page
+    assert "no batch lines in this window" in empty

@@ -97,3 +97,28 @@ def test_mistakes_are_reported_with_their_place(tmp_path: Path, text: str, messa
 def test_a_missing_file_is_reported(tmp_path: Path) -> None:
     with pytest.raises(PriceFileError, match="cannot read prices"):
         read_price_book(tmp_path / "absent.toml")
+
+
+def test_batch_lines_cost_half_by_default_and_the_batch_section_says_otherwise(
+    tmp_path: Path,
+) -> None:
+    assert read_price_book(BUNDLED_PRICES).batch_multiplier == Decimal("0.5")
+    assert read_price_book(_write(tmp_path, ENTRY)).batch_multiplier == Decimal("0.5")
+
+    book = read_price_book(_write(tmp_path, "[batch]\nmultiplier = 0.6\n" + ENTRY))
+
+    assert book.batch_multiplier == Decimal("0.6")  # a TOML float, kept exact
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[batch]\nmultiplier = 1.5\n", "\\[batch\\] multiplier: a share of the list price"),
+        ("[batch]\nmultiplier = -0.5\n", "\\[batch\\] multiplier must be a finite number >= 0"),
+        ("[batch]\nmultiplier = 0.1234567\n", "more than 6 decimals"),
+        ("[batch]\ndiscount = 0.5\n", "\\[batch\\]: unknown fields \\['discount'\\]"),
+    ],
+)
+def test_a_bad_batch_multiplier_is_reported(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(PriceFileError, match=message):
+        read_price_book(_write(tmp_path, text + ENTRY))

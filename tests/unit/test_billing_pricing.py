@@ -270,3 +270,66 @@ def test_the_remembered_weights_are_the_shared_weights() -> None:
         )
         expected = cost_weight(event.num_prompt_tokens, event.precision, at, peak)
         assert pricer.charge(event).cost_weight == expected
+
+
+def test_a_batch_line_costs_the_batch_share_of_the_list_price() -> None:
+    pricer = Pricer(PriceBook([V1]))  # the default multiplier: half, as OpenAI's batch
+    interactive = _event(1000, 500, num_cached_tokens=200)
+    line = _event(1000, 500, num_cached_tokens=200, batch_id="batch_01", priority=2)
+
+    full, batch = pricer.charge(interactive), pricer.charge(line)
+
+    assert full.cost_units == Decimal("0.0019")  # 800 x 0.001 + 200 x 0.0005 + 500 x 0.002
+    assert batch.cost_units == batch.billed_units == Decimal("0.00095")
+    assert batch.price_version == full.price_version == 1
+
+
+def test_the_batch_multiplier_applies_to_the_weighted_cost_and_the_billed_share() -> None:
+    policy = ChargePolicy({UsageStatus.CANCELLED: Decimal("0.5")})
+    pricer = Pricer(PriceBook([V1], policy, batch_multiplier=Decimal("0.3")))
+    line = _event(
+        8192, 100, batch_id="b", precision="int8", status=UsageStatus.CANCELLED, priority=2
+    )
+
+    charge = pricer.charge(line)
+
+    weight = Decimal(str(cost_weight(8192, "int8", T0, PeakHours.parse(""))))
+    cost = (list_cost(line, V1) * weight * Decimal("0.3")).quantize(COST_QUANTUM)
+    assert charge.cost_units == cost
+    assert charge.billed_units == (cost / 2).quantize(COST_QUANTUM, ROUND_HALF_EVEN)
+
+
+def test_batch_lines_by_integers_equal_the_decimal_definition() -> None:
+    rng = random.Random(5)
+    multiplier = Decimal("0.437251")
+    price = Price(
+        model="m",
+        version=1,
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+        input_per_1k=Decimal(rng.randint(0, 10**7)).scaleb(-9),
+        output_per_1k=Decimal(rng.randint(0, 10**7)).scaleb(-9),
+        cached_input_per_1k=Decimal(rng.randint(0, 10**6)).scaleb(-9),
+    )
+    pricer = Pricer(PriceBook([price], batch_multiplier=multiplier))
+    for _ in range(2000):
+        line = _event(
+            rng.randint(0, 20_000),
+            rng.randint(0, 4_000),
+            num_cached_tokens=rng.randint(0, 3_000),
+            precision=rng.choice(["int8", "fp16"]),
+            batch_id="b",
+            priority=2,
+        )
+        weight = Decimal(str(cost_weight(line.num_prompt_tokens, line.precision, T0)))
+        cost = (list_cost(line, price) * weight * multiplier).quantize(
+            COST_QUANTUM, ROUND_HALF_EVEN
+        )
+
+        assert pricer.charge(line).cost_units == cost, line
+
+
+def test_a_batch_multiplier_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        PriceBook([V1], batch_multiplier=Decimal("1.01"))
+    with pytest.raises(ValueError, match="6 decimals"):
+        PriceBook([V1], batch_multiplier=Decimal("0.1234567"))

@@ -21,6 +21,7 @@ QUESTIONS = {
     "cost_per_1k_by_context_bucket",
     "ttft_by_tenant_and_priority",
     "spend_by_adapter",
+    "spend_per_batch",
     "budget_vs_actual",
     "recent_budget_alerts",
 }

@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from billing.report import SessionTotals, TenantTotals
+from billing.report import BatchTotals, SessionTotals, TenantTotals
 
 
 def _clause(sql: str, keyword: str) -> str:
@@ -89,3 +89,23 @@ def test_bounds_are_converted_to_utc() -> None:
 def test_naive_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         SessionTotals(since=datetime(2026, 5, 1)).to_sql()
+
+
+def test_batch_totals_read_batch_lines_only_tenant_first() -> None:
+    sql, parameters = BatchTotals().to_sql()
+
+    assert "FROM usage_events FINAL" in sql
+    assert _clause(sql, "WHERE") == "batch_id != ''"
+    assert _clause(sql, "GROUP BY") == "tenant_id, batch_id"
+    assert _clause(sql, "ORDER BY") == "tenant_id, batch_id"
+    assert "sum(billed_units) AS billed_units" in sql
+    assert parameters == {}
+
+
+def test_batch_totals_of_one_batch_filter_through_parameters() -> None:
+    sql, parameters = BatchTotals(tenant_id="acme", batch_id="b' OR 1=1 --").to_sql()
+
+    assert _clause(sql, "WHERE") == (
+        "tenant_id = {tenant_id:String}\n  AND batch_id = {batch_id:String}"
+    )
+    assert parameters == {"tenant_id": "acme", "batch_id": "b' OR 1=1 --"}

@@ -161,3 +161,13 @@ def test_columns_of_nothing_are_empty_and_a_negative_count_is_refused() -> None:
 )
 def test_millis_are_the_ticks_of_the_store(at: datetime) -> None:
     assert millis([at, at]) == [_millis(at), _millis(at)]
+
+
+def test_a_batch_line_keeps_its_batch_id_and_other_rows_read_empty() -> None:
+    events = [_event(batch_id="batch_01"), _event(request_id="req_2")]
+
+    rows = [dict(zip(USAGE_COLUMNS, usage_row(e, CHARGE), strict=True)) for e in events]
+    columns = usage_columns(events, [_nanos(CHARGE)] * 2)
+
+    assert [row["batch_id"] for row in rows] == ["batch_01", ""]
+    assert columns[USAGE_COLUMNS.index("batch_id")] == ["batch_01", ""]

@@ -371,6 +371,24 @@ async def test_rows_are_priced_as_they_are_written(tmp_path: Path) -> None:
     assert values["price_version"] == 1
 
 
+async def test_a_batch_line_is_written_with_its_batch_at_the_batch_price(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    store = FakeStore(journal)
+    line = _usage(3000, num_completion_tokens=10, model="tiny-llama", batch_id="b1", priority=2)
+    alone = _usage(3001, num_completion_tokens=10, model="tiny-llama")
+    consumer = FakeConsumer(journal, {P0: [line, alone]})
+    sink = _sink(_settings(tmp_path), store, FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+
+    batch_row, other_row = (dict(zip(USAGE_COLUMNS, row, strict=True)) for row in store.rows)
+    assert (batch_row["batch_id"], other_row["batch_id"]) == ("b1", "")
+    event = decode(UsageEvent, line)
+    at_list_price = PRICER.charge(event.model_copy(update={"batch_id": None})).cost_units
+    assert batch_row["cost_units"] == PRICER.charge(event).cost_units
+    assert batch_row["cost_units"] == PRICER.book.batch_multiplier * at_list_price > 0
+
+
 async def test_stopping_during_an_outage_commits_nothing(tmp_path: Path) -> None:
     journal: list[Any] = []
     consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)]})

@@ -17,7 +17,8 @@ from billing.dedup import dedup_token, plan_keyed_columns, usage_key, write_usag
 from billing.migrate import Migration, apply_migrations, bundled_migrations
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
-from billing.report import SessionTotals, TenantTotals, fetch
+from billing.queries import dashboard_query
+from billing.report import BatchTotals, SessionTotals, TenantTotals, fetch
 from billing.rows import usage_row
 from billing.storage import (
     ClickHouseStore,
@@ -83,6 +84,7 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
             (4, "usage_key"),
             (5, "budget_alerts"),
             (6, "created_at_index"),
+            (7, "batch_id"),
             (8, "spans"),
         ]
         assert len(ledger) == len(bundled_migrations())
@@ -410,3 +412,34 @@ def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
     by_rows = stored("-rows")
     assert len(by_rows) == len(events)
     assert [r for r in stored("") if not r["tenant_id"].endswith("-rows")] == by_rows
+
+
+def test_batch_lines_are_stored_with_their_batch_and_summed_per_batch(
+    store: ClickHouseStore,
+) -> None:
+    lines = [_event("acme", "s", n, batch_id="batch_a", priority=2) for n in range(6)]
+    lines += [_event("acme", "s", n, batch_id="batch_b", priority=2) for n in range(6, 8)]
+    lines += [_event("beta", "s", 0, batch_id="batch_a", priority=2)]  # same id, other tenant
+    interactive = [_event("acme", "i", n) for n in range(3)]
+    write_usage(store, lines + interactive, PRICER)
+
+    rows = fetch(store, BatchTotals(tenant_id="acme"))
+    sql, values = dashboard_query("spend_per_batch").to_sql({"tenant": "acme"})
+    dashboard = store.query(sql, values)
+
+    def billed(events: list[UsageEvent]) -> Decimal:
+        return sum((PRICER.charge(e).billed_units for e in events), Decimal(0))
+
+    assert [(r["batch_id"], r["num_attempts"], r["billed_units"]) for r in rows] == [
+        ("batch_a", 6, billed(lines[:6])),
+        ("batch_b", 2, billed(lines[6:8])),
+    ]
+    costliest_first = [("batch_a", billed(lines[:6])), ("batch_b", billed(lines[6:8]))]
+    assert [(r["batch_id"], r["billed_units"]) for r in dashboard] == costliest_first
+    # At half the list price: the same work outside a batch costs twice as much.
+    full = [e.model_copy(update={"batch_id": None}) for e in lines[:6]]
+    assert billed(full) == 2 * billed(lines[:6]) > 0
+    [one] = fetch(store, BatchTotals(tenant_id="beta", batch_id="batch_a"))
+    assert (one["tenant_id"], one["num_attempts"]) == ("beta", 1)
+    stored = store.query("SELECT batch_id FROM usage_events WHERE session_id = 'i'")
+    assert [r["batch_id"] for r in stored] == ["", "", ""]

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_jobs.window import Limits, WindowState, release, reserve, settle
+from schemas import TENANT_ID_PATTERN
+from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
 
 LIMITS = Limits(tpm=1000, rpm=10)
 
@@ -190,3 +192,11 @@ def test_a_request_refused_for_a_burst_fits_once_retry_after_has_passed(
             later = at + decision.retry_after_s
             after = reserve(probe, "probe", estimate, SMOOTH, now=later)
             assert after.admitted or not after.reason.startswith("tpm_burst")
+
+
+def test_a_batch_line_has_the_tenant_s_batch_window_tenant_first() -> None:
+    assert window_key("acme") == window_key("acme", None) == "acme"
+    assert window_key("acme", "batch_01") == window_key("acme", "batch_02") == "acme/batch"
+    assert window_key("acme", "b").startswith("acme")  # the tenant leads the key
+    # No tenant id holds a "/", so no tenant's own window is another's batch window.
+    assert re.fullmatch(TENANT_ID_PATTERN, "acme/batch") is None

@@ -9,7 +9,7 @@ from typing import Any, cast
 from faust.types import TableT
 
 from stream_jobs.app import TableWindowStore
-from stream_jobs.window import Limits, release, reserve, settle
+from stream_jobs.window import Limits, release, reserve, settle, window_key
 
 LIMITS = Limits(tpm=10_000, rpm=100)
 
@@ -153,3 +153,20 @@ def test_in_event_makes_the_event_current_and_restores_the_one_before() -> None:
         with in_event(None):
             assert current_event() is outer  # none given: the current one stays
     assert current_event() is None
+
+
+def test_a_restarted_store_keeps_a_tenant_s_batch_window_apart_from_its_own() -> None:
+    windows, reservations = Table(), Table()
+    first = store_over(windows, reservations)
+    own, batch = window_key("acme"), window_key("acme", "b1")
+    for window, num_tokens in ((own, 100), (batch, 300)):
+        state = first.load(window)
+        reserve(state, f"{window}-r".replace("/", "-"), num_tokens, LIMITS, now=10.0)
+        first.save(window, state)
+    assert set(reservations) == {b"acme/acme-r", b"acme/batch/acme-batch-r"}
+
+    restarted = store_over(windows, reservations)  # recovered from the changelogs
+    assert restarted.load(batch).used() == (300, 1)
+    assert set(restarted.load(batch).reservations) == {"acme-batch-r"}
+    assert restarted.load(own).used() == (100, 1)
+    assert set(restarted.load(own).reservations) == {"acme-r"}
