@@ -163,6 +163,7 @@ def test_a_restarted_store_keeps_a_tenant_s_batch_window_apart_from_its_own() ->
         state = first.load(window)
         reserve(state, f"{window}-r".replace("/", "-"), num_tokens, LIMITS, now=10.0)
         first.save(window, state)
+    first.flush()  # the sums are written at the batch's end
     assert set(reservations) == {b"acme/acme-r", b"acme/batch/acme-batch-r"}
 
     restarted = store_over(windows, reservations)  # recovered from the changelogs
