@@ -46,9 +46,13 @@ def first_copies(events: Iterable[Usage]) -> list[Usage]:
 
 def keyed_first_copies(events: Iterable[Usage]) -> list[tuple[UsageKey, Usage]]:
     """``first_copies``, each with its key."""
+    events = list(events)
+    keys = [(e.tenant_id, e.session_id, e.request_id, e.attempt) for e in events]
+    if len(set(keys)) == len(keys):  # no repeats, as in almost every batch
+        return list(zip(keys, events, strict=True))
     kept: dict[UsageKey, Usage] = {}
-    for event in events:
-        kept.setdefault(usage_key(event), event)
+    for key, event in zip(keys, events, strict=True):
+        kept.setdefault(key, event)
     return list(kept.items())
 
 

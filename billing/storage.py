@@ -156,15 +156,23 @@ class ClickHouseStore:
         if not columns or not columns[0]:
             return
         column_types = self._insert_types()
-        with self._lock:
-            self._client.insert(
-                "usage_events",
-                columns,
-                column_names=USAGE_COLUMNS,
-                column_types=column_types,
-                column_oriented=True,
-                settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
-            )
+        # clickhouse-connect's insert context keeps its data in a reference cycle (it
+        # holds a bound method of itself), which only the cycle collector frees: given a
+        # list of our own, emptied afterwards, it keeps no column alive, so the columns
+        # go with their last reference and the collection after a batch walks none.
+        data = list(columns)
+        try:
+            with self._lock:
+                self._client.insert(
+                    "usage_events",
+                    data,
+                    column_names=USAGE_COLUMNS,
+                    column_types=column_types,
+                    column_oriented=True,
+                    settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
+                )
+        finally:
+            data.clear()
 
     def existing_alert_keys(self, keys: Sequence[AlertKey]) -> set[AlertKey]:
         """The (tenant, alert id) keys among ``keys`` that ``budget_alerts`` holds."""

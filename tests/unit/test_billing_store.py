@@ -4,6 +4,8 @@ chdb hosts one engine per process, so every test closes what it opens: another t
 module (and the integration test) may need the engine on a different path.
 """
 
+import gc
+import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -384,6 +386,21 @@ def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
     aware = at if at.tzinfo else at.replace(tzinfo=UTC)
 
     assert _millis(at) == column._datetime64_ticks(aware)
+
+
+def test_an_insert_keeps_no_column_alive(store: ClickHouseStore) -> None:
+    events = [_event("acme", "sess_a", n) for n in range(3)]
+    plan = plan_keyed_columns([(usage_key(e), e) for e in events], set(), PRICER)
+    before = [sys.getrefcount(column) for column in [plan.columns, *plan.columns]]
+
+    gc.disable()  # as the sink does while a batch is in hand
+    try:
+        store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
+        # Nothing left holding them, not even garbage that waits for the cycle collector.
+        after = [sys.getrefcount(column) for column in [plan.columns, *plan.columns]]
+    finally:
+        gc.enable()
+    assert after == before
 
 
 def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
