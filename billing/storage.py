@@ -12,7 +12,7 @@ import threading
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -24,7 +24,7 @@ from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
-from billing.rows import USAGE_COLUMNS, millis
+from billing.rows import USAGE_COLUMNS
 
 Row = dict[str, Any]
 
@@ -129,22 +129,6 @@ class ClickHouseStore:
         cutoff = attempts[limit][1]
         kept = [attempt for attempt in attempts[:limit] if attempt[1] > cutoff]
         return StoredAttempts(kept, cutoff + timedelta(milliseconds=1))
-
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        """Writes the rows (``USAGE_COLUMNS`` order, ``billing.rows.usage_row``) as
-        ``insert_columns`` writes their columns: for ``billing.dedup.write_usage``."""
-        if not rows:
-            return
-        # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
-        # integer ticks as they are, where it would convert each datetime in Python.
-        # The wide Decimals as the integers they hold (``insert_columns`` takes them so).
-        columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
-        for index in _TICK_COLUMNS:
-            columns[index] = millis(columns[index])
-        for index, column_type in enumerate(self._insert_types()):
-            if isinstance(column_type, ScaledDecimal):
-                columns[index] = column_type.scaled(columns[index])
-        self.insert_columns(columns, dedup_token=dedup_token)
 
     def _insert_types(self) -> list[ClickHouseType]:
         with self._lock:
@@ -285,18 +269,6 @@ _PRICE_COLUMNS = [
     "cached_input_per_1k",
 ]
 _STORED_PRICES_SQL = f"SELECT {', '.join(_PRICE_COLUMNS)} FROM prices FINAL"
-
-
-_TICK_COLUMNS = tuple(USAGE_COLUMNS.index(name) for name in ("created_at", "finished_at"))
-"""The DateTime64(3) columns of ``usage_events`` the sink writes."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MILLISECOND = timedelta(milliseconds=1)
-
-
-def _millis(at: datetime) -> int:
-    """DateTime64(3) ticks, as clickhouse-connect computes them: milliseconds since the
-    epoch, rounded down; a naive datetime is taken as UTC, as ``billing.rows`` does."""
-    return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
 
 
 class ScaledDecimal(BigDecimal, registered=False):  # type: ignore[misc]
