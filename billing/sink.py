@@ -125,7 +125,7 @@ class _CollectorPause:
     A batch allocates tens of thousands of small objects (the fetched records, then the
     decoded events, rows and columns) that form no cycles and go with their last
     reference; meanwhile each automatic collection would walk the batch gathered so far
-    again (a third of the sink's CPU in ``python -m billing.bench`` before any pause).
+    again (a third of the sink's CPU in ``python -m bench.billing_sink`` before any pause).
     The gathering counts as much as the handling: its records outlive many collections,
     and after ``gc.freeze()`` the full ones come often, each walking them. ``resume`` runs
     one full collection once the batch is freed, which finds any cycle made meanwhile;
