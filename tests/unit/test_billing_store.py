@@ -402,6 +402,21 @@ def test_an_insert_keeps_no_column_alive(store: ClickHouseStore) -> None:
     assert after == before
 
 
+def test_a_block_is_not_merged_on_insert_so_each_attempt_must_come_once(
+    store: ClickHouseStore,
+) -> None:
+    event = _event("acme", "sess_a", 1)
+    once = plan_keyed_columns([(usage_key(event), event)], set(), PRICER)
+    twice = [[*column, *column] for column in once.columns]  # what the sink never sends
+
+    store.insert_columns(twice, dedup_token="twice")
+
+    # The merge on insert is off (the sink's blocks hold each attempt once); FINAL reads
+    # stay exact even so.
+    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 2}]
+    assert store.query("SELECT count() AS n FROM usage_events FINAL") == [{"n": 1}]
+
+
 def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
     events = [
         _event("acme", "sess_a", n, worker_id="w0", ttft_ms=1.5 * n, flags=["x"] * (n % 2))
