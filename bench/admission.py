@@ -39,13 +39,14 @@ from bench.pretend import ForwardCounter, heartbeat_loop, pretend_ids
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load, write_result
-from bench.services import Services
+from bench.services import start_job
 from bench.stats import summarize
 from bench.workload import prompt, tenant
 from schemas import InferenceRequest, SamplingParams, encode
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
 
 GOAL_PER_CORE = 5_000
 Headers = list[tuple[str, bytes]]
@@ -122,15 +123,15 @@ async def run_admission(
     replies = reply_topic(settings)
     credentials = Credentials(settings)
     workers = pretend_ids(num_workers)
-    services = Services(settings)
+    stack = Stack(settings)
     producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
     counter = ForwardCounter(settings, workers)
     beats: asyncio.Task[None] | None = None
     try:
-        await services.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
+        await stack.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
-        await services.start_job()
+        await start_job(stack)
         await counter.start()
         await _probe(settings, producer, counter, credentials)
         latency_ms = await _idle_latency(
@@ -145,10 +146,8 @@ async def run_admission(
             credentials,
         )
         base = counter.num_forwarded
-        meter = CpuMeter(
-            {"stream_job": [services.pid("stream_job")], "broker": [services.pid("broker")]}
-        )
-        profiler = Profiler(services.pid("stream_job"), profile_to) if profile_to else None
+        meter = CpuMeter({"stream_job": [stack.pid("stream_job")], "broker": [stack.pid("broker")]})
+        profiler = Profiler(stack.pid("stream_job"), profile_to) if profile_to else None
         meter.start()
         started = time.perf_counter()
         sends = [
@@ -171,7 +170,7 @@ async def run_admission(
             beats.cancel()
         await counter.stop()
         await producer.stop()
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     return {
         "num_requests": num_requests,

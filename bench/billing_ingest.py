@@ -37,12 +37,13 @@ from bench.common import (
 from bench.procstat import cpu_seconds
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load, write_result
-from bench.services import Services
+from bench.services import start_billing
 from bench.workload import tenant
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
 
 GOAL_EVENTS_PER_S = 100_000
 
@@ -95,11 +96,11 @@ async def run_ingest(
 ) -> dict[str, Any]:
     settings = bench_settings(**(overrides or {}))
     topics = Topics(settings.topic_prefix)
-    services = Services(settings)
+    stack = Stack(settings)
     producer = make_producer(settings, linger_ms=5, max_batch_size=512 * 1024)
     samples: list[tuple[float, int, float]] = []  # (time, rows handled, sink CPU s)
     try:
-        await services.start_broker()
+        await stack.start_broker()
         await producer.start()
         events = build_events(num_events, num_tenants)
         sends = [
@@ -108,8 +109,8 @@ async def run_ingest(
         ]
         await asyncio.gather(*sends)
         await producer.stop()
-        await services.start_billing()
-        pid = services.pid("billing")
+        await start_billing(stack)
+        pid = stack.pid("billing")
         profiler = Profiler(pid, profile_to) if profile_to else None
         deadline = time.monotonic() + 120 + num_events / 2_000
         handled = 0
@@ -123,7 +124,7 @@ async def run_ingest(
         num_duplicates = int(health.get("num_duplicates", 0))
     finally:
         await producer.stop()
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     # From the last sample before the first insert to the first sample that saw them all.
     first = max((s for s in samples if s[1] == 0), key=lambda s: s[0], default=samples[0])

@@ -41,10 +41,11 @@ from bench.common import (
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load, write_result
-from bench.services import Services
+from bench.services import start_bridge, start_fake_worker, start_job
 from bench.stats import summarize
 from bench.workload import prompt
 from tokenbus.tenants import hash_api_key
+from tokenbus_cli.stack import Stack
 
 PROCESSES = ("bridge", "stream_job", "workers", "broker")
 
@@ -102,16 +103,16 @@ async def run_bridge(
     tenants_file = settings.home / "tenants.json"
     write_tenants(tenants_file, num_tenants)
     settings = settings.model_copy(update={"tenants_file": tenants_file})
-    services = Services(settings)
+    stack = Stack(settings)
     num_tokens = num_events = 0
     ttfts: list[float] = []
     try:
-        await services.start_broker()
-        await services.start_job()
+        await stack.start_broker()
+        await start_job(stack)
         worker_ids = [f"fake-{i}" for i in range(num_workers)]
         for worker_id in worker_ids:
-            await services.start_fake_worker(worker_id)
-        await services.start_bridge()
+            await start_fake_worker(stack, worker_id)
+        await start_bridge(stack)
         body = {
             "model": settings.served_model_name,
             "prompt": prompt(0, 0, prompt_tokens),
@@ -140,13 +141,13 @@ async def run_bridge(
         await stream_one(http, api_key(0), {**body, "max_tokens": 1})
         meter = CpuMeter(
             {
-                **{name: [services.pid(name)] for name in ("bridge", "stream_job", "broker")},
-                "workers": [services.pid(w) for w in worker_ids],
+                **{name: [stack.pid(name)] for name in ("bridge", "stream_job", "broker")},
+                "workers": [stack.pid(w) for w in worker_ids],
             }
         )
         profilers = []
         if profile_to is not None:
-            profilers = [Profiler(services.pid("bridge"), profile_to.with_suffix(".bridge.txt"))]
+            profilers = [Profiler(stack.pid("bridge"), profile_to.with_suffix(".bridge.txt"))]
         meter.start()
         cpu_clients = time.process_time()
         started = time.perf_counter()
@@ -158,7 +159,7 @@ async def run_bridge(
         cpu = {**meter.delta(), "clients": round(time.process_time() - cpu_clients, 3)}
         profiles = [top_frames(p.stop()) for p in profilers]
     finally:
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     return {
         "event_loop": settings.event_loop,

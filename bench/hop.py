@@ -108,7 +108,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     settings = bench_settings()
     rows: list[dict[str, Any]] = []
-    async with broker_only(settings, {TOPIC: args.partitions}) as services:
+    async with broker_only(settings, {TOPIC: args.partitions}) as stack:
         with progress(console) as bar:
             for wait_ms in args.fetch_wait_ms:
                 task = bar.add_task(f"fetch_max_wait_ms={wait_ms}", total=args.messages)
@@ -119,7 +119,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                         wait_ms,
                         args.messages,
                         args.idle_s,
-                        services.pid("broker"),
+                        stack.pid("broker"),
                         lambda t=task: bar.advance(t),
                         args.pause_ms,
                     )

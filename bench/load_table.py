@@ -30,12 +30,13 @@ from rich.table import Table
 from bench.common import bench_settings, exit_on_sigterm, make_console, progress
 from bench.procstat import CpuMeter
 from bench.report import uptime_load, write_result
-from bench.services import Services
+from bench.services import start_billing, start_fake_worker, start_job
 from bench.stats import summarize
 from bench.workload import prompt, tenant
 from producers import TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
+from tokenbus_cli.stack import Stack
 
 GRACE_S = 10.0
 
@@ -137,21 +138,18 @@ async def run_point(
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     settings: Settings = bench_settings(client_timeout_s=30, max_num_seqs=args.max_num_seqs)
-    services = Services(settings)
+    stack = Stack(settings)
     worker_ids = [f"fake-{i}" for i in range(args.workers)]
     rows: list[dict[str, Any]] = []
     points = [(int(t), float(r)) for t, r in (p.split(":") for p in args.points)]
     try:
-        await services.start_broker()
-        await services.start_billing()
-        await services.start_job()
+        await stack.start_broker()
+        await start_billing(stack)
+        await start_job(stack)
         for worker_id in worker_ids:
-            await services.start_fake_worker(worker_id, step_ms=args.step_ms)
+            await start_fake_worker(stack, worker_id, step_ms=args.step_ms)
         meter = CpuMeter(
-            {
-                name: [services.pid(name)]
-                for name in ("broker", "billing", "stream_job", *worker_ids)
-            }
+            {name: [stack.pid(name)] for name in ("broker", "billing", "stream_job", *worker_ids)}
         )
         async with TokenbusClient(settings) as client:
             await _wait_for_workers(client, num_workers=args.workers)
@@ -179,7 +177,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     seed += 1
                     bar.advance(task)
     finally:
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     return {
         "command": "python -m bench.load_table " + " ".join(args.argv),

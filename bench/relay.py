@@ -39,12 +39,13 @@ from bench.fake_engine import FakeEngine
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load, write_result
-from bench.services import Services
+from bench.services import start_fake_worker
 from bench.workload import prompt, tenant
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams, WorkItem, encode
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
 from workers.interface import GenerateParams
 
 GOAL_PER_CORE = 50_000
@@ -84,14 +85,15 @@ async def run_relay(
     settings = bench_settings(**(overrides or {}))
     topics = Topics(settings.topic_prefix)
     worker_ids = [f"fake-{i}" for i in range(num_workers)]
-    services = Services(settings)
+    stack = Stack(settings)
     producer = make_producer(settings)
     client = TokenbusClient(settings)
     num_tokens = num_chunks = num_gaps = 0
     try:
-        await services.start_broker({topics.worker(w): 1 for w in worker_ids})
+        await stack.start_broker({topics.worker(w): 1 for w in worker_ids})
         for worker_id in worker_ids:
-            await services.start_fake_worker(
+            await start_fake_worker(
+                stack,
                 worker_id,
                 step_ms=step_ms,
                 tokens_per_step=tokens_per_step,
@@ -146,7 +148,7 @@ async def run_relay(
                     num_chunks += 1
                 on_progress(num_tokens)
 
-        pids = {name: services.pid(name) for name in ["broker", *worker_ids]}
+        pids = {name: stack.pid(name) for name in ["broker", *worker_ids]}
         meter = CpuMeter({"broker": [pids["broker"]], "worker": [pids[w] for w in worker_ids]})
         profilers = []
         if profile_to is not None:
@@ -164,7 +166,7 @@ async def run_relay(
     finally:
         await client.close()
         await producer.stop()
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     engine_s = await engine_only_cpu_s(num_requests, max_tokens, tokens_per_step, concurrency)
     worker_loop_s = max(0.0, cpu["worker"] - engine_s)

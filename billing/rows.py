@@ -1,4 +1,4 @@
-"""UsageEvent + its Charge --> a ``usage_events`` row. Pure: the only encoding step."""
+"""UsageEvents + their charges --> ``usage_events`` columns. Pure: the only encoding step."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.pricing import Charge, NanoCharge
+from billing.pricing import NanoCharge
 from billing.usage_codec import Usage
 from schemas import FinishReason, UsageStatus
 
@@ -66,49 +66,16 @@ def check_storable(event: Usage) -> None:
             raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
 
 
-def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:
-    check_storable(event)
-    return (
-        event.tenant_id,
-        event.session_id,
-        event.request_id,
-        event.attempt,
-        event.model,
-        event.adapter or "",
-        event.worker_id or "",
-        event.priority,
-        _VALUES[event.status],
-        _VALUES[event.finish_reason] if event.finish_reason is not None else "",
-        event.num_prompt_tokens,
-        event.num_completion_tokens,
-        event.num_cached_tokens,
-        event.queue_ms,
-        event.ttft_ms,
-        event.total_ms,
-        event.error_code or "",
-        event.overload_tier,
-        event.precision,
-        event.flags,
-        charge.cost_weight,
-        charge.cost_units,
-        charge.billed_units,
-        charge.price_version,
-        event.key_sha256 or "",
-        event.batch_id or "",
-        _utc(event.created_at),
-        _utc(event.finished_at),
-    )
-
-
 def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> list[Sequence[Any]]:
-    """``usage_row`` of each event and its charge, by column (``USAGE_COLUMNS`` order),
-    with ``created_at`` and ``finished_at`` as DateTime64(3) ticks (``millis``), and the
-    costs in integer nano-units (``Pricer.charge_nanos``), as the table holds them.
+    """The ``usage_events`` values of each event and its charge, by column
+    (``USAGE_COLUMNS`` order), with ``created_at`` and ``finished_at`` as DateTime64(3)
+    ticks (``millis``, UTC: a naive instant is taken as UTC, as the bus speaks UTC), the
+    costs in integer nano-units (``Pricer.charge_nanos``), as the table holds them, and
+    the statuses and finish reasons as their texts.
 
-    The same values the rows hold, read straight into columns: the sink's insert is
-    column-oriented, and a tuple per row, taken apart again, was work for nothing.
-    One comprehension per column: an attribute read there is cheaper than through
-    ``attrgetter``, or than a tuple per event transposed.
+    By column because the sink's insert is column-oriented. One comprehension per
+    column: an attribute read there is cheaper than through ``attrgetter``, or than a
+    tuple per event transposed.
     """
     if len(charges) != len(events):
         raise ValueError(f"{len(events)} events but {len(charges)} charges")
@@ -174,9 +141,3 @@ _VALUES: dict[UsageStatus | FinishReason, str] = {
     member: member.value for enum in (UsageStatus, FinishReason) for member in enum
 }
 """Each status and finish reason --> its text: a lookup, not an enum property per row."""
-
-
-def _utc(value: datetime) -> datetime:
-    # clickhouse-connect turns a naive datetime into epoch seconds with the *host's* local
-    # zone; the bus speaks UTC, so a naive timestamp from a producer is taken as UTC.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

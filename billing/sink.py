@@ -6,8 +6,9 @@ A batch closes at ``billing_batch_rows`` records (taking up to ``billing_batch_m
 already fetched under a backlog) or ``billing_batch_interval_s`` after its first record,
 whichever comes first. For each batch, in this order:
 
-1. decode every record; one that does not decode, or cannot be a row, goes to the
-   dead-letter topic, and the sink awaits the broker's ack;
+1. decode every record (a partition's records in one call, ``decode_usages``, unless
+   one of them needs the slow path); one that does not decode, or cannot be a row,
+   goes to the dead-letter topic, and the sink awaits the broker's ack;
 2. keep the first copy of each attempt (tenant, session, request, attempt) in the batch,
    and find which of those ClickHouse already holds: the index of recent attempts
    (``billing.recent``) clears most of them, and only the rest, the unsure ones, are
@@ -82,7 +83,7 @@ from billing.recent import RecentAttempts
 from billing.retry import Backoff
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
-from billing.usage_codec import Usage, decode_usage
+from billing.usage_codec import Usage, decode_usage, decode_usages
 from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
@@ -124,7 +125,7 @@ class _CollectorPause:
     A batch allocates tens of thousands of small objects (the fetched records, then the
     decoded events, rows and columns) that form no cycles and go with their last
     reference; meanwhile each automatic collection would walk the batch gathered so far
-    again (a third of the sink's CPU in ``python -m billing.bench`` before any pause).
+    again (a third of the sink's CPU in ``python -m bench.billing_sink`` before any pause).
     The gathering counts as much as the handling: its records outlive many collections,
     and after ``gc.freeze()`` the full ones come often, each walking them. ``resume`` runs
     one full collection once the batch is freed, which finds any cycle made meanwhile;
@@ -313,6 +314,10 @@ class BillingSink:
         batch = self._without_revoked(batch)
         events: list[Usage] = []
         for records in batch.values():
+            read = decode_usages([record.value for record in records])
+            if read is not None:  # the whole fetch, strictly: every one storable
+                events += read
+                continue
             for record in records:
                 try:
                     event = decode_usage(record.value)

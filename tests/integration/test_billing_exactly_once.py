@@ -33,6 +33,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bench.billing_sink import produce_usage
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.reader import open_reader
@@ -41,7 +42,7 @@ from schemas import FinishReason, UsageEvent, UsageStatus, encode
 from tests.integration.test_billing_sink import _committed, _free_port, _health, bootstrap
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
-from tokenbus.kafka import ensure_topics, make_producer, wait_for_broker
+from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import REPO_ROOT, settings_env
 
@@ -163,22 +164,6 @@ async def _until(condition: Any, what: str, sink: Sink) -> Any:
         await asyncio.sleep(0.1)
 
 
-async def _produce(settings: Settings, records: list[tuple[bytes, bytes]]) -> dict[int, int]:
-    """Sends in order (batched per partition); returns partition -> end offset, from acks."""
-    producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
-    await producer.start()
-    try:
-        topic = Topics(settings.topic_prefix).usage
-        pending = [await producer.send(topic, value, key=key) for key, value in records]
-        acks = await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    ends: dict[int, int] = {}
-    for ack in acks:
-        ends[ack.partition] = max(ends.get(ack.partition, 0), ack.offset + 1)
-    return ends
-
-
 async def _reset_offsets(settings: Settings, partitions: list[int]) -> None:
     """Moves the sink's group back to the start of the topic, as an operator would."""
     usage = Topics(settings.topic_prefix).usage
@@ -272,7 +257,7 @@ async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
     events = _events(rng)
     copies = rng.sample(events, NUM_COPIES)
     records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies]]
-    ends = await _produce(settings, records)
+    ends = await produce_usage(settings, records, linger_ms=5, max_batch_size=256 * 1024)
     num_records = sum(ends.values())
     assert num_records == NUM_EVENTS + NUM_COPIES
     log_path = tmp_path / "sinks.log"

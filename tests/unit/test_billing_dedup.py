@@ -7,18 +7,16 @@ from typing import Any
 from billing.dedup import (
     dedup_token,
     first_copies,
-    plan_insert,
     plan_keyed_columns,
-    plan_keyed_insert,
     usage_key,
     write_usage,
 )
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.rows import USAGE_COLUMNS
-from billing.storage import _millis
 from billing.usage_codec import decode_usage
 from schemas import UsageEvent, UsageStatus, encode
+from tests.unit.usage_rows import plan_insert, plan_keyed_insert, ticks
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
@@ -119,11 +117,11 @@ def test_a_column_plan_is_the_row_plan_by_column() -> None:
         assert columns.num_known == rows.num_known
         assert columns.num_rows == len(rows.rows)
         assert columns.keys == [key for key, _ in rows.attempts]
-        assert columns.created_ticks == [_millis(at) for _, at in rows.attempts]
+        assert columns.created_ticks == [ticks(at) for _, at in rows.attempts]
         by_column = [list(column) for column in zip(*rows.rows, strict=True)]
         for name in ("created_at", "finished_at"):
             index = USAGE_COLUMNS.index(name)
-            by_column[index] = [_millis(at) for at in by_column[index]]
+            by_column[index] = [ticks(at) for at in by_column[index]]
         for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
             index = USAGE_COLUMNS.index(name)
             by_column[index] = [int(cost.scaleb(9)) for cost in by_column[index]]

@@ -20,10 +20,11 @@ from clickhouse_connect.datatypes.registry import get_from_name
 
 from billing.dedup import UsageKey, dedup_token
 from billing.pricing import ChargePolicy, Price, PriceBook, Pricer, list_cost, quantize
-from billing.rows import USAGE_COLUMNS, usage_row
-from billing.storage import ScaledDecimal, ScaledIntegers, _millis, _scaled_decimal
+from billing.rows import USAGE_COLUMNS
+from billing.storage import ScaledDecimal, ScaledIntegers, _scaled_decimal
 from billing.usage_codec import decode_usage
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
+from tests.unit.usage_rows import ticks, usage_row
 
 
 def _written(column_type: Any, values: list[Any]) -> bytes:
@@ -189,8 +190,8 @@ def test_rows_hold_the_enum_texts_and_the_column_block_is_unchanged() -> None:
     # The DateTime64(3) ticks: what clickhouse-connect computes from the datetimes.
     for name in ("created_at", "finished_at"):
         values = [row[USAGE_COLUMNS.index(name)] for row in rows]
-        ticks = [_millis(value) for value in values]
-        assert ticks == [int(value.timestamp() * 1000) for value in values]
+        written = [ticks(value) for value in values]
+        assert written == [int(value.timestamp() * 1000) for value in values]
         assert all(value.tzinfo is UTC for value in values)
 
 

@@ -128,3 +128,56 @@ def test_ticks_keep_every_attempt_at_or_after_a_horizon_between_ticks() -> None:
     assert not index.is_unsure(_key(0), T0 + timedelta(milliseconds=5))
     assert index.is_unsure(_key(1), T0 + timedelta(milliseconds=5))
     assert index.is_unsure(_key(2), T0 + timedelta(milliseconds=5))
+
+
+def _added_one_by_one(
+    index: RecentAttempts, keys: list[UsageKey], ticks: list[int]
+) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """What ``add_ticks`` keeps, by its rule, one attempt at a time (before trimming)."""
+    minute_of, by_minute = dict(index._minute_of), {m: list(d) for m, d in index._by_minute.items()}
+    for key, at in zip(keys, ticks, strict=True):
+        if index.horizon is not None and at + 1 <= _ticks(index.horizon):
+            continue
+        known = minute_of.get(hash(key))
+        if known is None or known < at // 60_000:
+            minute_of[hash(key)] = at // 60_000
+            by_minute.setdefault(at // 60_000, []).append(hash(key))
+    return minute_of, by_minute
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [(n, 1_000 * n) for n in range(50)],  # one minute: the fast path
+        [(n, 7_000 * n) for n in range(50)],  # six minutes: the fast path
+        [(n, 61_000 * n) for n in range(20)],  # twenty minutes: one by one
+        [(1, 1_000), (2, 2_000), (1, 70_000)],  # a repeat: one by one
+        [(0, 200_000), (90, 200_000)],  # a key held already: one by one
+        [(91, 59_000), (92, 61_000)],  # one before the horizon: one by one
+    ],
+)
+def test_a_batch_of_ticks_is_added_as_one_at_a_time_would(batch: list[tuple[int, int]]) -> None:
+    base = _ticks(T0)
+    index = RecentAttempts.from_stored([(_key(0), T0)], T0 + timedelta(minutes=1), 1_000)
+    keys, ticks = [_key(n) for n, _ in batch], [base + dt for _, dt in batch]
+    expected = _added_one_by_one(index, keys, ticks)
+
+    index.add_ticks(keys, ticks)
+
+    assert (index._minute_of, index._by_minute) == expected
+
+
+def test_keys_without_ticks_are_refused() -> None:
+    with pytest.raises(ValueError, match="2 keys but 1 ticks"):
+        RecentAttempts(10).add_ticks([_key(0), _key(1)], [0])
+
+
+@pytest.mark.parametrize("horizon", [None, T0])
+def test_no_key_is_unsure_when_none_is_held_or_old(horizon: datetime | None) -> None:
+    index = RecentAttempts.from_stored([(_key(0), T0)], horizon, 1_000)
+    keyed = [(_key(n), _Event(T0 + timedelta(seconds=n))) for n in range(1, 30)]
+    naive = [(key, _Event(event.created_at.replace(tzinfo=None))) for key, event in keyed]
+
+    assert index.unsure_keys(keyed) == []
+    assert index.unsure_keys(keyed[:5] + naive[5:]) == []  # mixed: asked one by one
+    assert index.unsure_keys([*keyed, (_key(0), _Event(T0))]) == [_key(0)]

