@@ -299,7 +299,7 @@ def create_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         web_enabled=settings.faust_web_port is not None,
         web_port=settings.faust_web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.faust_web_host,
         datadir=str(settings.faust_dir),
         topic_partitions=settings.num_partitions,
         topic_replication_factor=settings.replication_factor,

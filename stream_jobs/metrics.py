@@ -30,6 +30,7 @@ from tokenbus.metrics import (
     ConsumerLagCollector,
     OffsetsSource,
     PartitionOffsets,
+    aiokafka_offsets,
 )
 
 _COUNTERS = {
@@ -267,8 +268,14 @@ def model_load(
 
 def faust_offsets(app: Any, topics: Iterable[str]) -> OffsetsSource:
     """The Faust consumer's partitions of ``topics``: the high-water mark its fetches
-    saw, and the offset after the last record it read into a stream."""
+    saw, and the offset after the last record it read into a stream (before the first,
+    the fetch position of the aiokafka consumer under it)."""
     wanted = set(topics)
+
+    def inner() -> Any:
+        return getattr(getattr(getattr(app, "consumer", None), "_thread", None), "_consumer", None)
+
+    fetched = aiokafka_offsets(inner, wanted)
 
     def read() -> list[PartitionOffsets]:
         try:
@@ -277,18 +284,21 @@ def faust_offsets(app: Any, topics: Iterable[str]) -> OffsetsSource:
             read_offsets = consumer._read_offset  # Faust's own record of what it read
         except Exception:  # not started, or between assignments
             return []
+        below = {(o.topic, o.partition): o for o in fetched()}
         rows = []
         for tp in sorted(assignment):
             if tp.topic not in wanted:
                 continue
+            fallback = below.get((tp.topic, tp.partition))
             try:
                 end = consumer.highwater(tp)
             except Exception:
                 end = None
+            if end is None and fallback is not None:
+                end = fallback.end
             last = read_offsets.get(tp)
-            rows.append(
-                PartitionOffsets(tp.topic, tp.partition, end, None if last is None else last + 1)
-            )
+            position = last + 1 if last is not None else fallback and fallback.position
+            rows.append(PartitionOffsets(tp.topic, tp.partition, end, position))
         return rows
 
     return read

@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     needs one of its own: Faust keeps its table state and a lock there."""
     faust_web_port: int | None = None
     """Serves the job's ``/metrics`` here; unset, the job runs no web server."""
+    faust_web_host: str = "127.0.0.1"
+    """The address the job's web server binds (``0.0.0.0`` for a Prometheus elsewhere)."""
     job_metrics_url: str | None = None
     """The job's ``/metrics``, read by the billing page's live view; unset:
     ``http://127.0.0.1:<faust_web_port>/metrics`` when that port is set."""
