@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
-from aiohttp import web
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry
 
 from alerts.reconciler import ReconcileMetrics, reconcile_forever
 from alerts.webhook import WebhookSender
@@ -31,6 +32,12 @@ from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.logs import setup_logging
 from tokenbus.loops import run
+from tokenbus.metrics import (
+    ConsumerLagCollector,
+    aiokafka_offsets,
+    metrics_app,
+    start_metrics_server,
+)
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -40,9 +47,14 @@ def alerts_group_id(settings: Settings) -> str:
     return f"{settings.topic_prefix}-alerts"
 
 
-async def send_alerts(settings: Settings, sender: WebhookSender) -> None:
+async def send_alerts(
+    settings: Settings, sender: WebhookSender, consumers: dict[str, Any] | None = None
+) -> None:
+    """``consumers`` gets the alerts consumer under ``alerts`` (its lag is a metric)."""
     topics = Topics(settings.topic_prefix)
     consumer = make_consumer(settings, topics.budget_alerts, group_id=alerts_group_id(settings))
+    if consumers is not None:
+        consumers["alerts"] = consumer
     await consumer.start()
     try:
         async for record in consumer:
@@ -60,30 +72,35 @@ async def send_alerts(settings: Settings, sender: WebhookSender) -> None:
         await consumer.stop()
 
 
-def create_app(metrics: ReconcileMetrics) -> web.Application:
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+def alerts_registry(
+    metrics: ReconcileMetrics, consumers: dict[str, Any] | None = None
+) -> CollectorRegistry:
+    """Reconciliation drift and the alerts consumer's lag, through prometheus_client."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    lag = ConsumerLagCollector()
+    held = consumers if consumers is not None else {}
+    lag.track("alerts", aiokafka_offsets(lambda: held.get("alerts")))
+    registry.register(lag)
+    return registry
 
-    async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_page)
-    return app
+def create_app(metrics: ReconcileMetrics, consumers: dict[str, Any] | None = None) -> Any:
+    return metrics_app(alerts_registry(metrics, consumers), lambda: {"status": "ok"})
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     metrics = ReconcileMetrics()
-    runner = web.AppRunner(create_app(metrics), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", settings.alerts_port).start()
+    consumers: dict[str, Any] = {}
+    runner = await start_metrics_server(
+        create_app(metrics, consumers), "127.0.0.1", settings.alerts_port
+    )
     tasks = []
     if settings.budget_reconcile_interval_s > 0:
         tasks.append(asyncio.create_task(reconcile_forever(settings, metrics, stop)))
     if settings.budget_webhook_url and settings.budget_webhook_secret:
         sender = WebhookSender(settings.budget_webhook_url, settings.budget_webhook_secret)
-        tasks.append(asyncio.create_task(send_alerts(settings, sender)))
+        tasks.append(asyncio.create_task(send_alerts(settings, sender, consumers)))
     else:
         log.info("no TOKENBUS_BUDGET_WEBHOOK_URL/_SECRET: alerts stay on the topic")
     log.info("alerts on http://127.0.0.1:%d", settings.alerts_port)

@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from alerts.reconcile import Drift, reconcile
 from billing.reader import open_reader
@@ -24,7 +28,7 @@ from tokenbus.config import Settings
 log = logging.getLogger(__name__)
 
 
-class ReconcileMetrics:
+class ReconcileMetrics(Collector):
     def __init__(self) -> None:
         self.num_runs = 0
         self.num_failures = 0
@@ -38,25 +42,42 @@ class ReconcileMetrics:
         self.drifts = drifts
         self.last_success_at = at
 
+    def collect(self) -> Iterator[Metric]:
+        """The counts as Prometheus families (a prometheus_client collector)."""
+        yield CounterMetricFamily(
+            "tokenbus_budget_reconcile_runs", "reconciliations run", value=self.num_runs
+        )
+        yield CounterMetricFamily(
+            "tokenbus_budget_reconcile_failures",
+            "reconciliations that failed (tried again next interval)",
+            value=self.num_failures,
+        )
+        yield GaugeMetricFamily(
+            "tokenbus_budget_reconcile_last_success_timestamp_seconds",
+            "when the last reconciliation succeeded (unix seconds)",
+            value=self.last_success_at,
+        )
+        yield GaugeMetricFamily(
+            "tokenbus_budget_reconcile_buckets", "buckets compared", value=self.num_buckets
+        )
+        yield GaugeMetricFamily(
+            "tokenbus_budget_reconcile_drifting_buckets",
+            "buckets whose spend drifts",
+            value=len(self.drifts),
+        )
+        drift = GaugeMetricFamily(
+            "tokenbus_budget_drift_units",
+            "The job's settled spend less ClickHouse's.",
+            labels=["budget_id", "bucket"],
+        )
+        for each in self.drifts:
+            drift.add_metric([each.budget_id, each.bucket], float(each.drift_units))
+        yield drift
+
     def render(self) -> str:
-        lines = [
-            "# TYPE tokenbus_budget_reconcile_runs_total counter",
-            f"tokenbus_budget_reconcile_runs_total {self.num_runs}",
-            "# TYPE tokenbus_budget_reconcile_failures_total counter",
-            f"tokenbus_budget_reconcile_failures_total {self.num_failures}",
-            "# TYPE tokenbus_budget_reconcile_last_success_timestamp_seconds gauge",
-            f"tokenbus_budget_reconcile_last_success_timestamp_seconds {self.last_success_at}",
-            "# TYPE tokenbus_budget_reconcile_buckets gauge",
-            f"tokenbus_budget_reconcile_buckets {self.num_buckets}",
-            "# TYPE tokenbus_budget_reconcile_drifting_buckets gauge",
-            f"tokenbus_budget_reconcile_drifting_buckets {len(self.drifts)}",
-            "# HELP tokenbus_budget_drift_units The job's settled spend less ClickHouse's.",
-            "# TYPE tokenbus_budget_drift_units gauge",
-        ]
-        for drift in self.drifts:
-            labels = f'budget_id="{_label(drift.budget_id)}",bucket="{_label(drift.bucket)}"'
-            lines.append(f"tokenbus_budget_drift_units{{{labels}}} {drift.drift_units}")
-        return "\n".join(lines) + "\n"
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return generate_latest(registry).decode()
 
 
 def reconcile_now(settings: Settings) -> tuple[int, list[Drift]]:
@@ -105,7 +126,3 @@ async def reconcile_forever(
         log.info(
             "reconciled %d budget buckets: %d drifting, %s units", num_buckets, len(drifts), total
         )
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

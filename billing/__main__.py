@@ -15,6 +15,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from billing.alert_sink import AlertSink
 from billing.console import billing_report
+from billing.metrics import billing_registry
 from billing.price_file import load_price_book
 from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
@@ -26,6 +27,7 @@ from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
 from tokenbus.logs import setup_logging
+from tokenbus.metrics import aiokafka_offsets
 from tokenbus.topics import Topics
 
 __all__ = ["billing_report", "main", "serve"]
@@ -71,7 +73,18 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                     "num_spans": span_sink.num_spans,
                 }
 
-            app = create_app(query_store, dsn=settings.clickhouse, stats=stats)
+            registry = billing_registry(
+                sink,
+                aiokafka_offsets(lambda: sink.consumer, [topics.usage]),
+                lambda: {"num_alerts_stored": alert_sink.num_alerts},
+            )
+            app = create_app(
+                query_store,
+                dsn=settings.clickhouse,
+                stats=stats,
+                registry=registry,
+                job_metrics_url=settings.job_metrics,
+            )
             runner = await start_query_server(app, settings.billing_query_port)
             log.info(
                 "billing: %s --> %s; queries on http://127.0.0.1:%d",

@@ -12,9 +12,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from billing.svg import Series, bar_chart, compact, hbar_chart, line_chart
+
+if TYPE_CHECKING:
+    from billing.live import LiveView
 
 Rows = Sequence[Mapping[str, Any]]
 MAX_LINE_POINTS = 240
@@ -123,7 +126,7 @@ def render_dashboard(
         "<title>tokenbus billing</title>"
         f"<style>{_STYLE}</style></head><body>"
         f"<header><h1>tokenbus billing</h1><form method=get>{form}"
-        "<button>show</button></form>"
+        '<button>show</button></form><a href="live" style="color:#93c5fd">live view</a>'
         f"<span>as of {escape(generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</span></header>"
         f"<main>{''.join(cards)}</main></body></html>"
     )
@@ -293,3 +296,72 @@ def _cell(value: Any, percent: bool) -> str:
     if isinstance(value, Decimal):
         return money(float(value))
     return str(value)
+
+
+LIVE_REFRESH_S = 5
+
+
+def render_live(
+    view: LiveView, *, generated_at: datetime, errors: Mapping[str, str] | None = None
+) -> str:
+    """The live view (``billing.live``): per model and per worker, reloading itself."""
+    errors = errors or {}
+    models = [
+        {
+            "model": m.model,
+            "queued in the job": int(m.num_queued),
+            "waiting": int(m.num_waiting),
+            "running": int(m.num_running),
+            "TTFT p50 ms": _optional(m.p50_ttft_ms),
+            "TTFT p99 ms": _optional(m.p99_ttft_ms),
+            "tokens/s": round(m.tokens_per_s, 1),
+            "workers": int(m.num_workers),
+            "recommended": "-" if m.num_recommended is None else int(m.num_recommended),
+        }
+        for m in view.models
+    ]
+    workers = [
+        {
+            "worker": w.worker,
+            "model": w.model,
+            "running": int(w.num_running),
+            "waiting": int(w.num_waiting),
+            "KV use": w.kv_cache_usage,
+            "tokens/s": round(w.tokens_per_s, 1),
+        }
+        for w in view.workers
+    ]
+    problems = "".join(
+        f'<p class="error">{escape(source)}: {escape(message)}</p>'
+        for source, message in sorted(errors.items())
+    )
+    cards = [
+        _card(
+            "Models",
+            "Queue and running from the job's metrics (its queue, and its workers' "
+            "heartbeats); TTFT from the usage rows of the last 5 minutes; tokens/s the "
+            "workers' own.",
+            _table(models, list(models[0]) if models else []) or "<p>no model live</p>",
+            None,
+        ),
+        _card(
+            "Workers",
+            "Each live worker's last heartbeat, as the job holds it.",
+            _table(workers, list(workers[0]) if workers else [], percent=["KV use"])
+            or "<p>no worker live</p>",
+            None,
+        ),
+    ]
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{LIVE_REFRESH_S}">'
+        "<title>tokenbus live</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        '<header><h1>tokenbus live</h1><a href="dashboard" style="color:#93c5fd">billing</a>'
+        f"<span>as of {escape(generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</span></header>"
+        f"<main>{problems}{''.join(cards)}</main></body></html>"
+    )
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"

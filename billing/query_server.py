@@ -10,6 +10,9 @@ it. So that process also answers queries for the CLI, tests and dashboards:
 - ``GET /dashboard?tenant=&since=&until=`` --> the HTML dashboard (``billing.html``):
   every dashboard query (``billing/dashboards/*.sql``) for that window, as charts. Any
   other parameter a query declares (``limit``, ``bucket_tokens``) may be given too.
+- ``GET /live`` --> the live view (``billing.live``): per model the queue, TTFT p50/p99,
+  tokens/s and workers, from the job's ``/metrics`` and the last minutes of usage rows.
+- ``GET /metrics`` --> billing's own metrics (``billing.metrics``), when given a registry.
 
 It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
 keyword check below only makes refusals clear, ClickHouse's readonly=1 enforces them.
@@ -26,18 +29,28 @@ from typing import Any
 import orjson
 from aiohttp import web
 from clickhouse_connect.driver.exceptions import ClickHouseError
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from billing.html import render_dashboard
+from billing.html import render_dashboard, render_live
+from billing.live import LIVE_TTFT, fetch_text, live_view
 from billing.queries import dashboard_queries
 from billing.sql_guard import read_only_problem
 from billing.storage import Queryable, Row, chdb_path
 
 STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
+REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+JOB_METRICS_KEY = web.AppKey("job_metrics", str)
 
 
 def create_app(
-    store: Queryable, *, dsn: str, stats: Callable[[], Mapping[str, int]] | None = None
+    store: Queryable,
+    *,
+    dsn: str,
+    stats: Callable[[], Mapping[str, int]] | None = None,
+    registry: CollectorRegistry | None = None,
+    job_metrics_url: str | None = None,
 ) -> web.Application:
     path = chdb_path(dsn)
     owned_path = os.path.realpath(path) if path is not None else None
@@ -51,7 +64,43 @@ def create_app(
     app.router.add_post("/query", _query)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/dashboard", _dashboard)
+    app.router.add_get("/live", _live)
+    app[JOB_METRICS_KEY] = job_metrics_url or ""
+    if registry is not None:
+        app[REGISTRY_KEY] = registry
+        app.router.add_get("/metrics", _metrics)
     return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    response = web.Response(body=generate_latest(request.app[REGISTRY_KEY]))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def _live(request: web.Request) -> web.Response:
+    """The job's metrics (its queue, and the workers' heartbeats it holds) and the TTFT
+    of the usage rows created in the last few minutes; a source that fails is named."""
+    now = datetime.now(UTC)
+    errors: dict[str, str] = {}
+    url = request.app[JOB_METRICS_KEY]
+    job_text = ""
+    if not url:
+        errors["job"] = "no job metrics URL (TOKENBUS_JOB_METRICS_URL or FAUST_WEB_PORT)"
+    else:
+        try:
+            job_text = await asyncio.to_thread(fetch_text, url)
+        except OSError as exc:
+            errors["job"] = f"{url}: {exc}"
+    sql, values = LIVE_TTFT.to_sql({})
+    try:
+        ttft_rows = await asyncio.to_thread(request.app[STORE_KEY].query, sql, values)
+    except ClickHouseError as exc:
+        errors["ttft"] = str(exc).splitlines()[0]
+        ttft_rows = []
+    view = live_view(job_text, ttft_rows)
+    page = render_live(view, generated_at=now, errors=errors)
+    return web.Response(text=page, content_type="text/html")
 
 
 async def start_query_server(app: web.Application, port: int) -> web.AppRunner:

@@ -202,6 +202,10 @@ class BillingSink:
         self.num_write_failures = 0
         """Failed lookups, inserts and dead-letter sends; each one is retried."""
         self.num_commit_failures = 0
+        self.newest_created_at: float | None = None
+        """The newest ``created_at`` (epoch s) of the events stored: billing lag's mark."""
+        self.consumer: Any = None
+        """The usage topic's consumer while ``run`` runs (its lag is a metric)."""
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         """Makes revoking wait until the batch in hand is inserted and committed."""
@@ -223,6 +227,7 @@ class BillingSink:
             self._settings, group_id=self.group_id, max_partition_fetch_bytes=8 << 20
         )
         consumer.subscribe([self._topics.usage], listener=self.rebalance_listener())
+        self.consumer = consumer
         producer = make_producer(self._settings)
         await producer.start()
         try:
@@ -333,6 +338,9 @@ class BillingSink:
                 return  # stopping mid-outage: uncommitted, so the batch is redelivered
             self.num_inserted += plan.num_rows
             self.num_duplicates += len(events) - plan.num_rows
+            newest = max(event.created_at for event in events).timestamp()
+            if self.newest_created_at is None or newest > self.newest_created_at:
+                self.newest_created_at = newest
         self.num_batches += 1
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items()})
 

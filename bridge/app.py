@@ -41,6 +41,7 @@ from tokenbus.auth import ServiceTokens
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer
+from tokenbus.metrics import ConsumerLagCollector, aiokafka_offsets, create_tenant_labels
 from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
@@ -85,7 +86,11 @@ class IdsAndMetrics:
 
 def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     """The bridge; ``bus`` defaults to a TokenbusClient started with the app."""
-    metrics = BridgeMetrics()
+    metrics = BridgeMetrics(
+        tenants=create_tenant_labels(
+            settings.metrics_top_tenants, settings.metrics_tenant_half_life_s
+        )
+    )
     served = ServedModels(
         settings.served_model_name,
         dead_after_s=settings.worker_dead_after_s,
@@ -130,6 +135,10 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         tracing.tracer,
     )
     spec = build_spec(settings.served_model_name)
+    lag = ConsumerLagCollector()
+    metrics.registry.register(lag)
+    if bus is None:
+        lag.track("replies", aiokafka_offsets(lambda: getattr(client, "reply_consumer", None)))
 
     async def models(http: Request) -> Response:
         caller = gateway.authenticate(http)

@@ -220,6 +220,7 @@ class Gateway:
         for flag in plan.flags:
             self._metrics.flags.labels(flag).inc()
         received = time.monotonic()
+        labels = self._metrics.labels(caller.tenant.tenant_id, plan.model, plan.priority)
         # The job believes this token for the tenant authenticated here, with its
         # narrowed class, models and balance, and the flags the screening raised.
         credential = self._tokens.token(
@@ -259,28 +260,36 @@ class Gateway:
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
         try:
             wait = self._settings.bridge_first_chunk_wait_s if plan.stream else None
-            first = await self._first_chunk(http, feed, request, wait)
+            first = await self._first_chunk(http, feed, request, wait, labels)
         except BaseException:
             feed.close()
             raise
         finally:
             waiting.end()
         if first is not None:
-            self._metrics.ttft.observe(time.monotonic() - received)
+            self._metrics.ttft.labels(*labels).observe(time.monotonic() - received)
             if first.error is not None:
                 feed.close()
+                self._outcome(labels, first.error.code)
                 raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
         relaying = self._tracer.start_span("bridge.relay", attributes=tenant)
         if plan.stream:
             return EventStreamResponse(
                 self._events(
-                    feed, relay, request, first, plan.include_usage, caller, (relaying, span)
+                    feed,
+                    relay,
+                    request,
+                    first,
+                    plan.include_usage,
+                    caller,
+                    (relaying, span),
+                    labels=labels,
                 ),
                 headers=ids,
                 on_disconnect=lambda: self._cancel(request, "client_disconnected"),
             )
         try:
-            body = await self._collect(http, feed, relay, request, first, caller)
+            body = await self._collect(http, feed, relay, request, first, caller, labels)
         finally:
             feed.close()
             relaying.end()
@@ -288,11 +297,17 @@ class Gateway:
         return JSONResponse(body, headers=ids)
 
     async def _first_chunk(
-        self, http: Request, feed: ChunkFeed, request: InferenceRequest, wait_s: float | None
+        self,
+        http: Request,
+        feed: ChunkFeed,
+        request: InferenceRequest,
+        wait_s: float | None,
+        labels: tuple[str, str, str],
     ) -> Chunk | None:
         try:
             return await self._until_disconnect(http, feed.get(wait_s), request)
         except TokenbusTimeout as exc:
+            self._outcome(labels, "timeout")
             await self._cancel(request, "bridge_timeout")
             raise rejection(
                 ErrorInfo(code="timeout", message=str(exc)), tokens_per_minute=0
@@ -306,12 +321,16 @@ class Gateway:
         request: InferenceRequest,
         chunk: Chunk | None,
         caller: Caller,
+        labels: tuple[str, str, str],
     ) -> dict[str, Any]:
+        first_at = time.monotonic()
+        first_tokens = chunk.num_tokens if chunk is not None else 0
         while True:
             if chunk is None:
                 try:
                     chunk = await self._until_disconnect(http, feed.get(None), request)
                 except TokenbusTimeout as exc:
+                    self._outcome(labels, "timeout")
                     await self._cancel(request, "bridge_timeout")
                     raise rejection(
                         ErrorInfo(code="timeout", message=str(exc)), tokens_per_minute=0
@@ -319,11 +338,11 @@ class Gateway:
                 assert chunk is not None  # no timeout was given
             relay.add(chunk)
             if chunk.error is not None:
+                self._outcome(labels, chunk.error.code)
                 raise rejection(chunk.error, tokens_per_minute=caller.tenant.tpm)
             if chunk.is_last:
-                self._metrics.tokens_relayed.labels(caller.tenant.tenant_id).inc(
-                    relay.num_completion_tokens
-                )
+                self._metrics.tokens_relayed.labels(labels[0]).inc(relay.num_completion_tokens)
+                self._finished(labels, first_at, relay.num_completion_tokens - first_tokens)
                 return relay.response().model_dump(mode="json")
             chunk = None
 
@@ -352,9 +371,13 @@ class Gateway:
         include_usage: bool,
         caller: Caller,
         spans: tuple[Span, ...] = (),
+        *,
+        labels: tuple[str, str, str],
     ) -> AsyncGenerator[bytes, None]:
         """``spans`` end with the stream, however it ends."""
-        relayed = self._metrics.tokens_relayed.labels(caller.tenant.tenant_id)
+        relayed = self._metrics.tokens_relayed.labels(labels[0])
+        first_at = time.monotonic()
+        first_tokens = chunk.num_tokens if chunk is not None else 0
         self._metrics.active_streams.inc()
         try:
             while True:
@@ -368,6 +391,7 @@ class Gateway:
                         else:
                             log.exception("stream of %s failed", request.request_id)
                             info = ErrorInfo(code="bus_error", message="The stream broke off.")
+                        self._outcome(labels, info.code)
                         yield sse_error(rejection(info, tokens_per_minute=0))
                         yield DONE
                         return
@@ -376,6 +400,7 @@ class Gateway:
                         continue
                 relay.add(chunk)
                 if chunk.error is not None:
+                    self._outcome(labels, chunk.error.code)
                     yield sse_error(rejection(chunk.error, tokens_per_minute=caller.tenant.tpm))
                     yield DONE
                     return
@@ -384,6 +409,7 @@ class Gateway:
                     yield event
                 relayed.inc(chunk.num_tokens)
                 if chunk.is_last:
+                    self._finished(labels, first_at, relay.num_completion_tokens - first_tokens)
                     if include_usage:
                         yield relay.usage_event()
                     yield DONE
@@ -394,6 +420,16 @@ class Gateway:
             feed.close()
             for span in spans:
                 span.end()
+
+    def _outcome(self, labels: tuple[str, str, str], code: str) -> None:
+        self._metrics.completions.labels(*labels, code).inc()
+
+    def _finished(self, labels: tuple[str, str, str], first_at: float, num_after: int) -> None:
+        """A completed response: counted ``ok``, and its mean gap between tokens after
+        the first chunk observed once (nothing per token)."""
+        self._outcome(labels, "ok")
+        if num_after > 0:
+            self._metrics.itl.labels(*labels).observe((time.monotonic() - first_at) / num_after)
 
     async def _cancel(self, request: InferenceRequest, reason: str) -> None:
         log.info("cancelling %s: %s", request.request_id, reason)

@@ -123,6 +123,11 @@ class TokenbusClient:
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
 
+    @property
+    def reply_consumer(self) -> AIOKafkaConsumer | None:
+        """The reply topic's consumer once started (its lag is a metric of the bridge)."""
+        return self._consumer
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self

@@ -54,7 +54,8 @@ from schemas import encode
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
 from stream_jobs.ledger import Entry
-from stream_jobs.metrics import job_registry
+from stream_jobs.metrics import faust_offsets, job_registry
+from stream_jobs.scaling import create_scaling_policy
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
 from tokenbus.config import Settings
@@ -379,7 +380,7 @@ def create_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         web_enabled=settings.faust_web_port is not None,
         web_port=settings.faust_web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.faust_web_host,
         datadir=str(settings.faust_dir),
         topic_partitions=settings.num_partitions,
         topic_replication_factor=settings.replication_factor,
@@ -692,7 +693,18 @@ def create_app(settings: Settings) -> faust.App:
         )
         return web.json({"ready": ready}, status=200 if ready else 503)
 
-    registry = job_registry(lambda: dispatcher().metrics, lambda: dispatcher().budget_rows())
+    registry = job_registry(
+        lambda: dispatcher().metrics,
+        lambda: dispatcher().budget_rows(),
+        waiting=lambda: dispatcher().waiting_counts(),
+        lag=faust_offsets(app, [topics.requests(p) for p in (0, 1, 2)]),
+        scaling=create_scaling_policy(
+            settings.scaling_target_utilisation,
+            settings.scaling_min_workers,
+            settings.scaling_max_workers,
+        ),
+        default_max_num_seqs=settings.max_num_seqs,
+    )
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

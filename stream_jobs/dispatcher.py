@@ -241,6 +241,14 @@ class DispatchMetrics:
     ``usage_since_finish``, the request's end on the worker) to the job acting on it."""
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
     """Each live worker's last heartbeat."""
+    quota_refusals: dict[str, int] = field(default_factory=dict)
+    """Window refusals by reason: ``tpm``, ``rpm``, ``tpm_burst``, ``too_large``."""
+
+    def note_quota_refusal(self, reason: str) -> None:
+        kind = reason if reason in ("tpm", "rpm") else reason.split(":")[0]
+        if kind != "tpm_burst" and kind not in ("tpm", "rpm"):
+            kind = "too_large"  # one request's tokens exceed the whole minute's
+        self.quota_refusals[kind] = self.quota_refusals.get(kind, 0) + 1
 
 
 class Dispatcher:
@@ -523,6 +531,7 @@ class Dispatcher:
             self.metrics.num_rejected_quota += 1
             if item.batch_id is not None:
                 self.metrics.num_batch_rejected_quota += 1
+            self.metrics.note_quota_refusal(decision.reason)
             by_requests = decision.reason == "rpm"
             return await self._turn_down(
                 item,
@@ -1098,6 +1107,15 @@ class Dispatcher:
         )
         waiting.done.set_result(Outcome.CANCELLED)
         self._update_tier()
+
+    def waiting_counts(self) -> dict[tuple[str, int], int]:
+        """Requests waiting in this instance's queue, by (model, class): for the metrics,
+        at scrape time (the queue is not walked on the hot path)."""
+        counts: dict[tuple[str, int], int] = {}
+        for waiting in list(self._waiting.values()):
+            key = (waiting.request.model, waiting.request.priority)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     # -- the dispatch loop ------------------------------------------------------------------
     async def run(self) -> None:

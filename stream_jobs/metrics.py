@@ -1,15 +1,20 @@
 """The job's metrics, rendered by ``prometheus_client`` from the dispatcher's counts.
 
 # DispatchMetrics (the dispatcher's plain counts) + budget rows --> JobCollector
+# the queue by (model, class) + heartbeats --> queue depth, waiting and running per model
+#   --> stream_jobs.scaling --> tokenbus_recommended_workers{model}
+# the Faust consumer's request-topic partitions --> ConsumerLagCollector
 # --> a registry of the job's own --> Prometheus text format at /metrics
 
 The dispatcher keeps plain numbers (no I/O, no library in its hot path); a collector
-reads them at scrape time, as the bridge's registry does for its own.
+reads them at scrape time, as the bridge's registry does for its own. Labels follow the
+shared vocabulary (tokenbus.metrics): ``model``, ``priority``, ``worker``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -17,6 +22,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from stream_jobs.dispatcher import DispatchMetrics
+from stream_jobs.scaling import ScalingPolicy
+from tokenbus.metrics import (
+    MODEL,
+    PRIORITY,
+    WORKER,
+    ConsumerLagCollector,
+    OffsetsSource,
+    PartitionOffsets,
+    aiokafka_offsets,
+)
 
 _COUNTERS = {
     "num_admitted": "requests admitted",
@@ -77,9 +92,16 @@ class JobCollector(Collector):
         self,
         metrics: Callable[[], DispatchMetrics],
         budget_rows: Callable[[], list[dict[str, object]]] = list,
+        *,
+        waiting: Callable[[], Mapping[tuple[str, int], int]] = dict,
+        scaling: ScalingPolicy | None = None,
+        default_max_num_seqs: int = 64,
     ) -> None:
         self._metrics = metrics
         self._budget_rows = budget_rows
+        self._waiting = waiting
+        self._scaling = scaling or ScalingPolicy()
+        self._default_max_num_seqs = default_max_num_seqs
 
     def collect(self) -> Iterator[Metric]:
         metrics = self._metrics()
@@ -103,11 +125,72 @@ class JobCollector(Collector):
             "stream",
             metrics.lag_ms,
         )
+        yield self._refusals(metrics)
         yield from self._workers(metrics)
+        yield from self._models(metrics, self._waiting())
         yield from self._budgets()
 
+    @staticmethod
+    def _refusals(metrics: DispatchMetrics) -> Metric:
+        family = CounterMetricFamily(
+            "tokenbus_job_quota_refusals",
+            "requests refused by a quota: the TPM/RPM window's reasons, a spend budget, "
+            "the overload tier (shed)",
+            labels=["reason"],
+        )
+        counts = {
+            **metrics.quota_refusals,
+            "budget": metrics.num_rejected_budget,
+            "overloaded": metrics.num_shed,
+        }
+        for reason, count in sorted(counts.items()):
+            family.add_metric([reason], count)
+        return family
+
+    def _models(
+        self, metrics: DispatchMetrics, queued: Mapping[tuple[str, int], int]
+    ) -> Iterator[Metric]:
+        """The queue by model and class, and per model the scaling signals."""
+        depth = GaugeMetricFamily(
+            "tokenbus_job_queue_depth",
+            "requests admitted and waiting in the job's queue for a seat",
+            labels=[MODEL, PRIORITY],
+        )
+        for (model, priority), count in sorted(queued.items()):
+            depth.add_metric([model, str(priority)], count)
+        yield depth
+        rows = model_load(metrics, queued)
+        labels = [MODEL]
+        waiting = GaugeMetricFamily(
+            "tokenbus_model_requests_waiting",
+            "requests waiting for a seat: in the job's queue and in the engines' queues",
+            labels=labels,
+        )
+        running = GaugeMetricFamily(
+            "tokenbus_model_requests_running", "requests running in the engines", labels=labels
+        )
+        workers = GaugeMetricFamily(
+            "tokenbus_model_workers", "live workers serving the model", labels=labels
+        )
+        recommended = GaugeMetricFamily(
+            "tokenbus_recommended_workers",
+            "workers the model needs: ceil((running + waiting) / (max_num_seqs * "
+            "target_utilisation)), within [min, max] (stream_jobs.scaling)",
+            labels=labels,
+        )
+        for model, load in sorted(rows.items()):
+            seats = load.max_num_seqs or self._default_max_num_seqs
+            waiting.add_metric([model], load.num_waiting)
+            running.add_metric([model], load.num_running)
+            workers.add_metric([model], load.num_workers)
+            recommended.add_metric(
+                [model],
+                self._scaling.recommended_workers(load.num_running, load.num_waiting, seats),
+            )
+        yield from (waiting, running, workers, recommended)
+
     def _workers(self, metrics: DispatchMetrics) -> Iterator[Metric]:
-        labels = ["worker_id", "model"]
+        labels = [WORKER, MODEL]
         kv = GaugeMetricFamily(
             "tokenbus_job_worker_kv_cache_usage", "KV cache in use (0-1)", labels=labels
         )
@@ -159,11 +242,93 @@ class JobCollector(Collector):
             yield family
 
 
+@dataclass
+class ModelLoad:
+    num_waiting: int = 0
+    num_running: int = 0
+    num_workers: int = 0
+    max_num_seqs: int = 0
+    """The seats of one of the model's workers (the largest a live one reports)."""
+
+
+def model_load(
+    metrics: DispatchMetrics, queued: Mapping[tuple[str, int], int]
+) -> dict[str, ModelLoad]:
+    """Per model: waiting (the job's queue + the engines' queues), running, live workers."""
+    rows: dict[str, ModelLoad] = {}
+    for (model, _), count in queued.items():
+        rows.setdefault(model, ModelLoad()).num_waiting += count
+    for status in metrics.workers.values():
+        if status.draining:
+            continue
+        load = rows.setdefault(status.model, ModelLoad())
+        load.num_waiting += status.num_waiting
+        load.num_running += status.num_running
+        load.num_workers += 1
+        load.max_num_seqs = max(load.max_num_seqs, status.max_num_seqs)
+    return rows
+
+
+def faust_offsets(app: Any, topics: Iterable[str]) -> OffsetsSource:
+    """The Faust consumer's partitions of ``topics``: the high-water mark its fetches
+    saw, and the offset after the last record it read into a stream (before the first,
+    the fetch position of the aiokafka consumer under it)."""
+    wanted = set(topics)
+
+    def inner() -> Any:
+        return getattr(getattr(getattr(app, "consumer", None), "_thread", None), "_consumer", None)
+
+    fetched = aiokafka_offsets(inner, wanted)
+
+    def read() -> list[PartitionOffsets]:
+        try:
+            consumer = app.consumer
+            assignment = consumer.assignment()
+            read_offsets = consumer._read_offset  # Faust's own record of what it read
+        except Exception:  # not started, or between assignments
+            return []
+        below = {(o.topic, o.partition): o for o in fetched()}
+        rows = []
+        for tp in sorted(assignment):
+            if tp.topic not in wanted:
+                continue
+            fallback = below.get((tp.topic, tp.partition))
+            try:
+                end = consumer.highwater(tp)
+            except Exception:
+                end = None
+            if end is None and fallback is not None:
+                end = fallback.end
+            last = read_offsets.get(tp)
+            position = last + 1 if last is not None else fallback and fallback.position
+            rows.append(PartitionOffsets(tp.topic, tp.partition, end, position))
+        return rows
+
+    return read
+
+
 def job_registry(
     metrics: Callable[[], DispatchMetrics],
     budget_rows: Callable[[], list[dict[str, object]]] = list,
+    *,
+    waiting: Callable[[], Mapping[tuple[str, int], int]] = dict,
+    lag: OffsetsSource | None = None,
+    scaling: ScalingPolicy | None = None,
+    default_max_num_seqs: int = 64,
 ) -> CollectorRegistry:
     """A registry of the job's own (not the process-wide default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(metrics, budget_rows))
+    registry.register(
+        JobCollector(
+            metrics,
+            budget_rows,
+            waiting=waiting,
+            scaling=scaling,
+            default_max_num_seqs=default_max_num_seqs,
+        )
+    )
+    consumer_lag = ConsumerLagCollector()
+    if lag is not None:
+        consumer_lag.track("job", lag)
+    registry.register(consumer_lag)
     return registry

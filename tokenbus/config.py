@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     """``json``: one JSON object per line, with the request's tenant, ids and trace on
     every line about a request (``tokenbus.logs``)."""
+    metrics_top_tenants: int = Field(default=20, ge=0)
+    """Tenants named in a service's metrics (``tenant`` label): the N with the most recent
+    traffic there; every other tenant is counted as ``other`` (tokenbus.metrics)."""
+    metrics_tenant_half_life_s: float = Field(default=300.0, gt=0.0)
+    """How fast a tenant's traffic is forgotten when the top N are chosen."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Every service's event loop (tokenbus.loops; uvicorn takes the same names). uvloop
     runs the same code on less CPU, and on two cores that CPU is the engine's
@@ -108,6 +113,16 @@ class Settings(BaseSettings):
     needs one of its own: Faust keeps its table state and a lock there."""
     faust_web_port: int | None = None
     """Serves the job's ``/metrics`` here; unset, the job runs no web server."""
+    faust_web_host: str = "127.0.0.1"
+    """The address the job's web server binds (``0.0.0.0`` for a Prometheus elsewhere)."""
+    job_metrics_url: str | None = None
+    """The job's ``/metrics``, read by the billing page's live view; unset:
+    ``http://127.0.0.1:<faust_web_port>/metrics`` when that port is set."""
+    scaling_target_utilisation: float = Field(default=0.8, gt=0.0, le=1.0)
+    """Share of a worker's seats the recommended worker count plans to fill
+    (``tokenbus_recommended_workers``, stream_jobs.scaling)."""
+    scaling_min_workers: int = Field(default=1, ge=0)
+    scaling_max_workers: int = Field(default=16, ge=0)
     admit_concurrency: int = 256
     """Requests per priority topic the job holds at once, waiting for capacity."""
     admit_batch_max: int = 256
@@ -224,6 +239,10 @@ class Settings(BaseSettings):
     evicted); unset: ``max_loras``."""
     max_lora_rank: int = 16
     """The largest adapter rank a worker accepts."""
+    worker_metrics_port: int | None = None
+    """Serves the worker's ``/metrics`` and ``/healthz`` here; unset, none (the local
+    stack gives each worker a free port)."""
+    worker_metrics_host: str = "127.0.0.1"
     heartbeat_interval_s: float = 0.5
     worker_dead_after_s: float = 3.0
     worker_nice: int = 10
@@ -345,6 +364,14 @@ class Settings(BaseSettings):
         if self.kafka_idempotence is not None:
             return self.kafka_idempotence
         return self.broker_profile == "kafka"
+
+    @property
+    def job_metrics(self) -> str | None:
+        if self.job_metrics_url is not None:
+            return self.job_metrics_url
+        if self.faust_web_port is None:
+            return None
+        return f"http://127.0.0.1:{self.faust_web_port}/metrics"
 
     @property
     def faust_dir(self) -> Path:

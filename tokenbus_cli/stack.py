@@ -431,6 +431,8 @@ class Stack:
 
         ``wrapper``: a command the worker runs under, which execs it (``ip netns exec
         NS``: a worker in a network namespace of its own)."""
+        # Each worker's /metrics on a port of its own (service.env names it).
+        overrides.setdefault("worker_metrics_port", free_port())
         worker = self.spawn(
             worker_id,
             [*wrapper, str(worker_python(self.settings)), "-m", "workers"],

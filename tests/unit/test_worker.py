@@ -309,3 +309,32 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     (usage_headers,) = [h for h in producer.headers if h]
     (traceparent,) = [v.decode() for k, v in usage_headers if k == "traceparent"]
     assert traceparent.split("-")[1:3] == [request["trace_id"], request["span_id"]]
+
+
+async def test_a_request_ends_in_the_metrics_with_its_ttft_and_mean_gap(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokenbus.metrics import metrics_app
+
+    worker, _, _, _ = await serve(tmp_path, FakeEngine("tiny", 4), work_item(max_tokens=5))
+    app = metrics_app(worker.metrics.registry, lambda: {"status": "ok"})
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/metrics")
+        text = await response.text()
+        health = await (await client.get("/healthz")).json()
+
+    got = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    labels = frozenset({("tenant", "acme"), ("model", "tiny"), ("priority", "1"), ("worker", "w1")})
+    assert got[("tokenbus_worker_requests_total", labels | {("finish", "length")})] == 1
+    assert got[("tokenbus_worker_tokens_generated_total", labels)] == 5
+    assert got[("tokenbus_worker_ttft_seconds_count", labels)] == 1
+    assert got[("tokenbus_worker_itl_seconds_count", labels)] == 1
+    engine = frozenset({("model", "tiny"), ("worker", "w1")})
+    assert got[("tokenbus_worker_max_num_seqs", engine)] == 4
+    assert ("tokenbus_worker_kv_cache_usage", engine) in got
+    assert health == {"status": "ok"}
