@@ -1,0 +1,276 @@
+"""Batch jobs on the real stack, through the official ``openai`` client and the bridge:
+completion with every custom_id once (usage equal to ClickHouse's), a malformed line,
+cancel, expiry, and the runner and the job killed mid-batch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from aiokafka import TopicPartition
+from openai.types import Batch
+
+from billing.reader import open_reader
+from schemas import SchemaError, UsageEvent, UsageStatus, decode
+from tests.integration.conftest import BridgeProcess, bridge_key, eventually, start_bridge
+from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer
+from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
+
+pytestmark = pytest.mark.integration
+TENANT = "br-alice"
+
+
+def openai_client(bridge: BridgeProcess, tenant: str = TENANT) -> openai.OpenAI:
+    return openai.OpenAI(
+        api_key=bridge_key(tenant), base_url=f"{bridge.url}/v1", max_retries=2, timeout=60
+    )
+
+
+def batch_input(tag: str, num_lines: int, *, max_tokens: int, extra: list[str] = ()) -> bytes:  # type: ignore[assignment]
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {
+                    "model": "tiny-llama",
+                    "prompt": f"{tag} line {i}",
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                },
+            }
+        )
+        for i in range(num_lines)
+    ]
+    return ("\n".join([*rows, *extra]) + "\n").encode()
+
+
+def submit(client: openai.OpenAI, data: bytes, window: str = "24h") -> Batch:
+    uploaded = client.files.create(file=("lines.jsonl", data), purpose="batch")
+    return client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/completions",
+        completion_window=window,  # type: ignore[arg-type]
+    )
+
+
+async def poll(client: openai.OpenAI, batch_id: str, until: Any, timeout_s: float = 300) -> Batch:
+    batch: Batch = await eventually(
+        lambda: client.batches.retrieve(batch_id), timeout_s=timeout_s, until=until
+    )
+    return batch
+
+
+def ended(batch: Batch) -> bool:
+    return batch.status in ("completed", "failed", "expired", "cancelled")
+
+
+def read_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    text = client.files.content(file_id).text
+    return [json.loads(row) for row in text.splitlines() if row]
+
+
+def results_of(
+    client: openai.OpenAI, batch: Batch
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return read_lines(client, batch.output_file_id), read_lines(client, batch.error_file_id)
+
+
+def assert_each_custom_id_once(
+    good: list[dict[str, Any]], bad: list[dict[str, Any]], expected: set[str]
+) -> None:
+    counts = Counter(line["custom_id"] for line in good + bad)
+    repeated = {custom_id: n for custom_id, n in counts.items() if n > 1}
+    assert not repeated, f"custom_ids with more than one result: {repeated}"
+    assert set(counts) == expected
+
+
+def output_usage(good: list[dict[str, Any]]) -> tuple[int, int]:
+    usage = [line["response"]["body"]["usage"] for line in good]
+    return sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage)
+
+
+def clickhouse_rows(settings: Settings, batch_id: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = open_reader(settings).query(
+        "SELECT request_id, attempt, status, prompt_tokens, completion_tokens"
+        " FROM usage_events WHERE tenant_id = %(tenant)s AND startsWith(request_id, %(prefix)s)",
+        {"tenant": TENANT, "prefix": f"{batch_id}."},
+    )
+    return rows
+
+
+async def usage_events(settings: Settings, batch_id: str) -> list[UsageEvent]:
+    """Every UsageEvent of the batch's lines on the usage topic (not deduplicated)."""
+    topic = Topics(settings.topic_prefix).usage
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    events: list[UsageEvent] = []
+    try:
+        tps = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        while fetched := await consumer.getmany(timeout_ms=2_000):
+            for records in fetched.values():
+                for record in records:
+                    try:
+                        event = decode(UsageEvent, record.value)
+                    except SchemaError:
+                        continue
+                    if event.tenant_id == TENANT and event.request_id.startswith(f"{batch_id}."):
+                        events.append(event)
+    finally:
+        await consumer.stop()
+    return events
+
+
+@pytest.fixture(scope="module")
+def short_window_bridge(stack: Stack) -> Iterator[BridgeProcess]:
+    """A bridge that accepts completion windows of seconds, for the expiry test."""
+    process = start_bridge(stack, batch_min_window_s=1.0)
+    yield process
+    process.stop()
+
+
+async def test_500_lines_through_the_openai_client_complete_each_custom_id_once(
+    bridge: BridgeProcess, settings: Settings
+) -> None:
+    client = openai_client(bridge)
+    tag = f"ok{int(time.time())}"
+    malformed = ['{"custom_id": "broken", "method": "POST", "url": ', json.dumps({
+        "custom_id": f"{tag}-forbidden", "method": "POST", "url": "/v1/completions",
+        "body": {"model": "other-model", "prompt": "x", "max_tokens": 2},
+    })]  # fmt: skip
+    batch = submit(client, batch_input(tag, 500, max_tokens=2, extra=malformed))
+    assert batch.request_counts is not None and batch.request_counts.total == 502
+    assert batch.errors is not None
+    assert [(e.line, e.code) for e in batch.errors.data or []] == [
+        (501, "invalid_json"),
+        (502, "model_not_allowed"),
+    ]
+    started = time.monotonic()
+    batch = await poll(client, batch.id, ended, timeout_s=420)
+    print(f"500 lines in {time.monotonic() - started:.1f} s")
+    assert batch.status == "completed"
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (500, 2)
+    good, bad = results_of(client, batch)
+    assert len(good) == 500 and len(bad) == 2
+    expected = {f"{tag}-{i}" for i in range(500)} | {None, f"{tag}-forbidden"}
+    assert_each_custom_id_once(good, bad, expected)  # type: ignore[arg-type]
+    assert all(line["response"]["status_code"] == 200 for line in good)
+    broken = next(line for line in bad if line["custom_id"] is None)
+    assert broken["error"]["code"] == "invalid_json"
+    assert broken["error"]["message"].startswith("line 501: ")
+    assert batch.usage is not None
+    prompt, completion = output_usage(good)
+    assert (batch.usage.input_tokens, batch.usage.output_tokens) == (prompt, completion)
+    assert completion == 500 * 2
+
+    rows = await eventually(
+        lambda: clickhouse_rows(settings, batch.id), timeout_s=60, until=lambda r: len(r) >= 500
+    )
+    ran = [row for row in rows if row["status"] != UsageStatus.REJECTED.value]
+    assert len({row["request_id"].split(".")[1] for row in ran}) == len(ran) == 500
+    assert (sum(r["prompt_tokens"] for r in ran), sum(r["completion_tokens"] for r in ran)) == (
+        prompt,
+        completion,
+    )
+
+
+async def test_cancel_lets_running_lines_finish_and_cancels_the_rest(
+    bridge: BridgeProcess,
+) -> None:
+    client = openai_client(bridge)
+    tag = f"cx{int(time.time())}"
+    batch = submit(client, batch_input(tag, 1500, max_tokens=16))
+    await poll(
+        client,
+        batch.id,
+        lambda b: ended(b) or (b.request_counts is not None and b.request_counts.completed >= 10),
+        timeout_s=120,
+    )
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    batch = await poll(client, batch.id, ended, timeout_s=120)
+    assert batch.status == "cancelled"
+    assert batch.cancelled_at is not None
+    good, bad = results_of(client, batch)
+    assert_each_custom_id_once(good, bad, {f"{tag}-{i}" for i in range(1500)})
+    codes = Counter(line["error"]["code"] for line in bad)
+    assert codes["batch_cancelled"] > 0 and set(codes) == {"batch_cancelled"}, codes
+    assert len(good) >= 10
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (len(good), len(bad))
+    with pytest.raises(openai.APIStatusError) as again:
+        client.batches.cancel(batch.id)
+    assert again.value.status_code == 409
+
+
+async def test_expiry_ends_the_lines_not_done_in_time(short_window_bridge: BridgeProcess) -> None:
+    client = openai_client(short_window_bridge)
+    tag = f"ex{int(time.time())}"
+    batch = submit(client, batch_input(tag, 1500, max_tokens=16), window="3s")
+    assert batch.expires_at == batch.created_at + 3
+    batch = await poll(client, batch.id, ended, timeout_s=120)
+    assert batch.status == "expired"
+    assert batch.expired_at is not None and batch.expired_at >= batch.created_at + 3
+    good, bad = results_of(client, batch)
+    assert_each_custom_id_once(good, bad, {f"{tag}-{i}" for i in range(1500)})
+    codes = Counter(line["error"]["code"] for line in bad)
+    assert codes["batch_expired"] > 0 and set(codes) == {"batch_expired"}, codes
+
+
+async def test_the_runner_and_the_job_killed_mid_batch_every_line_runs_once(
+    bridge: BridgeProcess, stack: Stack, settings: Settings
+) -> None:
+    client = openai_client(bridge)
+    tag = f"kl{int(time.time())}"
+    num_lines = 1000
+    batch = submit(client, batch_input(tag, num_lines, max_tokens=4))
+
+    def done_at_least(n: int) -> Any:
+        return lambda b: (
+            ended(b) or (b.request_counts is not None and b.request_counts.completed >= n)
+        )
+
+    await poll(client, batch.id, done_at_least(100), timeout_s=180)
+    await stack.restart("batches")  # SIGKILL mid-batch, then started again
+    resumed = client.batches.retrieve(batch.id)
+    assert not ended(resumed), "the batch finished before the runner was killed"
+    assert resumed.request_counts is not None
+    await poll(
+        client, batch.id, done_at_least(resumed.request_counts.completed + 100), timeout_s=180
+    )
+    await stack.restart("stream_job", timeout_s=180)  # SIGKILL the Faust job once
+    batch = await poll(client, batch.id, ended, timeout_s=420)
+    assert batch.status == "completed"
+    good, bad = results_of(client, batch)
+    assert (len(good), len(bad)) == (num_lines, 0)
+    assert_each_custom_id_once(good, bad, {f"{tag}-{i}" for i in range(num_lines)})
+
+    # No line ran twice: one UsageEvent per line that is not a refusal, on the topic itself.
+    events = await usage_events(settings, batch.id)
+    ran = Counter(
+        e.request_id.split(".")[1] for e in events if e.status is not UsageStatus.REJECTED
+    )
+    twice = {line: n for line, n in ran.items() if n > 1}
+    assert not twice, f"lines that ran more than once: {twice}"
+    assert len(ran) == num_lines
+    prompt, completion = output_usage(good)
+    ok = [e for e in events if e.status is not UsageStatus.REJECTED]
+    assert sum(e.num_prompt_tokens for e in ok) == prompt
+    assert sum(e.num_completion_tokens for e in ok) == completion
+    await asyncio.sleep(0)
