@@ -65,7 +65,10 @@ def parse_input(raw: bytes, endpoint: BatchEndpoint, *, max_lines: int) -> Parse
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputRefused("invalid_file", f"the file is not UTF-8 text: {exc}") from None
-    rows = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    # Lines end at "\n" only (JSONL): str.splitlines would also split a prompt at the
+    # Unicode line separators JSON leaves unescaped (U+2028, U+0085 ...).
+    numbered = enumerate((line.removesuffix("\r") for line in text.split("\n")), start=1)
+    rows = [(n, line) for n, line in numbered if line.strip()]
     if not rows:
         raise InputRefused("empty_file", "the file holds no lines")
     if len(rows) > max_lines:

@@ -25,6 +25,9 @@ RETRYABLE = frozenset({"quota_exceeded", "overloaded", "no_worker"})
 IGNORED = frozenset({"duplicate_request"})
 """A resubmitted copy's answer: the line's own result is elsewhere on the same topic."""
 DEFAULT_RETRY_AFTER_S = 1.0
+"""The wait after a line's second refusal that named none: 0.5 s after the first, then
+doubling up to ``MAX_BACKOFF_S``."""
+MAX_BACKOFF_S = 15.0
 
 
 def line_request_id(batch_id: str, line_no: int, retry: int = 0) -> str:
@@ -133,8 +136,10 @@ class BatchLog:
         error = chunk.error
         if error is not None and error.code in RETRYABLE:
             self._retries[line_no] = retry + 1
-            wait = error.retry_after_s if error.retry_after_s is not None else None
-            return Retry(line_no, retry + 1, max(0.0, wait or DEFAULT_RETRY_AFTER_S))
+            wait = error.retry_after_s
+            if wait is None:  # no hint (no worker, say): back off, per line
+                wait = min(DEFAULT_RETRY_AFTER_S * 2 ** (retry - 1), MAX_BACKOFF_S)
+            return Retry(line_no, retry + 1, max(0.0, wait))
         result = _result(line_no, chunk, running.parts)
         self.done[line_no] = result.ok
         self.num_prompt_tokens += result.num_prompt_tokens

@@ -48,6 +48,8 @@ from tokenbus.topics import Topics, reply_batch_key
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+FINALIZE_READ_S = 300.0
+"""Finalization reads the reply topic back at most this long for the results it saw."""
 CAUGHT_UP_MS = 1_000
 """A fetch of the reply topic that stays empty this long: the replay has caught up."""
 
@@ -68,7 +70,7 @@ class BatchRun:
         self.doc = doc
         self._pacer = pacer
         self._metrics = metrics
-        self._dead_letters = dead_letters
+        self.dead_letters = dead_letters
         self._clock = clock
         self._topics = Topics(settings.topic_prefix)
         self._topic = self._topics.batch_replies(doc.tenant, doc.id)
@@ -91,23 +93,23 @@ class BatchRun:
         )
         await client.start()  # creates the reply topic, if this is the batch's first run
         assert client.reply_topic == self._topic
-        consumer = await self._reader()
         try:
-            await self._read(consumer, fold, until_caught_up=True)
-            log.info(
-                "%s/%s: %d of %d lines done on its reply topic; resuming",
-                tenant, batch_id, len(fold.done), len(lines),
-            )  # fmt: skip
-            now = self._clock()
-            if self.doc.in_progress_at is None:
-                self.doc.in_progress_at = int(now)
-            if self.doc.status == "validating":
-                self.doc.status = "in_progress"
-            await self._save(fold, submit_errors)
-            ending = await self._drive(client, consumer, fold, by_no, submit_errors)
-        finally:
-            await consumer.stop()
-        try:
+            consumer = await self._reader()
+            try:
+                await self._read(consumer, fold, until_caught_up=True)
+                log.info(
+                    "%s/%s: %d of %d lines done on its reply topic; resuming",
+                    tenant, batch_id, len(fold.done), len(lines),
+                )  # fmt: skip
+                now = self._clock()
+                if self.doc.in_progress_at is None:
+                    self.doc.in_progress_at = int(now)
+                if self.doc.status == "validating":
+                    self.doc.status = "in_progress"
+                await self._save(fold, submit_errors)
+                ending = await self._drive(client, consumer, fold, by_no, submit_errors)
+            finally:
+                await consumer.stop()
             await self._finalize(ending, by_no, submit_errors, fold)
         finally:
             await client.close()
@@ -186,8 +188,14 @@ class BatchRun:
         fold = BatchLog(self.doc.id, set(by_no))
         results: dict[int, LineResult] = {}
         consumer = await self._reader()
+        deadline = time.monotonic() + FINALIZE_READ_S
         try:
             while not set(live.done) <= set(results):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self._topic} no longer holds every result the run saw "
+                        f"({len(results)} of {len(live.done)}): the broker lost records"
+                    )
                 outcomes = await self._read(consumer, fold, until_caught_up=True)
                 results.update((o.line_no, o) for o in outcomes if isinstance(o, LineResult))
         finally:
@@ -260,7 +268,7 @@ class BatchRun:
                             )
                     except SchemaError as exc:
                         await dead_letter_record(
-                            publisher(self._dead_letters),
+                            publisher(self.dead_letters),
                             self._topics,
                             record,
                             consumer=f"batches/{self.doc.id}",

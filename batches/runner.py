@@ -35,6 +35,8 @@ from tokenbus.kafka import make_consumer, make_producer, publisher
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
+RETRY_S = 5.0
+"""A failed run of a batch starts again after this."""
 
 
 def runner_group_id(settings: Settings) -> str:
@@ -117,13 +119,28 @@ class Runner:
         self._metrics.running.set(len(self._runs))
 
     async def _drive(self, run: BatchRun) -> None:
+        """Runs the batch to its end; a run that fails (the broker or the store away)
+        starts again from the store and the reply topic, as after a restart."""
         key = (run.doc.tenant, run.doc.id)
         try:
-            await run.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s/%s: the run failed; it resumes at the next assignment", *key)
+            while True:
+                try:
+                    await run.run()
+                    return
+                except Exception:
+                    log.exception("%s/%s: the run failed; resuming in %g s", *key, RETRY_S)
+                await asyncio.sleep(RETRY_S)
+                doc = await asyncio.to_thread(self._store.batch, *key)
+                if doc.is_terminal:
+                    return
+                cancelled = run.cancel_requested
+                run = BatchRun(
+                    self._settings, self._store, doc, self._pacer_factory(), self._metrics,
+                    run.dead_letters,
+                )  # fmt: skip
+                if cancelled:
+                    run.cancel()
+                self._runs[key].run = run
         finally:
             self._runs.pop(key, None)
             self._metrics.running.set(len(self._runs))

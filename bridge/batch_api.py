@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from batches.bodies import BodyChecker
 from batches.commands import send_command
 from batches.store import BatchStore, NotFound
 from batches.submit import BatchRefused, create_batch, file_doc
 from bridge.admission import Planner
+from bridge.batch_lines import BodyChecker
 from bridge.errors import ApiError, invalid_request, too_large
 from bridge.gateway import Gateway, ids_of
 from schemas.batches import BatchDoc

@@ -4,11 +4,13 @@ cancel, expiry, and the runner and the job killed mid-batch."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -78,7 +80,7 @@ def read_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any
     if file_id is None:
         return []
     text = client.files.content(file_id).text
-    return [json.loads(row) for row in text.splitlines() if row]
+    return [json.loads(row) for row in text.split("\n") if row]  # JSON leaves U+2028 as is
 
 
 def results_of(
@@ -233,44 +235,102 @@ async def test_expiry_ends_the_lines_not_done_in_time(short_window_bridge: Bridg
     assert codes["batch_expired"] > 0 and set(codes) == {"batch_expired"}, codes
 
 
-async def test_the_runner_and_the_job_killed_mid_batch_every_line_runs_once(
+async def test_the_runner_the_job_and_a_worker_killed_mid_batch_every_line_runs_once(
     bridge: BridgeProcess, stack: Stack, settings: Settings
 ) -> None:
     client = openai_client(bridge)
     tag = f"kl{int(time.time())}"
-    num_lines = 1000
+    num_lines = 2000
     batch = submit(client, batch_input(tag, num_lines, max_tokens=4))
 
-    def done_at_least(n: int) -> Any:
-        return lambda b: (
-            ended(b) or (b.request_counts is not None and b.request_counts.completed >= n)
-        )
+    def completed(b: Batch) -> int:
+        return b.request_counts.completed if b.request_counts is not None else 0
 
-    await poll(client, batch.id, done_at_least(100), timeout_s=180)
-    await stack.restart("batches")  # SIGKILL mid-batch, then started again
-    resumed = client.batches.retrieve(batch.id)
-    assert not ended(resumed), "the batch finished before the runner was killed"
-    assert resumed.request_counts is not None
-    await poll(
-        client, batch.id, done_at_least(resumed.request_counts.completed + 100), timeout_s=180
-    )
+    async def progress_past(n: int) -> None:
+        batch = await poll(client, batch_id, lambda b: ended(b) or completed(b) >= n, 300)
+        assert not ended(batch), f"the batch ended before the next kill: {batch.status}"
+
+    batch_id = batch.id
+    await progress_past(100)
+    await stack.restart("batches")  # SIGKILL the runner mid-batch, then start it again
+    await progress_past(completed(client.batches.retrieve(batch_id)) + 100)
     await stack.restart("stream_job", timeout_s=180)  # SIGKILL the Faust job once
-    batch = await poll(client, batch.id, ended, timeout_s=420)
+    await progress_past(completed(client.batches.retrieve(batch_id)) + 100)
+    await stack.restart("worker-0", timeout_s=300)  # and a worker once
+    batch = await poll(client, batch_id, ended, timeout_s=420)
     assert batch.status == "completed"
     good, bad = results_of(client, batch)
     assert (len(good), len(bad)) == (num_lines, 0)
     assert_each_custom_id_once(good, bad, {f"{tag}-{i}" for i in range(num_lines)})
 
-    # No line ran twice: one UsageEvent per line that is not a refusal, on the topic itself.
-    events = await usage_events(settings, batch.id)
-    ran = Counter(
-        e.request_id.split(".")[1] for e in events if e.status is not UsageStatus.REJECTED
-    )
-    twice = {line: n for line, n in ran.items() if n > 1}
-    assert not twice, f"lines that ran more than once: {twice}"
-    assert len(ran) == num_lines
+    # No line ran twice: on the usage topic itself, each line has one request id that
+    # ran (not a refusal), and each attempt of it one UsageEvent. (A request the job sent
+    # again after its worker was lost continues the same stream as attempt 1: each
+    # attempt is billed for the tokens it made, so the completion tokens add up.)
+    events = await usage_events(settings, batch_id)
+    ran = [e for e in events if e.status is not UsageStatus.REJECTED]
+    per_attempt = Counter((e.request_id, e.attempt) for e in ran)
+    assert max(per_attempt.values()) == 1, [k for k, n in per_attempt.items() if n > 1]
+    ids_by_line: dict[str, set[str]] = {}
+    for e in ran:
+        ids_by_line.setdefault(e.request_id.split(".")[1], set()).add(e.request_id)
+    twice = {line: ids for line, ids in ids_by_line.items() if len(ids) > 1}
+    assert not twice, f"lines that ran under more than one request id: {twice}"
+    assert len(ids_by_line) == num_lines
     prompt, completion = output_usage(good)
-    ok = [e for e in events if e.status is not UsageStatus.REJECTED]
-    assert sum(e.num_prompt_tokens for e in ok) == prompt
-    assert sum(e.num_completion_tokens for e in ok) == completion
-    await asyncio.sleep(0)
+    assert sum(e.num_completion_tokens for e in ran) == completion
+    last_attempt = {e.request_id: e for e in sorted(ran, key=lambda e: e.attempt)}
+    assert sum(e.num_prompt_tokens for e in last_attempt.values()) == prompt
+    # ... and billing holds each attempt once, with the output's usage.
+    rows = await eventually(
+        lambda: clickhouse_rows(settings, batch_id),
+        timeout_s=60,
+        until=lambda r: len([x for x in r if x["status"] != "rejected"]) >= len(per_attempt),
+    )
+    billed = [row for row in rows if row["status"] != UsageStatus.REJECTED.value]
+    assert len(billed) == len(per_attempt)
+    assert sum(r["completion_tokens"] for r in billed) == completion
+    last_billed = {r["request_id"]: r for r in sorted(billed, key=lambda r: r["attempt"])}
+    assert sum(r["prompt_tokens"] for r in last_billed.values()) == prompt
+
+
+def test_the_cli_submits_follows_and_collects_a_batch(stack: Stack, tmp_path: Path) -> None:
+    from tokenbus_cli.stack import REPO_ROOT, settings_env
+
+    env = settings_env(stack.settings)
+    tag = f"cli{int(time.time())}"
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(batch_input(tag, 50, max_tokens=2, extra=["not json"]))
+
+    def tokenbus(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "tokenbus_cli.cli", "batch", *args],
+            env=env, cwd=REPO_ROOT, capture_output=True, timeout=180,
+        )  # fmt: skip
+
+    submitted = tokenbus("submit", str(path), "--tenant", "batch-cli", "--metadata", "job=cli")
+    assert submitted.returncode == 0, submitted.stderr.decode()
+    batch_id = submitted.stdout.decode().splitlines()[0]
+    assert batch_id.startswith("batch_")
+    assert b"line 51: invalid_json" in submitted.stderr
+    assert f"batch {batch_id} completed".encode() in submitted.stdout
+
+    status = tokenbus("status", batch_id)
+    doc = json.loads(status.stdout)
+    assert (doc["status"], doc["tenant"], doc["metadata"]) == (
+        "completed",
+        "batch-cli",
+        {"job": "cli"},
+    )
+    assert doc["request_counts"] == {"total": 51, "completed": 50, "failed": 1}
+
+    results = tokenbus("results", batch_id)
+    lines = [json.loads(row) for row in results.stdout.split(b"\n") if row]
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"{tag}-{i}" for i in range(50))
+    errors = tokenbus("results", batch_id, "--errors")
+    codes = [json.loads(row)["error"]["code"] for row in errors.stdout.split(b"\n") if row]
+    assert codes == ["invalid_json"]
+    again = tokenbus("cancel", batch_id)
+    assert again.returncode != 0 and b"completed already" in again.stderr
+    refused = tokenbus("submit", str(path), "--tenant", "batch-cli", "--window", "forever")
+    assert refused.returncode != 0 and b"invalid_completion_window" in refused.stderr

@@ -126,3 +126,13 @@ def test_prepare_applies_the_body_check_and_keeps_errors_in_line_order() -> None
     prepared, errors = prepare(parsed, check)
     assert [p.custom_id for p in prepared] == ["c"]
     assert [(e.line_no, e.code) for e in errors] == [(1, "model_not_allowed"), (2, "invalid_json")]
+
+
+def test_lines_end_at_newlines_only() -> None:
+    row = json.dumps(
+        {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"prompt": "x\u2028y\x85z"}},
+        ensure_ascii=False,
+    )
+    parsed = parse_input((row + "\r\n" + line("b")).encode(), CHAT, max_lines=10)
+    assert [x.custom_id for x in parsed.lines] == ["a", "b"]
+    assert parsed.lines[0].body["prompt"] == "x\u2028y\x85z"

@@ -80,7 +80,7 @@ def test_a_retryable_refusal_moves_the_line_to_its_next_id() -> None:
     )
     assert outcome == Retry(3, 1, 2.5)
     assert fold.retry_of(3) == 1 and not fold.is_done(3)
-    # a refusal without a wait retries after the default second
+    # a refusal without a wait backs off: 0.5 s after the first, 1 s after the second ...
     again = fold.apply(
         chunk(line_request_id(B, 3, 1), 0, last=FinishReason.REJECTED, error="no_worker")
     )
@@ -122,3 +122,16 @@ def test_replaying_the_same_topic_rebuilds_the_same_state() -> None:
         assert fold.done == {2: True}
         assert fold.retry_of(1) == 1  # line 1 runs next (again) as .r1: the same id
         assert fold.num_prompt_tokens == 4
+
+
+def test_refusals_without_a_wait_back_off_per_line_up_to_a_ceiling() -> None:
+    fold = BatchLog(B, {1})
+    waits = []
+    for retry in range(8):
+        refusal = chunk(
+            line_request_id(B, 1, retry), 0, last=FinishReason.REJECTED, error="no_worker"
+        )
+        outcome = fold.apply(refusal)
+        assert isinstance(outcome, Retry) and outcome.retry == retry + 1
+        waits.append(outcome.retry_after_s)
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0]

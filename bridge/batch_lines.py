@@ -1,4 +1,4 @@
-"""A line's body, checked as ``/v1/chat/completions`` or ``/v1/completions`` would check
+"""A batch line's body, checked as ``/v1/chat/completions`` or ``/v1/completions`` would check
 it for the same caller: the bridge's request types and its planner (model access,
 model known, prompt size in characters and, through the one shared prompt counter, in
 tokens, content policy, output length).
