@@ -27,6 +27,7 @@ from bridge.admin import admin_routes
 from bridge.admission import Planner
 from bridge.api_types import Health, ModelCard, ModelList
 from bridge.auth import Authenticator
+from bridge.batch_api import BatchApi
 from bridge.errors import ApiError
 from bridge.gateway import Bus, ClientGone, Gateway, ids_of
 from bridge.hygiene import PatternScreen
@@ -48,7 +49,15 @@ from tokenbus.tracing import Tracing
 
 log = logging.getLogger(__name__)
 ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/files",
+        "/v1/batches",
+        "/healthz",
+        "/metrics",
+    }
 )
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the answer
 
@@ -116,24 +125,26 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         leeway_s=settings.jwt_leeway_s,
         topics=Topics(settings.topic_prefix),
     )
+    planner = Planner(
+        PatternScreen.create(
+            settings.bridge_injection_patterns, settings.bridge_sensitive_patterns
+        ),
+        PromptCounter.from_model_dir(settings.model_dir),
+        max_prompt_chars=settings.bridge_max_prompt_chars,
+        knows_model=lambda model: served.knows(model, time.monotonic()),
+    )
     gateway = Gateway(
         settings,
         client,
         authenticator,
         KeyThrottle(settings.bridge_key_rate_per_s, settings.bridge_key_burst),
         SessionIssuer.create(settings.bridge_session_secret),
-        Planner(
-            PatternScreen.create(
-                settings.bridge_injection_patterns, settings.bridge_sensitive_patterns
-            ),
-            PromptCounter.from_model_dir(settings.model_dir),
-            max_prompt_chars=settings.bridge_max_prompt_chars,
-            knows_model=lambda model: served.knows(model, time.monotonic()),
-        ),
+        planner,
         metrics,
         tokens,
         tracing.tracer,
     )
+    batch_api = BatchApi(settings, gateway, planner)
     spec = build_spec(settings.served_model_name)
     lag = ConsumerLagCollector()
     metrics.registry.register(lag)
@@ -176,6 +187,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if bus is None:
             await client.start()  # type: ignore[attr-defined]
+        await batch_api.start()
         follower = asyncio.create_task(_follow_heartbeats(settings, served))
         log.info("bridge ready on %s:%d", settings.bridge_host, settings.bridge_port)
         try:
@@ -183,6 +195,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+            await batch_api.stop()
             if bus is None:
                 await client.close()  # type: ignore[attr-defined]
 
@@ -194,6 +207,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
+            *batch_api.routes(),
             *admin_routes(settings),
         ],
         exception_handlers={

@@ -85,10 +85,15 @@ class TokenbusClient:
         *,
         credential: Credential | None = None,
         tenant_id: str | None = None,
+        reply_reader: bool = True,
         tracing: Tracing | None = None,
         request_spans: bool = True,
     ) -> None:
-        """``tracing``: this process's tracer; its spans are sent with this client's
+        """``reply_reader=False``: the caller reads the reply topic itself (the batch
+        runner replays it from its start, as a durable log); the client then neither
+        reads it nor deletes it on close.
+
+        ``tracing``: this process's tracer; its spans are sent with this client's
         producer. With ``request_spans``, each request gets a ``client.request`` span
         from submit to its last chunk; without, the request still carries whatever span
         is current at submit (the bridge's own) to the job."""
@@ -101,6 +106,7 @@ class TokenbusClient:
         self._topics = Topics(settings.topic_prefix)
         self.client_id = client_id or ulid().lower()
         self.tenant_id = tenant_id
+        self._reply_reader = reply_reader
         self._service = credential is None and bool(settings.bus_service_secret)
         if self._service:
             # A service of tokenbus's own (the bridge, the local stack, tests, benchmarks)
@@ -143,6 +149,9 @@ class TokenbusClient:
     async def start(self) -> None:
         await ensure_topics(self._settings, {self.reply_topic: 1})
         self._producer = make_producer(self._settings)
+        if not self._reply_reader:
+            await self._producer.start()
+            return
         self._consumer = make_consumer(self._settings, group_id=None)
         await self._producer.start()
         await self._consumer.start()
@@ -171,7 +180,8 @@ class TokenbusClient:
             await self._reply_log.stop()
         if self._producer is not None:
             await self._producer.stop()
-        await delete_topics(self._settings, [self.reply_topic])
+        if self._reply_reader:
+            await delete_topics(self._settings, [self.reply_topic])
 
     def headers(self, tenant_id: str, credential: str | None = None) -> list[tuple[str, bytes]]:
         """The record headers that carry the credential for ``tenant_id``."""
@@ -195,10 +205,12 @@ class TokenbusClient:
         session_id: str | None = None,
         request_id: str | None = None,
         credential: str | None = None,
+        batch_id: str | None = None,
     ) -> InferenceRequest:
         """Produces the request; read its chunks with ``stream(request)``.
 
-        ``credential``: this request's token, instead of the client's."""
+        ``credential``: this request's token, instead of the client's. ``batch_id``: the
+        batch job the request is a line of (class 2)."""
         assert self._producer is not None, "call start() first"
         tenant = tenant_id or self.tenant_id
         if tenant is None:
@@ -216,14 +228,16 @@ class TokenbusClient:
                 "sampling": sampling or SamplingParams(),
                 "reply_to": self.reply_topic,
                 "created_at": created,
+                **({"batch_id": batch_id} if batch_id is not None else {}),
             }
         )
         key = (tenant, request.request_id)
-        self.watch(request.request_id, tenant)
-        self._created[key] = created
+        if self._reply_reader:
+            self.watch(request.request_id, tenant)
+            self._created[key] = created
         headers = self.headers(tenant, credential)
         context = None
-        if self._request_spans:
+        if self._request_spans and self._reply_reader:
             assert self._tracing is not None
             span = self._tracing.tracer.start_span(
                 "client.request",

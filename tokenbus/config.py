@@ -354,6 +354,28 @@ class Settings(BaseSettings):
     bridge_sensitive_patterns: list[str] | None = None
     """Regexes for sensitive data (keys, card numbers); unset: bridge.hygiene's defaults."""
 
+    # -- batch jobs (batches/) ------------------------------------------------------------
+    batch_store_url: str | None = None
+    """Where input, output and error files and batches' status documents live, as an
+    fsspec URL: a directory, or ``s3://bucket/prefix`` (with s3fs installed) shared by
+    the bridges and runners of a cluster. Unset: ``<home>/batches``."""
+    batch_port: int = 18126
+    """``python -m batches`` serves ``/healthz`` and ``/metrics`` (per-batch progress)."""
+    batch_max_file_bytes: int = 200 * 1024 * 1024
+    """The largest input file ``POST /v1/files`` accepts (OpenAI's limit)."""
+    batch_max_lines: int = 50_000
+    """The most lines one batch may hold (OpenAI's limit)."""
+    batch_max_in_flight: int = 32
+    """The most lines of one batch in flight at once (the fixed pacer's limit, and the
+    adaptive pacer's ceiling)."""
+    batch_min_window_s: float = 10.0
+    batch_max_window_s: float = 7 * 86400.0
+    """The ``completion_window`` a batch may ask for: OpenAI's ``24h``, or e.g. ``30m``."""
+    batch_expiry_grace_s: float = 30.0
+    """At expiry the running lines are aborted; their last chunks are awaited this long."""
+    batch_status_interval_s: float = 1.0
+    """How often a running batch's status document is rewritten."""
+
     # -- derived ------------------------------------------------------------------------
     @property
     def bootstrap(self) -> str:
@@ -395,6 +417,10 @@ class Settings(BaseSettings):
             allow_unlisted_tenants=self.allow_unlisted_tenants,
             leeway_s=self.jwt_leeway_s,
         )
+
+    @property
+    def batch_store(self) -> str:
+        return self.batch_store_url or str(self.home / "batches")
 
     @property
     def clickhouse(self) -> str:

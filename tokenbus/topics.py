@@ -77,6 +77,16 @@ class Topics:
         return f"{self.prefix}.load"
 
     @property
+    def batches(self) -> str:
+        """``BatchCommand``s (create, cancel) from the bridge and the CLI, keyed
+        ``<tenant>/<batch_id>``; read from the start by the batch runners' group."""
+        return f"{self.prefix}.batches"
+
+    def batch_replies(self, tenant_id: str, batch_id: str) -> str:
+        """One batch's reply topic: its lines' results, the batch's durable log."""
+        return self.replies(f"{tenant_id}.batch-{batch_id}")
+
+    @property
     def dead_letters(self) -> str:
         """Messages a consumer could not parse, with the reason."""
         return f"{self.prefix}.dlq"

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from tokenbus.config import Settings
+from tokenbus_cli.batch import batch
 
 
 def _settings(**overrides: object) -> Settings:
@@ -436,6 +437,8 @@ def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
     if drifts:
         raise SystemExit(1)
 
+
+main.add_command(batch)
 
 if __name__ == "__main__":
     main()

@@ -140,6 +140,7 @@ def stack_topics(settings: Settings) -> dict[str, int]:
     partitions[topics.budget_alerts] = 1
     partitions[topics.spans] = settings.num_partitions
     partitions[topics.load] = 1  # a few records a second; readers read them all
+    partitions[topics.batches] = settings.num_partitions
     return partitions
 
 
@@ -287,12 +288,16 @@ class Stack:
         workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
         self.on_progress("starting the alerts service")
         alerts = self.spawn_http("alerts", [sys.executable, "-m", "alerts"], "alerts_port")
+        self.on_progress("starting the batch runner")
+        batches = self.spawn_http("batches", [sys.executable, "-m", "batches"], "batch_port")
         self.on_progress("starting the SSE bridge")
         bridge = self.spawn_http("bridge", [sys.executable, "-m", "bridge"], "bridge_port")
         self.on_progress("waiting for the billing sink")
         await self.wait_ready(billing, 60)
         self.on_progress("waiting for the alerts service")
         await self.wait_ready(alerts, 60)
+        self.on_progress("waiting for the batch runner")
+        await self.wait_ready(batches, 60)
         self.on_progress("waiting for the Faust job to join its group")
         await self.wait_ready(job, 120)
         for worker in workers:

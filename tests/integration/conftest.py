@@ -128,6 +128,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         faust_web_port=free_port(),
         bridge_port=free_port(),
         alerts_port=free_port(),
+        batch_port=free_port(),
         model_path=model_dir,
         tenants_file=tenants_file,
         client_timeout_s=60,

@@ -96,6 +96,7 @@ def budget_stack(
         faust_web_port=free_port(),
         bridge_port=free_port(),
         alerts_port=free_port(),
+        batch_port=free_port(),
         model_path=model_dir,
         tenants_file=tenants_file,
         client_timeout_s=60,

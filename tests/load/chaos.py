@@ -373,6 +373,7 @@ async def start_stack(
         billing_query_port=free_port(),
         faust_web_port=free_port(),
         bridge_port=free_port(),
+        batch_port=free_port(),
         model_path=model_dir,
         tenants_file=tenants_file,
         client_timeout_s=120,

@@ -1,0 +1,77 @@
+"""``python -m batches``: the batch runner, with ``/healthz`` and ``/metrics`` on
+``batch_port``.
+
+# <prefix>.batches --> batches.runner.Runner --> one batches.run.BatchRun per batch
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from batches.metrics import RunnerMetrics
+from batches.runner import Runner
+from batches.store import BatchStore
+from tokenbus.config import Settings
+from tokenbus.kafka import ensure_topics, wait_for_broker
+from tokenbus.loops import run
+from tokenbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def create_app(metrics: RunnerMetrics) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    await wait_for_broker(settings, timeout_s=30)
+    await ensure_topics(settings, {Topics(settings.topic_prefix).batches: settings.num_partitions})
+    metrics = RunnerMetrics()
+    runner = Runner(settings, BatchStore(settings.batch_store), metrics)
+    site_runner = web.AppRunner(create_app(metrics), access_log=None)
+    await site_runner.setup()
+    await web.TCPSite(site_runner, "127.0.0.1", settings.batch_port).start()
+    log.info("batch runner on http://127.0.0.1:%d", settings.batch_port)
+    serving = asyncio.create_task(runner.serve())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        # A runner that fails ends the service, so whoever started it sees it exit.
+        done, _ = await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if serving in done:
+            serving.result()
+    finally:
+        stopping.cancel()
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await site_runner.cleanup()
+
+
+async def _main(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(settings, stop)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = Settings()
+    run(_main(settings), settings)
+
+
+if __name__ == "__main__":
+    main()

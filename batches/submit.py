@@ -1,0 +1,178 @@
+"""Creating a batch, as the bridge's ``POST /v1/batches`` and ``tokenbus batch submit``
+both do it: check everything the client set, record the batch, tell the runners.
+
+# input file (store) + endpoint + completion_window + metadata + BodyCheck
+# --> batches.lines (file refused, or lines + line errors) --> prepared lines, BatchDoc
+# --> store (lines, errors, status document) --> BatchCommand create --> <prefix>.batches
+
+The status document is written before the command, so a runner that reads the command
+always finds it. A batch none of whose lines can run is ``failed`` at once, with every
+line's reason in its ``errors``; the runner skips it.
+"""
+
+from __future__ import annotations
+
+from batches.control import parse_window
+from batches.lines import BodyCheck, InputRefused, parse_input, prepare
+from batches.store import BatchStore, NotFound
+from schemas.batches import (
+    BatchDoc,
+    BatchEndpoint,
+    BatchErrorItem,
+    BatchErrors,
+    FileDoc,
+    LineError,
+    RequestCounts,
+)
+from tokenbus.config import Settings
+from tokenbus.ids import ulid
+
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_DOC_ERRORS = 1_000
+"""Line errors listed in the status document; the error file has them all."""
+
+
+class BatchRefused(ValueError):
+    """The batch cannot be created: ``status`` as the API answers it, a code, a message."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+def new_file_id() -> str:
+    return f"file-{ulid()}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{ulid()}"
+
+
+def check_metadata(metadata: object) -> dict[str, str] | None:
+    """OpenAI's rules: at most 16 pairs of strings, keys to 64 and values to 512 chars."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise BatchRefused(
+            400, "invalid_metadata", "metadata must map strings to strings", "metadata"
+        )
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise BatchRefused(
+            400, "invalid_metadata", f"metadata holds at most {MAX_METADATA_KEYS} keys", "metadata"
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise BatchRefused(
+                400,
+                "invalid_metadata",
+                f"metadata keys have at most {MAX_METADATA_KEY_CHARS} characters and values "
+                f"at most {MAX_METADATA_VALUE_CHARS}",
+                "metadata",
+            )
+    return dict(metadata)
+
+
+def create_batch(
+    store: BatchStore,
+    settings: Settings,
+    *,
+    tenant: str,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
+    metadata: object,
+    check_body: BodyCheck,
+    now: float,
+) -> BatchDoc:
+    """Checks and records a batch (blocking I/O: call it in a thread)."""
+    if endpoint not in ("/v1/chat/completions", "/v1/completions"):
+        raise BatchRefused(
+            400,
+            "invalid_endpoint",
+            "endpoint must be /v1/chat/completions or /v1/completions",
+            "endpoint",
+        )
+    batch_endpoint: BatchEndpoint = endpoint  # type: ignore[assignment]
+    try:
+        window_s = parse_window(
+            completion_window, min_s=settings.batch_min_window_s, max_s=settings.batch_max_window_s
+        )
+    except ValueError as exc:
+        raise BatchRefused(
+            400, "invalid_completion_window", str(exc), "completion_window"
+        ) from None
+    checked_metadata = check_metadata(metadata)
+    try:
+        file_doc = store.file_doc(tenant, input_file_id)
+        raw = store.file_bytes(tenant, input_file_id)
+    except NotFound:
+        raise BatchRefused(
+            404, "file_not_found", f"No file {input_file_id[:80]!r} of yours.", "input_file_id"
+        ) from None
+    if file_doc.purpose != "batch":
+        raise BatchRefused(
+            400, "invalid_file", "the input file must have been uploaded with purpose 'batch'",
+            "input_file_id",
+        )  # fmt: skip
+    try:
+        parsed = parse_input(raw, batch_endpoint, max_lines=settings.batch_max_lines)
+    except InputRefused as exc:
+        raise BatchRefused(400, exc.code, exc.message, "input_file_id") from None
+    prepared, errors = prepare(parsed, check_body)
+    created = int(now)
+    doc = BatchDoc(
+        id=new_batch_id(),
+        endpoint=batch_endpoint,
+        input_file_id=input_file_id,
+        completion_window=completion_window,
+        status="validating" if prepared else "failed",
+        created_at=created,
+        expires_at=created + int(window_s),
+        failed_at=None if prepared else created,
+        request_counts=RequestCounts(
+            total=parsed.num_lines, completed=0, failed=0 if prepared else parsed.num_lines
+        ),
+        metadata=checked_metadata,
+        errors=_doc_errors(errors),
+        model=prepared[0].model if prepared else None,
+        tenant=tenant,
+    )
+    store.put_lines(tenant, doc.id, prepared, errors)
+    store.put_batch(doc)
+    return doc
+
+
+def _doc_errors(errors: list[LineError]) -> BatchErrors | None:
+    if not errors:
+        return None
+    return BatchErrors(
+        data=[
+            BatchErrorItem(
+                code=e.code,
+                message=e.message,
+                line=e.line_no,
+                param=f"custom_id={e.custom_id}" if e.custom_id else None,
+            )
+            for e in errors[:MAX_DOC_ERRORS]
+        ]
+    )
+
+
+def file_doc(tenant: str, filename: str, data: bytes, now: float) -> FileDoc:
+    """An uploaded input file's record; the name is the client's, kept only as a label."""
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1][:256] or "upload.jsonl"
+    return FileDoc(
+        id=new_file_id(),
+        bytes=len(data),
+        created_at=int(now),
+        filename=name,
+        purpose="batch",
+        tenant=tenant,
+    )

@@ -1,0 +1,208 @@
+"""OpenAI's Files and Batches endpoints, as the ``openai`` client's ``files`` and
+``batches`` methods call them: thin handlers over ``batches.store`` and ``batches.submit``.
+
+# POST /v1/files (multipart: file, purpose=batch) --> store --> FileObject
+# GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
+# POST /v1/batches --> batches.submit.create_batch (every line checked by the planner)
+#   --> BatchCommand create --> Batch
+# GET /v1/batches[/{id}] --> the status documents ; POST /v1/batches/{id}/cancel --> cancel
+
+Every path in the store starts with the tenant the caller authenticated as: another
+tenant's id is answered 404, exactly as an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from batches.commands import send_command
+from batches.store import BatchStore, NotFound
+from batches.submit import BatchRefused, create_batch, file_doc
+from bridge.admission import Planner
+from bridge.batch_lines import BodyChecker
+from bridge.errors import ApiError, invalid_request, too_large
+from bridge.gateway import Gateway, ids_of
+from schemas.batches import BatchDoc
+from tokenbus.config import Settings
+from tokenbus.kafka import make_producer
+
+MAX_LIST = 100
+
+
+class BatchCreateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, Any] | None = None
+
+
+class BatchApi:
+    def __init__(self, settings: Settings, gateway: Gateway, planner: Planner) -> None:
+        self._settings = settings
+        self._gateway = gateway
+        self._planner = planner
+        self._store = BatchStore(settings.batch_store)
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = make_producer(self._settings)
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/files", self.upload, methods=["POST"]),
+            Route("/v1/files/{file_id}", self.file, methods=["GET"]),
+            Route("/v1/files/{file_id}/content", self.content, methods=["GET"]),
+            Route("/v1/batches", self.create, methods=["POST"]),
+            Route("/v1/batches", self.list, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    # -- files ------------------------------------------------------------------------
+    async def upload(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        limit = self._settings.batch_max_file_bytes
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit + 65_536:
+            raise too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+        if not http.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise invalid_request("Send the file as multipart/form-data.", None, "invalid_body")
+        async with http.form(max_files=1, max_fields=8) as form:
+            purpose = form.get("purpose")
+            upload = form.get("file")
+            if purpose != "batch":
+                raise invalid_request(
+                    "purpose must be 'batch': only batch input files are accepted.", "purpose"
+                )
+            if not isinstance(upload, UploadFile):
+                raise invalid_request(
+                    "Missing required parameter: file", "file", "missing_required"
+                )
+            data = await upload.read(limit + 1)
+            filename = upload.filename or "upload.jsonl"
+        if len(data) > limit:
+            raise too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+        doc = file_doc(caller.tenant_id, filename, data, time.time())
+        await asyncio.to_thread(self._store.put_file, doc, data)
+        return JSONResponse(doc.public(), headers=ids_of(http))
+
+    async def file(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        doc = await self._found(self._store.file_doc, caller.tenant_id, http.path_params["file_id"])
+        return JSONResponse(doc.public(), headers=ids_of(http))
+
+    async def content(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        data = await self._found(
+            self._store.file_bytes, caller.tenant_id, http.path_params["file_id"]
+        )
+        return Response(data, media_type="application/octet-stream", headers=ids_of(http))
+
+    # -- batches ----------------------------------------------------------------------
+    async def create(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        body = await self._gateway.read_body(http, BatchCreateBody)
+        try:
+            doc = await asyncio.to_thread(
+                create_batch,
+                self._store,
+                self._settings,
+                tenant=caller.tenant_id,
+                input_file_id=body.input_file_id,
+                endpoint=body.endpoint,
+                completion_window=body.completion_window,
+                metadata=body.metadata,
+                check_body=BodyChecker(self._planner, caller),
+                now=time.time(),
+            )
+        except BatchRefused as exc:
+            type_ = "invalid_request_error"
+            raise ApiError(
+                exc.status, exc.message, type=type_, code=exc.code, param=exc.param
+            ) from None
+        if not doc.is_terminal:
+            assert self._producer is not None
+            await send_command(self._producer, self._settings, "create", doc.tenant, doc.id)
+        return JSONResponse(_public(doc), headers=ids_of(http))
+
+    async def retrieve(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        doc = await self._batch(caller.tenant_id, http.path_params["batch_id"])
+        return JSONResponse(_public(doc), headers=ids_of(http))
+
+    async def list(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        try:
+            limit = int(http.query_params.get("limit", "20"))
+        except ValueError:
+            raise invalid_request("limit must be an integer.", "limit") from None
+        if not 1 <= limit <= MAX_LIST:
+            raise invalid_request(f"limit must be between 1 and {MAX_LIST}.", "limit")
+        docs = await asyncio.to_thread(self._store.batches, caller.tenant_id)
+        after = http.query_params.get("after")
+        if after is not None:
+            ids = [d.id for d in docs]
+            docs = docs[ids.index(after) + 1 :] if after in ids else []
+        page = docs[:limit]
+        body = {
+            "object": "list",
+            "data": [_public(d) for d in page],
+            "first_id": page[0].id if page else None,
+            "last_id": page[-1].id if page else None,
+            "has_more": len(docs) > limit,
+        }
+        return JSONResponse(body, headers=ids_of(http))
+
+    async def cancel(self, http: Request) -> Response:
+        caller = self._gateway.authenticate(http)
+        doc = await self._batch(caller.tenant_id, http.path_params["batch_id"])
+        if doc.is_terminal:
+            raise ApiError(
+                409,
+                f"The batch is {doc.status}; only a running batch can be cancelled.",
+                type="invalid_request_error",
+                code="batch_not_cancellable",
+            )
+        assert self._producer is not None
+        await send_command(self._producer, self._settings, "cancel", doc.tenant, doc.id)
+        # The runner records the cancel; the answer says what the caller asked for.
+        if doc.status != "cancelling":
+            doc.status = "cancelling"
+            doc.cancelling_at = int(time.time())
+        return JSONResponse(_public(doc), headers=ids_of(http))
+
+    # -- lookups --------------------------------------------------------------------------
+    async def _batch(self, tenant: str, batch_id: str) -> BatchDoc:
+        doc: BatchDoc = await self._found(self._store.batch, tenant, batch_id)
+        return doc
+
+    async def _found(self, read: Any, tenant: str, item_id: str) -> Any:
+        try:
+            return await asyncio.to_thread(read, tenant, item_id)
+        except NotFound:
+            raise ApiError(
+                404,
+                f"No such object: {item_id[:80]!r}.",
+                type="invalid_request_error",
+                code="not_found",
+            ) from None
+
+
+def _public(doc: BatchDoc) -> dict[str, Any]:
+    return doc.model_dump(mode="json")

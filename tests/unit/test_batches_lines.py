@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batches.lines import InputLine, InputRefused, parse_input, prepare
+from schemas import SamplingParams
+from schemas.batches import LineError, PreparedLine
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id: str, url: str = CHAT, **body: object) -> str:
+    body = body or {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def jsonl(*rows: str) -> bytes:
+    return ("\n".join(rows) + "\n").encode()
+
+
+def test_good_lines_parse_with_their_numbers() -> None:
+    parsed = parse_input(jsonl(line("a"), "", line("b")), CHAT, max_lines=10)
+    assert [(x.line_no, x.custom_id) for x in parsed.lines] == [(1, "a"), (3, "b")]
+    assert parsed.errors == []
+    assert parsed.num_lines == 2
+
+
+def test_a_malformed_line_is_an_error_naming_its_number_and_the_rest_runs() -> None:
+    raw = jsonl(line("a"), "{not json", line("c"), '["a list"]', json.dumps({"custom_id": "e"}))
+    parsed = parse_input(raw, CHAT, max_lines=10)
+    assert [x.custom_id for x in parsed.lines] == ["a", "c"]
+    assert [(e.line_no, e.code) for e in parsed.errors] == [
+        (2, "invalid_json"),
+        (4, "invalid_line"),
+        (5, "invalid_method"),
+    ]
+    assert "not JSON" in parsed.errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"", "empty_file"),
+        (b"\n  \n", "empty_file"),
+        (b"\xff\xfe binary", "invalid_file"),
+        (b"hello, world\nthis is a CSV\n", "invalid_file"),
+        (jsonl(line("a"), line("a")), "duplicate_custom_id"),
+        (
+            jsonl(line("a"), line("b", url="/v1/completions", model="m", prompt="p")),
+            "mismatched_endpoint",
+        ),
+        (jsonl(*(line(str(n)) for n in range(4))), "too_many_lines"),
+    ],
+)
+def test_a_file_that_cannot_be_trusted_is_refused_whole(raw: bytes, code: str) -> None:
+    with pytest.raises(InputRefused) as refused:
+        parse_input(raw, CHAT, max_lines=3)
+    assert refused.value.code == code
+
+
+def test_the_duplicate_names_both_lines() -> None:
+    with pytest.raises(InputRefused, match="lines 1 and 3"):
+        parse_input(jsonl(line("x"), line("y"), line("x")), CHAT, max_lines=10)
+
+
+@pytest.mark.parametrize(
+    ("row", "code"),
+    [
+        (
+            json.dumps({"custom_id": 7, "method": "POST", "url": CHAT, "body": {}}),
+            "missing_custom_id",
+        ),
+        (
+            json.dumps({"custom_id": "", "method": "POST", "url": CHAT, "body": {}}),
+            "invalid_custom_id",
+        ),
+        (
+            json.dumps({"custom_id": "x" * 513, "method": "POST", "url": CHAT, "body": {}}),
+            "invalid_custom_id",
+        ),
+        (
+            json.dumps({"custom_id": "a", "method": "GET", "url": CHAT, "body": {}}),
+            "invalid_method",
+        ),
+        (
+            json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}),
+            "invalid_url",
+        ),
+        (json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": []}), "invalid_body"),
+        (
+            json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": {"stream": True}}),
+            "invalid_body",
+        ),
+        (
+            json.dumps(
+                {"custom_id": "a", "method": "POST", "url": CHAT, "body": {}, "batch_id": "b"}
+            ),
+            "invalid_line",
+        ),
+    ],
+)
+def test_each_bad_field_of_a_line_is_named(row: str, code: str) -> None:
+    parsed = parse_input(jsonl(line("ok"), row), CHAT, max_lines=10)
+    assert [e.code for e in parsed.errors] == [code]
+    assert parsed.errors[0].line_no == 2
+
+
+def test_prepare_applies_the_body_check_and_keeps_errors_in_line_order() -> None:
+    parsed = parse_input(jsonl(line("a"), "nope", line("c")), CHAT, max_lines=10)
+
+    def check(item: InputLine) -> PreparedLine | LineError:
+        if item.custom_id == "a":
+            return LineError(
+                line_no=item.line_no, custom_id="a", code="model_not_allowed", message="no"
+            )
+        return PreparedLine(
+            line_no=item.line_no,
+            custom_id=item.custom_id,
+            model="tiny-llama",
+            prompt="p",
+            sampling=SamplingParams(max_tokens=2),
+        )
+
+    prepared, errors = prepare(parsed, check)
+    assert [p.custom_id for p in prepared] == ["c"]
+    assert [(e.line_no, e.code) for e in errors] == [(1, "model_not_allowed"), (2, "invalid_json")]
+
+
+def test_lines_end_at_newlines_only() -> None:
+    row = json.dumps(
+        {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"prompt": "x\u2028y\x85z"}},
+        ensure_ascii=False,
+    )
+    parsed = parse_input((row + "\r\n" + line("b")).encode(), CHAT, max_lines=10)
+    assert [x.custom_id for x in parsed.lines] == ["a", "b"]
+    assert parsed.lines[0].body["prompt"] == "x\u2028y\x85z"

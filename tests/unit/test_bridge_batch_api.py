@@ -1,0 +1,256 @@
+"""The Files and Batches endpoints through the official ``openai`` client, on an app
+with the real handlers, store and planner; the commands producer is a recorder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.testclient import TestClient
+
+from batches.store import BatchStore
+from bridge.admission import Planner
+from bridge.auth import Authenticator
+from bridge.batch_api import BatchApi
+from bridge.errors import ApiError
+from bridge.gateway import Gateway
+from bridge.hygiene import PatternScreen
+from bridge.metrics import BridgeMetrics
+from bridge.sessions import SessionIssuer
+from bridge.throttle import KeyThrottle
+from schemas import decode
+from schemas.batches import BatchCommand
+from tokenbus.config import Settings
+from tokenbus.prompt_tokens import PromptCounter
+from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key
+
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> None:
+        self.sent.append((topic, key, value))
+
+    def commands(self) -> list[BatchCommand]:
+        return [decode(BatchCommand, value) for _, _, value in self.sent]
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[tuple[Starlette, Recorder, Settings]]:
+    settings = Settings(home=tmp_path, batch_max_lines=100)
+    tenants = {
+        name: TenantConfig(
+            tenant_id=name,
+            models=["tiny-llama"],
+            api_key_sha256=[hash_api_key(key)],
+            max_prompt_tokens=40,
+            max_output_tokens=16,
+        )
+        for name, key in KEYS.items()
+    }
+    directory = TenantDirectory(tenants, TenantConfig(tenant_id="*"))
+    planner = Planner(
+        PatternScreen.create(None, None),
+        PromptCounter(None),
+        max_prompt_chars=10_000,
+        knows_model=lambda model: model == "tiny-llama",
+    )
+    none: Any = None
+    gateway = Gateway(
+        settings,
+        none,
+        Authenticator(directory, audience="tokenbus"),
+        KeyThrottle(1000, 1000),
+        SessionIssuer.create(None),
+        planner,
+        BridgeMetrics(),
+        none,
+    )
+    api = BatchApi(settings, gateway, planner)
+    recorder = Recorder()
+    api._producer = recorder  # type: ignore[assignment]
+
+    async def api_error(http: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+    yield (
+        Starlette(routes=api.routes(), exception_handlers={ApiError: api_error}),
+        recorder,
+        settings,
+    )
+
+
+def client(app: Starlette, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        api_key=KEYS[tenant],
+        base_url="http://testserver/v1",
+        http_client=TestClient(app),
+        max_retries=0,
+    )
+
+
+def lines(n: int, **body: Any) -> bytes:
+    rows = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": body
+            or {
+                "model": "tiny-llama",
+                "messages": [{"role": "user", "content": f"hi {i}"}],
+                "max_tokens": 2,
+            },
+        }
+        for i in range(n)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_upload_create_retrieve_list_cancel_through_the_openai_client(app: Any) -> None:
+    starlette_app, recorder, settings = app
+    alice = client(starlette_app, "alice")
+    uploaded = alice.files.create(file=("in.jsonl", lines(3)), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes == len(lines(3))
+    assert alice.files.retrieve(uploaded.id).filename == "in.jsonl"
+    assert alice.files.content(uploaded.id).content == lines(3)
+
+    batch = alice.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    assert batch.status == "validating"
+    assert batch.request_counts is not None and batch.request_counts.total == 3
+    assert batch.metadata == {"job": "nightly"}
+    assert alice.batches.retrieve(batch.id).id == batch.id
+    assert [b.id for b in alice.batches.list()] == [batch.id]
+    assert [(c.kind, c.tenant_id, c.batch_id) for c in recorder.commands()] == [
+        ("create", "alice", batch.id)
+    ]
+    assert recorder.sent[0][1] == f"alice/{batch.id}".encode()
+    prepared = BatchStore(settings.batch_store).lines("alice", batch.id)
+    assert [p.sampling.max_tokens for p in prepared] == [2, 2, 2]
+
+    cancelled = alice.batches.cancel(batch.id)
+    assert cancelled.status == "cancelling"
+    assert recorder.commands()[-1].kind == "cancel"
+
+
+def test_a_tenant_never_sees_or_cancels_another_tenants_file_or_batch(app: Any) -> None:
+    starlette_app, recorder, _ = app
+    alice, bob = client(starlette_app, "alice"), client(starlette_app, "bob")
+    uploaded = alice.files.create(file=("in.jsonl", lines(2)), purpose="batch")
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    for attempt in (
+        lambda: bob.files.retrieve(uploaded.id),
+        lambda: bob.files.content(uploaded.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert list(bob.batches.list()) == []
+    assert [c.kind for c in recorder.commands()] == ["create"]  # bob's cancel sent nothing
+
+
+def test_line_problems_are_reported_at_submit_time_and_the_rest_runs(app: Any) -> None:
+    starlette_app, _, _ = app
+    alice = client(starlette_app, "alice")
+    good = json.loads(lines(1))
+    rows = [
+        good,
+        {**good, "custom_id": "other-model", "body": {**good["body"], "model": "other-model"}},
+        {
+            **good,
+            "custom_id": "long",
+            "body": {**good["body"], "messages": [{"role": "user", "content": "x" * 400}]},
+        },
+        {**good, "custom_id": "extra", "body": {**good["body"], "batch_id": "batch_forged"}},
+    ]
+    raw = b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b"{broken\n"
+    uploaded = alice.files.create(file=("in.jsonl", raw), purpose="batch")
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="90s"
+    )
+    assert batch.errors is not None
+    assert [(e.line, e.code) for e in batch.errors.data or []] == [
+        (2, "model_not_allowed"),
+        (3, "context_length_exceeded"),
+        (4, "unknown_parameter"),
+        (5, "invalid_json"),
+    ]
+    assert batch.status == "validating" and batch.expires_at == batch.created_at + 90
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "code"),
+    [
+        ({"completion_window": "forever"}, 400, "invalid_completion_window"),
+        ({"completion_window": "1s"}, 400, "invalid_completion_window"),
+        ({"endpoint": "/v1/embeddings"}, 400, "invalid_endpoint"),
+        ({"metadata": {"k": "v" * 600}}, 400, "invalid_metadata"),
+        ({"input_file_id": "file-doesnotexist0"}, 404, "file_not_found"),
+        ({"input_file_id": "../../etc/passwd"}, 404, "file_not_found"),
+    ],
+)
+def test_every_field_of_a_create_is_checked(
+    app: Any, fields: dict[str, Any], status: int, code: str
+) -> None:
+    starlette_app, recorder, _ = app
+    alice = client(starlette_app, "alice")
+    uploaded = alice.files.create(file=("in.jsonl", lines(1)), purpose="batch")
+    body = {
+        "input_file_id": uploaded.id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    with pytest.raises(openai.APIStatusError) as refused:
+        alice.batches.create(**{**body, **fields})
+    assert refused.value.status_code == status
+    assert refused.value.body["code"] == code  # type: ignore[index]
+    assert recorder.sent == []
+
+
+def test_a_file_that_is_not_jsonl_or_has_duplicates_is_refused(app: Any) -> None:
+    starlette_app, _, _ = app
+    alice = client(starlette_app, "alice")
+    for raw, code in (
+        (b"a,b,c\n1,2,3\n", "invalid_file"),
+        (lines(2).replace(b"req-1", b"req-0"), "duplicate_custom_id"),
+    ):
+        uploaded = alice.files.create(file=("in.jsonl", raw), purpose="batch")
+        with pytest.raises(openai.BadRequestError) as refused:
+            alice.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert refused.value.body["code"] == code  # type: ignore[index]
+
+
+def test_uploads_other_than_batch_files_are_refused(app: Any) -> None:
+    starlette_app, _, _ = app
+    alice = client(starlette_app, "alice")
+    with pytest.raises(openai.BadRequestError):
+        alice.files.create(file=("in.jsonl", lines(1)), purpose="fine-tune")
+    unauthenticated = openai.OpenAI(
+        api_key="sk-wrong", base_url="http://testserver/v1", http_client=TestClient(starlette_app)
+    )
+    with pytest.raises(openai.AuthenticationError):
+        unauthenticated.batches.list()
