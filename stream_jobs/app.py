@@ -18,8 +18,12 @@ acknowledged its forward (or it was answered) and the ledger says so. So no offs
 committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
 included) redelivers every request of the batch, and those after it, that were not, and
 the ledger and the window's reservations keep a redelivered request from running or
-being charged twice. A request whose handling fails leaves its event unacked, and the
-agent raises that error on its next batch, as a failed ``handle_request`` did.
+being charged twice. A request whose handling fails is logged and its event acked, as
+the per-event agent's loop acked the event it raised on: no taken event is left unacked,
+for Faust waits for every one (``Consumer.wait_empty``) on shutdown and rebalance. An
+agent stopped with requests not yet forwarded leaves their events unacked (redelivered).
+Faust's commit flushes its producer first: ``keep_producer_topics`` keeps that flush
+from waiting on a changelog record aiokafka lost the partition leader of.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
