@@ -29,6 +29,7 @@ from tokenbus.kafka import ensure_topics
 from tokenbus.logs import setup_logging
 from tokenbus.metrics import aiokafka_offsets
 from tokenbus.topics import Topics
+from tokenbus.tracing import Tracing
 
 __all__ = ["billing_report", "main", "serve"]
 
@@ -62,7 +63,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             ClickHouseStore, settings.clickhouse, migrate=False, read_only=True
         )
         try:
-            sink = BillingSink(settings, store, pricer)
+            # Its producer sends the spans of traced attempts' inserts (billing.insert).
+            sink = BillingSink(settings, store, pricer, tracing=Tracing(settings, "billing"))
             alert_sink = AlertSink(settings, store)
             span_sink = SpanSink(settings, store)
 

@@ -71,11 +71,13 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
+from opentelemetry.trace import SpanKind
 
 from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
 from billing.pricing import Pricer
@@ -89,6 +91,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.topics import Topics
+from tokenbus.tracing import Tracing, extract, span_attributes
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +179,12 @@ class BillingSink:
         pricer: Pricer,
         *,
         backoff: Backoff | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._pricer = pricer
+        self._tracing = tracing
         self._topics = Topics(settings.topic_prefix)
         self.group_id = billing_group_id(settings)
         self._backoff = backoff or Backoff()
@@ -235,11 +240,16 @@ class BillingSink:
             # What start-up made (modules, clients) lives as long as the sink: the
             # collections between batches need not walk it again and again.
             gc.freeze()
+            spans = None
+            if self._tracing is not None:
+                spans = asyncio.create_task(self._tracing.run(publisher(producer), stop))
             try:
                 log.info("billing sink consuming %s as %s", self._topics.usage, self.group_id)
                 await self.consume(consumer, publisher(producer), stop)
             finally:
                 await consumer.stop()
+                if spans is not None:
+                    await spans  # ``stop`` is set: it sends what is left and returns
         finally:
             await producer.stop()
             log.info("billing sink stopped: %s", self.stats())
@@ -318,10 +328,15 @@ class BillingSink:
     ) -> None:
         batch = self._without_revoked(batch)
         events: list[Usage] = []
+        traced: list[tuple[Any, Usage]] = []  # (record headers, event): traced attempts
         for records in batch.values():
             read = decode_usages([record.value for record in records])
             if read is not None:  # the whole fetch, strictly: every one storable
                 events += read
+                if self._tracing is not None:
+                    traced += [
+                        (r.headers, e) for r, e in zip(records, read, strict=True) if r.headers
+                    ]
                 continue
             for record in records:
                 try:
@@ -332,10 +347,15 @@ class BillingSink:
                         return
                 else:
                     events.append(event)
+                    if self._tracing is not None and record.headers:
+                        traced.append((record.headers, event))
         if events:
             plan = await self._plan(events, stop)
+            started_ns = time.time_ns()
             if plan is None or not await self._insert(plan, stop):
                 return  # stopping mid-outage: uncommitted, so the batch is redelivered
+            if traced:
+                self._trace_insert(traced, started_ns, plan.num_rows)
             self.num_inserted += plan.num_rows
             self.num_duplicates += len(events) - plan.num_rows
             newest = max(event.created_at for event in events).timestamp()
@@ -343,6 +363,29 @@ class BillingSink:
                 self.newest_created_at = newest
         self.num_batches += 1
         await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items()})
+
+    def _trace_insert(
+        self, traced: list[tuple[Any, Usage]], started_ns: int, num_rows: int
+    ) -> None:
+        """A ``billing.insert`` span per traced attempt of the batch, under the span its
+        usage record carries (the worker's), over the batch's insert."""
+        assert self._tracing is not None
+        tracer = self._tracing.tracer
+        ended_ns = time.time_ns()
+        for headers, event in traced:
+            span = tracer.start_span(
+                "billing.insert",
+                context=extract(headers),
+                kind=SpanKind.CONSUMER,
+                start_time=started_ns,
+                attributes={
+                    **span_attributes(
+                        tenant=event.tenant_id, request_id=event.request_id, attempt=event.attempt
+                    ),
+                    "tokenbus.num_rows": num_rows,
+                },
+            )
+            span.end(end_time=ended_ns)
 
     async def _plan(self, events: list[Usage], stop: asyncio.Event) -> ColumnPlan | None:
         if self._recent is None and not await self._until_done(

@@ -188,7 +188,8 @@ class Settings(BaseSettings):
     load_report_interval_s: float = 1.0
     """How often the job publishes a ``LoadReport`` per model to ``<prefix>.load``."""
     batch_max_in_flight: int = 64
-    """The most batch lines a pacer lets a runner keep in flight (per model)."""
+    """The most lines of one batch in flight at once: the fixed pacer's limit, and the
+    adaptive pacer's ceiling."""
     batch_target_interactive_ratio: float = 1.5
     """A pacer backs off while interactive (class 0/1) queue wait or TTFT p99 is above
     this times its baseline (measured while batch lines were few), or while interactive
@@ -365,9 +366,6 @@ class Settings(BaseSettings):
     """The largest input file ``POST /v1/files`` accepts (OpenAI's limit)."""
     batch_max_lines: int = 50_000
     """The most lines one batch may hold (OpenAI's limit)."""
-    batch_max_in_flight: int = 32
-    """The most lines of one batch in flight at once (the fixed pacer's limit, and the
-    adaptive pacer's ceiling)."""
     batch_min_window_s: float = 10.0
     batch_max_window_s: float = 7 * 86400.0
     """The ``completion_window`` a batch may ask for: OpenAI's ``24h``, or e.g. ``30m``."""

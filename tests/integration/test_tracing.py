@@ -1,0 +1,128 @@
+"""Traces across the bus, on the real stack: one request through the bridge is one trace
+with spans from the bridge, the job, the worker and billing, correctly parented, found by
+``tokenbus trace``'s query in tokenbus's own store (no collector)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from billing.reader import open_reader
+from billing.traces import TRACE_SQL
+from tests.integration.conftest import BridgeProcess, bridge_key, eventually
+from tokenbus.config import Settings
+
+MODEL = "tiny-llama"
+TENANT = "br-alice"
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+SERVICES = {"tokenbus-bridge", "tokenbus-job", "tokenbus-worker", "tokenbus-billing"}
+
+
+def spans_of(settings: Settings, request_id: str) -> list[dict[str, Any]]:
+    reader = open_reader(settings)
+    try:
+        return reader.query(TRACE_SQL, {"tenant": TENANT, "request_id": request_id})
+    finally:
+        reader.close()
+
+
+def by_name(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    named: dict[str, dict[str, Any]] = {}
+    for span in spans:
+        assert span["name"] not in named, f"two {span['name']} spans: {spans}"
+        named[span["name"]] = span
+    return named
+
+
+async def test_one_bridge_request_is_one_trace_across_four_services(
+    bridge: BridgeProcess, settings: Settings
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {bridge_key(TENANT)}",
+        "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+    }
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "trace me"}],
+        "max_tokens": 6,
+        "stream": True,
+    }
+    async with httpx.AsyncClient(timeout=60) as http:
+        started = time.perf_counter()
+        first: float | None = None
+        async with http.stream(
+            "POST", f"{bridge.url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            assert response.status_code == 200
+            request_id = response.headers["X-Request-ID"]
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data:"):
+                    first = time.perf_counter()
+    assert first is not None
+    ttft_ms = (first - started) * 1000
+
+    spans = await eventually(
+        lambda: spans_of(settings, request_id),
+        timeout_s=30,
+        until=lambda rows: SERVICES <= {r["service"] for r in rows},
+    )
+    assert {span["trace_id"] for span in spans} == {CALLER_TRACE}
+    named = by_name(spans)
+    ids = {name: span["span_id"] for name, span in named.items()}
+
+    def parent(name: str) -> str:
+        return str(named[name]["parent_span_id"])
+
+    # The caller's span is honoured; every service's span hangs under the one before.
+    assert parent("bridge.request") == CALLER_SPAN
+    for child in ("bridge.auth", "bridge.hygiene", "bridge.admission_wait", "bridge.relay"):
+        assert parent(child) == ids["bridge.request"], child
+    assert parent("job.admit") == ids["bridge.admission_wait"]
+    assert parent("job.queue") == ids["job.admit"]
+    assert parent("worker.request") == ids["job.queue"]
+    for phase in ("worker.engine_queue", "worker.prefill", "worker.decode"):
+        assert parent(phase) == ids["worker.request"], phase
+    assert parent("billing.insert") == ids["worker.request"]
+    assert {named[n]["service"] for n in ("job.admit", "job.queue")} == {"tokenbus-job"}
+    request = named["worker.request"]
+    assert request["request_id"] == request_id and request["attempt"] == 0
+    assert request["attributes"]["tokenbus.tenant"] == TENANT
+    assert int(request["attributes"]["tokenbus.num_completion_tokens"]) == 6
+
+    # Up to the first token, the bridge's spans tile the time the caller waited.
+    before_first_ms = sum(
+        named[n]["duration_us"] / 1000
+        for n in ("bridge.auth", "bridge.hygiene", "bridge.admission_wait")
+    )
+    assert abs(ttft_ms - before_first_ms) <= 5.0, (ttft_ms, before_first_ms)
+
+    # `tokenbus trace` prints the same trace, with no collector.
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tokenbus_cli.cli", "trace", request_id, "--tenant", TENANT],
+        env=_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"trace {CALLER_TRACE}"
+    assert any("worker.decode" in line and "tokenbus-worker" in line for line in lines)
+    assert any("billing.insert" in line for line in lines)
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TOKENBUS_HOME": str(settings.home),
+        "TOKENBUS_CLICKHOUSE_DSN": settings.clickhouse,
+        "TOKENBUS_BILLING_QUERY_PORT": str(settings.billing_query_port),
+    }
