@@ -75,6 +75,8 @@ class IdsAndMetrics:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        # When the request reached the app: the start of its trace's bridge.request span.
+        scope.setdefault("state", {})["received_ns"] = time.time_ns()
         path = scope["path"]
         endpoint = path if path in ENDPOINTS else "other"
 

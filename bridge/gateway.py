@@ -181,7 +181,10 @@ class Gateway:
         children. A streamed answer ends the span when its last event is out."""
         tracer = self._tracer
         span = tracer.start_span(
-            "bridge.request", context=extract_http(http.headers), kind=SpanKind.SERVER
+            "bridge.request",
+            context=extract_http(http.headers),
+            kind=SpanKind.SERVER,
+            start_time=getattr(http.state, "received_ns", None),  # as the server had it
         )
         # For the rest of this request's task, the streamed relay included.
         otel_context.attach(set_span_in_context(span))
@@ -274,6 +277,8 @@ class Gateway:
                 raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
         relaying = self._tracer.start_span("bridge.relay", attributes=tenant)
         if plan.stream:
+            # The first chunk is here: until its event is written to the client.
+            first_event = self._tracer.start_span("bridge.first_event", attributes=tenant)
             return EventStreamResponse(
                 self._events(
                     feed,
@@ -284,6 +289,7 @@ class Gateway:
                     caller,
                     (relaying, span),
                     labels=labels,
+                    first_event=first_event,
                 ),
                 headers=ids,
                 on_disconnect=lambda: self._cancel(request, "client_disconnected"),
@@ -373,8 +379,10 @@ class Gateway:
         spans: tuple[Span, ...] = (),
         *,
         labels: tuple[str, str, str],
+        first_event: Span | None = None,
     ) -> AsyncGenerator[bytes, None]:
-        """``spans`` end with the stream, however it ends."""
+        """``spans`` end with the stream, however it ends; ``first_event`` once the first
+        event is written (the server resumes this generator after each send)."""
         relayed = self._metrics.tokens_relayed.labels(labels[0])
         first_at = time.monotonic()
         first_tokens = chunk.num_tokens if chunk is not None else 0
@@ -407,6 +415,9 @@ class Gateway:
                 event = relay.event(chunk)
                 if event is not None:
                     yield event
+                    if first_event is not None:
+                        first_event.end()
+                        first_event = None
                 relayed.inc(chunk.num_tokens)
                 if chunk.is_last:
                     self._finished(labels, first_at, relay.num_completion_tokens - first_tokens)
@@ -418,7 +429,7 @@ class Gateway:
         finally:
             self._metrics.active_streams.dec()
             feed.close()
-            for span in spans:
+            for span in (*spans, *([first_event] if first_event is not None else [])):
                 span.end()
 
     def _outcome(self, labels: tuple[str, str, str], code: str) -> None:

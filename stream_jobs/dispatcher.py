@@ -86,7 +86,7 @@ from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
 from stream_jobs.registry import WorkerRegistry
 from stream_jobs.routing import RoutingWeights
-from stream_jobs.seats import has_room
+from stream_jobs.seats import BATCH_CLASS, has_room
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
 from tokenbus.auth import Authenticator, AuthError, Principal
@@ -1325,6 +1325,11 @@ class Dispatcher:
         waiting = _Waiting(
             again, asyncio.get_running_loop().create_future(), time.monotonic(), flight.trace
         )
+        if again.priority == BATCH_CLASS and not self._capacity():
+            # A batch line with no live worker left waits in the queue for one, and its
+            # stream resumes there (one stream, billed once), rather than fail.
+            self._requeue(waiting)
+            return
         try:
             await self._dispatch(waiting)
         except Exception:
@@ -1336,6 +1341,23 @@ class Dispatcher:
                 UsageStatus.FAILED,
                 ErrorInfo(code="worker_lost", message="its worker was lost; resending failed"),
             )
+        self._wake.set()
+
+    def _requeue(self, waiting: _Waiting) -> None:
+        """A request sent again after a worker loss, back in the fair queue."""
+        request = waiting.request
+        ident = (request.tenant_id, request.request_id)
+        waiting.done.add_done_callback(_retrieved)  # nobody awaits a resent request
+        self._waiting[ident] = waiting
+        self._queue.push(
+            _queue_key(ident),
+            waiting,
+            tenant=request.tenant_id,
+            priority=request.priority,
+            weight=self._tenants.get(request.tenant_id).weight,
+            num_input=0,  # charged at its first admission; the queue's cost is a guess
+            num_output=request.sampling.max_tokens,
+        )
         self._wake.set()
 
     async def _publish_usage(self, request: WorkItem, progress: Delivered) -> None:
@@ -1406,6 +1428,11 @@ class Dispatcher:
             self._publish(request.reply_to, reply_batch_key(request.tenant_id), encode(batch)),
             self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage)),
         )
+
+
+def _retrieved(done: asyncio.Future[Outcome]) -> None:
+    if not done.cancelled():
+        done.exception()  # read, so an error a resent request met is not reported unread
 
 
 def _queue_key(ident: Key) -> str:

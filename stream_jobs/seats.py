@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+BATCH_CLASS = 2
+
 
 def seats_for(priority: int, capacity: int, vip_reserve: float) -> int:
     """How many requests may be in flight when the next one is of ``priority``."""
@@ -32,8 +34,10 @@ def has_room(
     ``capacity`` is the live fleet's seats (0: no worker known). Just after the job
     starts it waits ``learn_fleet_s`` to hear the fleet's heartbeats, rather than refuse
     what a live worker could serve; after that, no live worker means forwarding now, so
-    that the request is answered ``no_worker`` at once.
+    that an interactive request is answered ``no_worker`` at once. Class 2 (batch) waits
+    for a worker instead: batch lines wait, they do not fail (a client that gives up
+    cancels, which drops the request from the queue).
     """
     if capacity == 0:
-        return since_start_s >= learn_fleet_s
+        return priority < BATCH_CLASS and since_start_s >= learn_fleet_s
     return num_in_flight < seats_for(priority, capacity, vip_reserve)

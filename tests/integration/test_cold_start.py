@@ -101,16 +101,27 @@ async def test_requests_before_any_heartbeat_wait_and_none_is_shed_or_capped(
         assert_no_tier_engaged(settings, job)
 
 
-async def test_with_no_worker_after_the_wait_every_class_gets_no_worker(
+async def test_with_no_worker_after_the_wait_interactive_classes_get_no_worker_and_batch_waits(
     stack: Stack, tmp_path: Path
 ) -> None:
     async with cold_job(stack, tmp_path, dead_after_s=2.0) as (settings, job, _):
         async with TokenbusClient(settings) as client:
             requests = await submit_every_class(client)
+            interactive = [r for r in requests if r.priority < 2]
+            batch = [r for r in requests if r.priority == 2]
             results = await asyncio.wait_for(
-                asyncio.gather(*(collect(client, r) for r in requests)), timeout=60
+                asyncio.gather(*(collect(client, r) for r in interactive)), timeout=60
             )
-        for request, chunks in zip(requests, results, strict=True):
-            error = chunks[-1].error
-            assert error is not None and error.code == "no_worker", (request.tenant_id, error)
+            for request, chunks in zip(interactive, results, strict=True):
+                error = chunks[-1].error
+                assert error is not None and error.code == "no_worker", (request.tenant_id, error)
+            # Batch lines wait for a worker rather than fail; cancelled, they are dropped.
+            waiting = [asyncio.ensure_future(collect(client, r)) for r in batch]
+            done, _ = await asyncio.wait(waiting, timeout=5)
+            assert not done, [t.result() for t in done]
+            for request in batch:
+                await client.cancel(request)
+            ended = await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
+            for chunks in ended:
+                assert chunks[-1].finish_reason is FinishReason.ABORT, chunks[-1]
         assert_no_tier_engaged(settings, job)

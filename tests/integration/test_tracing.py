@@ -55,6 +55,14 @@ async def test_one_bridge_request_is_one_trace_across_four_services(
         "stream": True,
     }
     async with httpx.AsyncClient(timeout=60) as http:
+        # A request first, so the traced one finds its connection open, as a client's
+        # second request does.
+        warm = await http.post(
+            f"{bridge.url}/v1/chat/completions",
+            json={**body, "stream": False},
+            headers={"Authorization": headers["Authorization"]},
+        )
+        assert warm.status_code == 200
         started = time.perf_counter()
         first: float | None = None
         async with http.stream(
@@ -97,10 +105,9 @@ async def test_one_bridge_request_is_one_trace_across_four_services(
     assert int(request["attributes"]["tokenbus.num_completion_tokens"]) == 6
 
     # Up to the first token, the bridge's spans tile the time the caller waited.
-    before_first_ms = sum(
-        named[n]["duration_us"] / 1000
-        for n in ("bridge.auth", "bridge.hygiene", "bridge.admission_wait")
-    )
+    until_first = ("bridge.auth", "bridge.hygiene", "bridge.admission_wait", "bridge.first_event")
+    before_first_ms = sum(named[n]["duration_us"] / 1000 for n in until_first)
+    assert parent("bridge.first_event") == ids["bridge.request"]
     assert abs(ttft_ms - before_first_ms) <= 5.0, (ttft_ms, before_first_ms)
 
     # `tokenbus trace` prints the same trace, with no collector.

@@ -430,3 +430,30 @@ async def test_usage_read_together_steps_the_tier_down_one_tier_at_a_time(
     for task in tasks:
         task.cancel()
     await asyncio.gather(loop, *tasks, return_exceptions=True)
+
+
+async def test_a_lost_batch_request_waits_for_a_worker_and_resumes_there(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1, priority=2))) is Outcome.FORWARDED
+    assert await (await admit(dispatcher, request(2, priority=1))) is Outcome.FORWARDED
+    await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
+    # The only worker stops beating: lost after worker_dead_after_s (0.3 s here).
+    await until(lambda: dispatcher.metrics.num_workers_lost == 1, timeout_s=3)
+    await asyncio.sleep(0.5)
+    # The interactive one is answered no_worker; the batch one waits, unanswered.
+    answered = {c.request_id: c for c in recorder.chunks_on(REPLIES) if c.error is not None}
+    assert set(answered) == {"r2"} and answered["r2"].error is not None
+    assert answered["r2"].error.code == "no_worker"
+    assert len(recorder.on("w-topic")) == 2
+    # A worker comes back: the batch request resumes there, after what was delivered.
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    await until(lambda: len(recorder.on("w-topic")) == 3)
+    again = decode(WorkItem, recorder.on("w-topic")[-1])
+    assert again.request_id == "r1" and again.attempt == 1
+    assert again.worker_incarnation == "run-2"
+    assert again.resume_token_ids == [11, 12] and again.resume_seq == 1
+    assert not [c for c in recorder.chunks_on(REPLIES) if c.request_id == "r1" and c.error]
+    loop.cancel()

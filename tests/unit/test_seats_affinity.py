@@ -30,6 +30,12 @@ def test_no_fleet_known_waits_one_heartbeat_period_then_lets_requests_through() 
     assert has_room(1, 0, 0, 0.3, since_start_s=3.0, learn_fleet_s=3.0)  # to no_worker
 
 
+def test_with_no_live_worker_batch_requests_wait_for_one() -> None:
+    for since_start_s in (1.0, 3.0, 3600.0):
+        assert not has_room(2, 0, 0, 0.3, since_start_s=since_start_s, learn_fleet_s=3.0)
+    assert has_room(2, 0, 1, 0.3, since_start_s=3600.0, learn_fleet_s=3.0)  # one came back
+
+
 @given(
     st.integers(1, 1000),
     st.floats(0, 1, allow_nan=False),
