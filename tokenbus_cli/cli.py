@@ -440,9 +440,6 @@ def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
 
 main.add_command(batch)
 
-if __name__ == "__main__":
-    main()
-
 
 @main.command()
 @click.argument("request_id")
@@ -490,3 +487,7 @@ def trace(request_id: str, tenant: str, wait_s: float) -> None:
             "within a few seconds; tracing is off when TOKENBUS_TRACE_SAMPLE_RATIO=0)"
         )
     click.echo(render(timeline(rows)))
+
+
+if __name__ == "__main__":
+    main()
