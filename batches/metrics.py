@@ -31,6 +31,11 @@ class RunnerMetrics:
         )  # fmt: skip
         self.eta = Gauge("tokenbus_batch_eta_seconds", "Time to completion", LABELS, registry=r)
         self.running = Gauge("tokenbus_batches_running", "Batches this runner drives", registry=r)
+        self.pacer_limit = Gauge(
+            "tokenbus_batch_pacer_limit",
+            "Lines the runner's batches may keep in flight together (the AIMD pacer's limit)",
+            registry=r,
+        )
 
     def observe(self, doc: BatchDoc, num_left: int) -> None:
         counts = doc.request_counts

@@ -1,27 +1,18 @@
-"""The pacer contract, and a fixed one: how many lines a batch keeps in flight.
+"""A fixed pacer: every batch keeps up to the same number of lines in flight.
 
-# job LoadReport (<prefix>.load) --> Pacer.observe ; runner --> Pacer.limit() --> dispatch
+# runner --> Pacer.limit() --> dispatch (the ``Pacer`` protocol is ``batches.pacing``'s)
 
-The runner asks ``limit()`` before each dispatch round and never has more lines of one
-batch in flight than it says; ``observe`` gets every load report the job publishes, in
-order. ``FixedPacer`` ignores them and allows ``Settings.batch_max_in_flight``: the
-adaptive (AIMD) pacer, which backs off when interactive traffic waits, implements the
-same protocol in ``batches.pacing``.
+For tests and for operators who want no adaptation: ``FixedPacer`` ignores the job's
+load reports. The runner's default is the adaptive one (``batches.pacing.Shares`` over
+an ``AimdPacer``), which backs off while interactive traffic waits.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class Pacer(Protocol):
-    def limit(self) -> int:
-        """Lines allowed in flight now (at least 1)."""
-        ...
-
-    def observe(self, report: object) -> None:
-        """A job load report arrived."""
-        ...
+if TYPE_CHECKING:
+    from schemas import LoadReport
 
 
 class FixedPacer:
@@ -33,5 +24,5 @@ class FixedPacer:
     def limit(self) -> int:
         return self._limit
 
-    def observe(self, report: object) -> None:
+    def observe(self, report: LoadReport) -> None:
         return None

@@ -179,3 +179,43 @@ def create_pacer(
         step_s=0.9 * settings.load_report_interval_s,
         clock=clock,
     )
+
+
+class Shares:
+    """One pacer for every batch a runner drives: each running batch may keep an equal
+    share of the pacer's limit in flight (at least one line), so two batches together
+    load the fleet as one would. Pure; the runner feeds the pacer the load reports."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+        self._num_open = 0
+
+    def share(self) -> Share:
+        """A batch's share, counted until it is closed."""
+        self._num_open += 1
+        return Share(self)
+
+    def _close(self) -> None:
+        self._num_open = max(0, self._num_open - 1)
+
+    def limit_per_batch(self) -> int:
+        return max(1, self.pacer.limit() // max(1, self._num_open))
+
+
+class Share:
+    """A ``Pacer`` for one batch: its part of the shared limit."""
+
+    def __init__(self, shares: Shares) -> None:
+        self._shares = shares
+        self._open = True
+
+    def limit(self) -> int:
+        return self._shares.limit_per_batch()
+
+    def observe(self, report: LoadReport) -> None:
+        """Reports go to the shared pacer, once each, not through every share."""
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._shares._close()

@@ -33,7 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from batches.control import ENDING_ERRORS, Ending, Pace, decide
 from batches.metrics import RunnerMetrics
 from batches.output import error_line, output_line
-from batches.pacer_fixed import Pacer
+from batches.pacing import Pacer
 from batches.progress import BatchLog, LineResult, Retry, line_request_id
 from batches.store import BatchStore
 from producers import TokenbusClient
@@ -68,7 +68,7 @@ class BatchRun:
         self._settings = settings
         self._store = store
         self.doc = doc
-        self._pacer = pacer
+        self.pacer = pacer
         self._metrics = metrics
         self.dead_letters = dead_letters
         self._clock = clock
@@ -149,7 +149,7 @@ class BatchRun:
             if step.end is not None:
                 return step.end
             if step.dispatch:
-                while len(self._in_flight) < self._pacer.limit():
+                while len(self._in_flight) < self.pacer.limit():
                     line_no = _next_line(pending, retries, now, fold)
                     if line_no is None:
                         break

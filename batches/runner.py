@@ -24,10 +24,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from batches.commands import command_key
 from batches.metrics import RunnerMetrics
-from batches.pacer_fixed import FixedPacer, Pacer
+from batches.pacing import Pacer, Shares, create_pacer
 from batches.run import BatchRun
 from batches.store import BatchStore, NotFound
-from schemas import SchemaError, decode
+from schemas import LoadReport, SchemaError, decode
 from schemas.batches import BatchCommand
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
@@ -58,10 +58,17 @@ class Runner:
         metrics: RunnerMetrics,
         pacer_factory: Callable[[], Pacer] | None = None,
     ) -> None:
+        """``pacer_factory``: each batch's pacer. Unset, the batches share one AIMD pacer
+        (``batches.pacing``) fed the job's load reports, each running batch an equal part
+        of its limit."""
         self._settings = settings
         self._store = store
         self._metrics = metrics
-        self._pacer_factory = pacer_factory or (lambda: FixedPacer(settings.batch_max_in_flight))
+        self._shares: Shares | None = None
+        if pacer_factory is None:
+            self._shares = Shares(create_pacer(settings))
+            pacer_factory = self._shares.share
+        self._pacer_factory = pacer_factory
         self._topics = Topics(settings.topic_prefix)
         self._runs: dict[tuple[str, str], _Running] = {}
         self._producer: AIOKafkaProducer | None = None
@@ -72,13 +79,45 @@ class Runner:
         consumer = make_consumer(self._settings, group_id=runner_group_id(self._settings))
         consumer.subscribe([self._topics.batches], listener=_FromTheStart(self, consumer))
         await consumer.start()
+        loads = asyncio.create_task(self._follow_load()) if self._shares else None
         try:
             async for record in consumer:
                 await self._handle(record)
         finally:
+            if loads is not None:
+                loads.cancel()
+                await asyncio.gather(loads, return_exceptions=True)
             await self._stop_runs(set(range(1 << 16)))
             await consumer.stop()
             await self._producer.stop()
+
+    async def _follow_load(self) -> None:
+        """The job's load reports, from now on, into the shared pacer. No group and no
+        commits: every runner reads every report, and old ones say nothing about now."""
+        assert self._shares is not None and self._producer is not None
+        consumer = make_consumer(self._settings, group_id=None, auto_offset_reset="latest")
+        await consumer.start()
+        try:
+            await consumer.topics()  # loads metadata, so the partitions below are known
+            topic = self._topics.load
+            partitions = consumer.partitions_for_topic(topic) or {0}
+            consumer.assign([TopicPartition(topic, p) for p in partitions])
+            async for record in consumer:
+                try:
+                    report = decode(LoadReport, record.value)
+                except SchemaError as exc:
+                    await dead_letter_record(
+                        publisher(self._producer),
+                        self._topics,
+                        record,
+                        consumer=f"{runner_group_id(self._settings)}-load",
+                        reason=str(exc),
+                    )
+                    continue
+                self._shares.pacer.observe(report)
+                self._metrics.pacer_limit.set(self._shares.pacer.limit())
+        finally:
+            await consumer.stop()
 
     async def _handle(self, record: object) -> None:
         assert self._producer is not None
@@ -144,6 +183,9 @@ class Runner:
         finally:
             self._runs.pop(key, None)
             self._metrics.running.set(len(self._runs))
+            close = getattr(run.pacer, "close", None)
+            if close is not None:
+                close()  # its share of the pacer's limit goes to the other batches
 
     async def _stop_runs(self, partitions: set[int]) -> None:
         stopping = [r for r in self._runs.values() if r.partition in partitions]

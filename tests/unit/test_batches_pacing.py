@@ -188,3 +188,20 @@ def test_the_settings_make_the_pacer(tmp_path: Path) -> None:
     clock.now += 0.5
     paced.observe(report(batch=10, ttft_p99=100.0))
     assert paced.limit() == 12  # 20 / 16, rounded up: 2 a step
+
+
+def test_batches_share_one_pacers_limit_and_a_closed_share_gives_its_part_back() -> None:
+    from batches.pacer_fixed import FixedPacer
+    from batches.pacing import Shares
+
+    shares = Shares(FixedPacer(64))
+    first = shares.share()
+    assert first.limit() == 64
+    second, third = shares.share(), shares.share()
+    assert [s.limit() for s in (first, second, third)] == [21, 21, 21]
+    third.close()
+    third.close()  # once only
+    assert first.limit() == second.limit() == 32
+    tiny = Shares(FixedPacer(1))
+    a, b = tiny.share(), tiny.share()
+    assert a.limit() == b.limit() == 1  # every batch keeps at least one line going
