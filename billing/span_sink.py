@@ -1,7 +1,7 @@
 """Spans --> ClickHouse ``spans``, for ``tokenbus trace``.
 
 # spans (group <prefix>-billing-spans) --> SpanBatch, key == tenant --> span_rows()
-# --> one insert per fetch --> offset commit
+# --> one insert per few seconds (GATHER_S) --> offset commit
 
 Write order: insert, then commit. Loses nothing: offsets are committed only for spans in
 ClickHouse (or unreadable: those go to the dead-letter topic with the reason), so a crash
@@ -32,6 +32,10 @@ from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
 
+GATHER_S = 3.0
+"""How long after a fetch's first span batch more are gathered for the same insert."""
+GATHER_RECORDS = 2_000
+
 
 class SpanStore(Protocol):
     def insert_spans(self, rows: Sequence[tuple[Any, ...]]) -> None: ...
@@ -56,7 +60,7 @@ class SpanSink:
         await producer.start()
         try:
             while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=500, max_records=1000)
+                batch = await self._gather(consumer, stop)
                 records = [r for records in batch.values() for r in records]
                 if not records:
                     continue
@@ -71,6 +75,30 @@ class SpanSink:
         finally:
             await consumer.stop()
             await producer.stop()
+
+    async def _gather(self, consumer: Any, stop: asyncio.Event) -> dict[Any, list[Any]]:
+        """Records for one insert: what arrives within ``GATHER_S`` of the first one, up
+        to ``GATHER_RECORDS``. Each insert has a fixed cost in ClickHouse, and spans are
+        no hurry: one insert every few seconds rather than one per service's flush."""
+        gathered: dict[Any, list[Any]] = {}
+        num_records = 0
+        deadline: float | None = None
+        loop = asyncio.get_running_loop()
+        while not stop.is_set() and num_records < GATHER_RECORDS:
+            wait_s = 0.5 if deadline is None else deadline - loop.time()
+            if wait_s <= 0:
+                break
+            batch = await consumer.getmany(
+                timeout_ms=int(wait_s * 1000), max_records=GATHER_RECORDS - num_records
+            )
+            for tp, records in batch.items():
+                gathered.setdefault(tp, []).extend(records)
+                num_records += len(records)
+            if deadline is None:
+                if not num_records:
+                    return gathered  # nothing yet: the caller looks at ``stop`` again
+                deadline = loop.time() + GATHER_S
+        return gathered
 
     async def _rows(self, records: list[Any], publish: Any) -> list[tuple[Any, ...]]:
         rows: list[tuple[Any, ...]] = []
