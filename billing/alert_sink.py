@@ -15,7 +15,6 @@ in a group of its own; neither waits for the other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 from aiokafka.errors import KafkaError
 
 from billing.alert_rows import AlertKey, alert_key, alert_row
-from billing.retry import Backoff
+from billing.retry import Backoff, until_done
 from schemas import SchemaError, decode
 from schemas.budgets import BudgetAlert
 from tokenbus.config import Settings
@@ -89,15 +88,8 @@ class AlertSink:
                 alerts.append(decode(BudgetAlert, record.value))
             except SchemaError as exc:
                 log.warning("skipping an unreadable alert at %d: %s", record.offset, exc)
-        num_failures = 0
-        while not stop.is_set():
-            try:
-                self.num_alerts += await asyncio.to_thread(write_alerts, self._store, alerts)
-                return True
-            except Exception as exc:
-                num_failures += 1
-                delay_s = self._backoff.delay_s(num_failures)
-                log.warning("alert insert failed, again in %.1f s: %s", delay_s, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
-        return False
+
+        async def write() -> None:
+            self.num_alerts += await asyncio.to_thread(write_alerts, self._store, alerts)
+
+        return await until_done(write, stop, self._backoff, f"insert of {len(alerts)} alerts")

@@ -68,7 +68,6 @@ parts collapses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -82,7 +81,7 @@ from opentelemetry.trace import SpanKind
 from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
 from billing.pricing import Pricer
 from billing.recent import RecentAttempts
-from billing.retry import Backoff
+from billing.retry import Backoff, until_done
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
 from billing.usage_codec import Usage, decode_usage, decode_usages
@@ -450,27 +449,11 @@ class BillingSink:
         self, attempt: Callable[[], Awaitable[None]], stop: asyncio.Event, what: str
     ) -> bool:
         """Retries ``attempt`` with backoff; False if ``stop`` was set while waiting."""
-        num_failures = 0
-        while True:
-            try:
-                await attempt()
-                return True
-            except Exception as exc:
-                num_failures += 1
-                self.num_write_failures += 1
-                delay_s = self._backoff.delay_s(num_failures)
-                log.warning(
-                    "%s failed (%d in a row), retrying in %.1f s: %s",
-                    what,
-                    num_failures,
-                    delay_s,
-                    exc,
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay_s)
-            if stop.is_set():
-                log.warning("stopping with %s undone; it will be redelivered", what)
-                return False
+
+        def failed() -> None:
+            self.num_write_failures += 1
+
+        return await until_done(attempt, stop, self._backoff, what, failed)
 
     async def _commit(self, consumer: UsageConsumer, offsets: dict[Any, int]) -> None:
         # After a rebalance some partitions may be someone else's; their new owner

@@ -14,14 +14,13 @@ file spans under a tenant.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError
 
-from billing.retry import Backoff
+from billing.retry import Backoff, until_done
 from billing.traces import span_rows
 from schemas import SchemaError, decode
 from schemas.spans import SpanBatch
@@ -117,16 +116,10 @@ class SpanSink:
         return rows
 
     async def _write(self, rows: list[tuple[Any, ...]], stop: asyncio.Event) -> bool:
-        num_failures = 0
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(self._store.insert_spans, rows)
-                self.num_spans += len(rows)
-                return True
-            except Exception as exc:
-                num_failures += 1
-                delay_s = self._backoff.delay_s(num_failures)
-                log.warning("span insert failed, again in %.1f s: %s", delay_s, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
-        return False
+        async def insert() -> None:
+            await asyncio.to_thread(self._store.insert_spans, rows)
+
+        if not await until_done(insert, stop, self._backoff, f"insert of {len(rows)} spans"):
+            return False
+        self.num_spans += len(rows)
+        return True

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from billing.storage import ClickHouseStore
-from billing.traces import TRACE_SQL, render, span_rows, timeline
+from billing.traces import SPAN_COLUMNS, TRACE_SQL, render, span_rows, timeline
 from schemas import decode
 from schemas.spans import SpanBatch
 from tokenbus.config import Settings
@@ -88,29 +88,7 @@ def test_a_span_whose_parent_is_missing_starts_a_tree_of_its_own() -> None:
         if batch.spans[0].service != "tokenbus-client"
         for row in span_rows(batch)
     ]
-    found = [
-        dict(
-            zip(
-                (
-                    "tenant_id",
-                    "trace_id",
-                    "span_id",
-                    "parent_span_id",
-                    "name",
-                    "service",
-                    "start_time",
-                    "duration_us",
-                    "status",
-                    "request_id",
-                    "attempt",
-                    "attributes",
-                ),
-                row,
-                strict=True,
-            )
-        )
-        for row in rows
-    ]
+    found = [dict(zip(SPAN_COLUMNS, row, strict=True)) for row in rows]
     steps = timeline(found)
     assert [(s.depth, s.name) for s in steps] == [
         (0, "job.admit"),
