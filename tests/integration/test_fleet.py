@@ -14,6 +14,8 @@ from collections import Counter
 
 from tokenizers import Tokenizer
 
+from billing.reader import open_reader
+from billing.traces import TRACE_SQL
 from producers import TokenbusClient
 from schemas import ChatMessage, SamplingParams, TokenChunk
 from tests.integration.conftest import eventually
@@ -191,6 +193,22 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
         assert row["attempt"] == 1 and "resumed" in row["flags"]
         assert row["completion_tokens"] == len(received)  # billed once, all of it
         assert row["prompt_tokens"] == len(prompt_ids)
+
+        # Its trace shows both attempts: the job's forward of each, and the new worker's
+        # run (the killed worker's spans died with it).
+        def attempts() -> set[tuple[str, int]]:
+            reader = open_reader(settings)
+            try:
+                found = reader.query(
+                    TRACE_SQL, {"tenant": "resume", "request_id": request.request_id}
+                )
+            finally:
+                reader.close()
+            assert len({span["trace_id"] for span in found}) <= 1, found
+            return {(span["name"], int(span["attempt"])) for span in found}
+
+        wanted = {("job.queue", 0), ("job.queue", 1), ("worker.request", 1)}
+        await eventually(attempts, timeout_s=30, until=lambda seen: wanted <= seen)
     finally:
         await fleet.revive(victim)
 
