@@ -86,6 +86,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 stats=stats,
                 registry=registry,
                 job_metrics_url=settings.job_metrics,
+                batch_metrics_url=settings.batch_metrics,
             )
             runner = await start_query_server(app, settings.billing_query_port)
             log.info(

@@ -331,6 +331,19 @@ def render_live(
         }
         for w in view.workers
     ]
+    batches = [
+        {
+            "tenant": b.tenant,
+            "batch": b.batch,
+            "done": b.num_completed,
+            "failed": b.num_failed,
+            "remaining": b.num_remaining,
+            "in flight": b.num_in_flight,
+            "tokens in / out": f"{b.prompt_tokens} / {b.completion_tokens}",
+            "ETA s": "-" if b.eta_s is None else round(b.eta_s),
+        }
+        for b in view.batches
+    ]
     problems = "".join(
         f'<p class="error">{escape(source)}: {escape(message)}</p>'
         for source, message in sorted(errors.items())
@@ -349,6 +362,13 @@ def render_live(
             "Each live worker's last heartbeat, as the job holds it.",
             _table(workers, list(workers[0]) if workers else [], percent=["KV use"])
             or "<p>no worker live</p>",
+            None,
+        ),
+        _card(
+            "Batches",
+            "Each batch the runner drives now (its /metrics): lines done, failed, "
+            "remaining and in flight, tokens, and the time to completion at the recent pace.",
+            _table(batches, list(batches[0]) if batches else []) or "<p>no batch running</p>",
             None,
         ),
     ]

@@ -1,7 +1,9 @@
-"""The live view: the fleet now, per model and per worker. Pure, but for ``fetch_text``.
+"""The live view: the fleet now, per model and per worker, and the batches running. Pure,
+but for ``fetch_text``.
 
 # the job's /metrics (its queue; the workers' heartbeats it holds) --> per model and worker
 # usage rows of the last minutes (ClickHouse) --> TTFT p50/p99 per model
+# the batch runner's /metrics --> each running batch's progress
 # --> LiveView --> billing.html.render_live
 
 Sources, and why: the job is the one service that sees the whole fleet, its queue by
@@ -69,9 +71,23 @@ class WorkerNow:
 
 
 @dataclass
+class BatchNow:
+    tenant: str
+    batch: str
+    num_completed: int = 0
+    num_failed: int = 0
+    num_remaining: int = 0
+    num_in_flight: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    eta_s: float | None = None
+
+
+@dataclass
 class LiveView:
     models: list[ModelNow] = field(default_factory=list)
     workers: list[WorkerNow] = field(default_factory=list)
+    batches: list[BatchNow] = field(default_factory=list)
 
 
 def fetch_text(url: str, timeout_s: float = 2.0) -> str:
@@ -93,8 +109,38 @@ _MODEL_GAUGES = {
 }
 
 
-def live_view(job_metrics: str, ttft_rows: Iterable[Mapping[str, Any]]) -> LiveView:
-    """The job's metrics text and the TTFT rows, joined by model."""
+_BATCH_LINES = {
+    "completed": "num_completed",
+    "failed": "num_failed",
+    "remaining": "num_remaining",
+    "in_flight": "num_in_flight",
+}
+
+
+def batch_progress(runner_metrics: str) -> list[BatchNow]:
+    """Each batch the runner drives now, from its ``tokenbus_batch_*`` gauges."""
+    batches: dict[tuple[str, str], BatchNow] = {}
+    for family in text_string_to_metric_families(runner_metrics):
+        for sample in family.samples:
+            labels = sample.labels
+            if "batch" not in labels:
+                continue
+            key = (labels["tenant"], labels["batch"])
+            batch = batches.setdefault(key, BatchNow(*key))
+            if sample.name == "tokenbus_batch_lines" and labels.get("state") in _BATCH_LINES:
+                setattr(batch, _BATCH_LINES[labels["state"]], int(sample.value))
+            elif sample.name == "tokenbus_batch_tokens":
+                kind = "prompt_tokens" if labels.get("kind") == "prompt" else "completion_tokens"
+                setattr(batch, kind, int(sample.value))
+            elif sample.name == "tokenbus_batch_eta_seconds":
+                batch.eta_s = None if sample.value < 0 else sample.value
+    return [batches[key] for key in sorted(batches)]
+
+
+def live_view(
+    job_metrics: str, ttft_rows: Iterable[Mapping[str, Any]], batch_metrics: str = ""
+) -> LiveView:
+    """The job's metrics text and the TTFT rows, joined by model; the runner's batches."""
     models: dict[str, ModelNow] = {}
     workers: dict[str, WorkerNow] = {}
 
@@ -123,4 +169,5 @@ def live_view(job_metrics: str, ttft_rows: Iterable[Mapping[str, Any]]) -> LiveV
     return LiveView(
         models=[models[name] for name in sorted(models)],
         workers=[workers[name] for name in sorted(workers)],
+        batches=batch_progress(batch_metrics),
     )

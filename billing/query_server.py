@@ -42,6 +42,7 @@ STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 JOB_METRICS_KEY = web.AppKey("job_metrics", str)
+BATCH_METRICS_KEY = web.AppKey("batch_metrics", str)
 
 
 def create_app(
@@ -51,6 +52,7 @@ def create_app(
     stats: Callable[[], Mapping[str, int]] | None = None,
     registry: CollectorRegistry | None = None,
     job_metrics_url: str | None = None,
+    batch_metrics_url: str | None = None,
 ) -> web.Application:
     path = chdb_path(dsn)
     owned_path = os.path.realpath(path) if path is not None else None
@@ -66,6 +68,7 @@ def create_app(
     app.router.add_get("/dashboard", _dashboard)
     app.router.add_get("/live", _live)
     app[JOB_METRICS_KEY] = job_metrics_url or ""
+    app[BATCH_METRICS_KEY] = batch_metrics_url or ""
     if registry is not None:
         app[REGISTRY_KEY] = registry
         app.router.add_get("/metrics", _metrics)
@@ -98,7 +101,13 @@ async def _live(request: web.Request) -> web.Response:
     except ClickHouseError as exc:
         errors["ttft"] = str(exc).splitlines()[0]
         ttft_rows = []
-    view = live_view(job_text, ttft_rows)
+    batch_text = ""
+    if request.app[BATCH_METRICS_KEY]:
+        try:
+            batch_text = await asyncio.to_thread(fetch_text, request.app[BATCH_METRICS_KEY])
+        except OSError as exc:
+            errors["batches"] = f"{request.app[BATCH_METRICS_KEY]}: {exc}"
+    view = live_view(job_text, ttft_rows, batch_text)
     page = render_live(view, generated_at=now, errors=errors)
     return web.Response(text=page, content_type="text/html")
 

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     job_metrics_url: str | None = None
     """The job's ``/metrics``, read by the billing page's live view; unset:
     ``http://127.0.0.1:<faust_web_port>/metrics`` when that port is set."""
+    batch_metrics_url: str | None = None
+    """A batch runner's ``/metrics``, whose batches' progress the live view shows; unset:
+    ``http://127.0.0.1:<batch_port>/metrics``."""
     scaling_target_utilisation: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a worker's seats the recommended worker count plans to fill
     (``tokenbus_recommended_workers``, stream_jobs.scaling)."""
@@ -384,6 +387,10 @@ class Settings(BaseSettings):
         if self.kafka_idempotence is not None:
             return self.kafka_idempotence
         return self.broker_profile == "kafka"
+
+    @property
+    def batch_metrics(self) -> str:
+        return self.batch_metrics_url or f"http://127.0.0.1:{self.batch_port}/metrics"
 
     @property
     def job_metrics(self) -> str | None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import generate_latest
 
+from batches.metrics import RunnerMetrics
 from billing.html import render_live
 from billing.live import LIVE_TTFT, live_view
 from schemas import WorkerStatus
@@ -14,6 +15,15 @@ from stream_jobs.dispatcher import DispatchMetrics
 from stream_jobs.metrics import job_registry
 
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
+_BATCH = {
+    "id": "batch_01JABCDEFGH",
+    "endpoint": "/v1/chat/completions",
+    "input_file_id": "file-01JABCDEFGH",
+    "completion_window": "24h",
+    "status": "in_progress",
+    "created_at": 1_700_000_000,
+    "tenant": "acme",
+}
 
 
 def _job_text() -> str:
@@ -63,3 +73,31 @@ def test_the_ttft_query_takes_a_window() -> None:
     sql, values = LIVE_TTFT.to_sql({})
     assert values == {"window_s": "300"}
     assert "{window_s:UInt32}" in sql and "GROUP BY model" in sql
+
+
+def test_running_batches_from_the_runner_s_metrics() -> None:
+    from schemas.batches import BatchDoc
+
+    runner = RunnerMetrics()
+    doc = BatchDoc.model_validate(
+        {
+            **_BATCH,
+            "request_counts": {"total": 10, "completed": 6, "failed": 1},
+            "usage": {"input_tokens": 60, "output_tokens": 24},
+            "in_flight": 2,
+            "eta_s": 12.4,
+        }
+    )
+    runner.observe(doc, num_left=3)
+    view = live_view("", [], runner.render().decode())
+    [batch] = view.batches
+    assert (batch.tenant, batch.batch) == ("acme", "batch_01JABCDEFGH")
+    assert (batch.num_completed, batch.num_failed, batch.num_remaining) == (6, 1, 3)
+    assert (batch.num_in_flight, batch.prompt_tokens, batch.completion_tokens) == (2, 60, 24)
+    assert batch.eta_s == 12.4
+    page = render_live(view, generated_at=NOW)
+    assert "<td>acme</td><td>batch_01JABCDEFGH</td><td>6</td><td>1</td><td>3</td><td>2</td>" in page
+    assert "<td>60 / 24</td><td>12</td>" in page
+    runner.forget("acme", "batch_01JABCDEFGH")
+    assert live_view("", [], runner.render().decode()).batches == []
+    assert "no batch running" in render_live(live_view("", []), generated_at=NOW)
