@@ -106,11 +106,14 @@ def output_usage(good: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def clickhouse_rows(settings: Settings, batch_id: str) -> list[dict[str, Any]]:
+    """The batch's rows, by the batch_id the job stamped on them; every one of its
+    request ids is one of the batch's lines."""
     rows: list[dict[str, Any]] = open_reader(settings).query(
-        "SELECT request_id, attempt, status, prompt_tokens, completion_tokens"
-        " FROM usage_events WHERE tenant_id = %(tenant)s AND startsWith(request_id, %(prefix)s)",
-        {"tenant": TENANT, "prefix": f"{batch_id}."},
+        "SELECT request_id, attempt, status, prompt_tokens, completion_tokens, billed_units"
+        " FROM usage_events WHERE tenant_id = %(tenant)s AND batch_id = %(batch)s",
+        {"tenant": TENANT, "batch": batch_id},
     )
+    assert all(row["request_id"].startswith(f"{batch_id}.") for row in rows), rows
     return rows
 
 
