@@ -48,10 +48,10 @@ from bench.common import (
 )
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.report import uptime_load, write_result
-from bench.stats import ratio
+from bench.stats import ratio, summarize
 from bench.workload import prompt, prompts, tenant
 from producers import RequestFailed, TokenbusClient
-from schemas import SamplingParams, SchemaError, UsageEvent, decode
+from schemas import LoadReport, SamplingParams, SchemaError, UsageEvent, decode
 from tokenbus.config import Settings
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
@@ -162,6 +162,22 @@ def first_below(samples: Sequence[Sample], start: float, level: float) -> float 
     return None
 
 
+def report_summary(reports: Sequence[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """What the pacer read in [start, end): the job's interactive TTFT and queue-wait p99
+    (ms) and how many of its reports had class 0/1 requests waiting for a seat."""
+    inside = [r for r in reports if start <= r["at"] < end]
+    ttft = [r["ttft_p99"] for r in inside if r["ttft_p99"] is not None]
+    queue = [r["queue_p99"] for r in inside if r["queue_p99"] is not None]
+    return {
+        "reports": len(inside),
+        "with_interactive_waiting": sum(
+            1 for r in inside if r["waiting_by_class"][0] + r["waiting_by_class"][1] > 0
+        ),
+        "ttft_p99_ms": summarize(ttft),
+        "queue_p99_ms": summarize(queue),
+    }
+
+
 def goals(
     ttft_p99: dict[str, dict[int, float]],
     full_rate: float,
@@ -205,20 +221,25 @@ def goals(
 
 @dataclass
 class UsageFollower:
-    """Reads the usage topic from its end: (finished_at, completion tokens) of batch lines."""
+    """Reads the usage and load topics from their ends: (finished_at, completion tokens)
+    of batch lines, and the job's load reports (what the pacer reads)."""
 
     settings: Settings
     events: list[tuple[float, int]] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
 
     async def run(self, ready: asyncio.Event) -> None:
         from tokenbus.kafka import make_consumer
 
-        topic = Topics(self.settings.topic_prefix).usage
+        topics = Topics(self.settings.topic_prefix)
         consumer = make_consumer(self.settings, group_id=None)
         await consumer.start()
         try:
-            partitions = sorted(consumer.partitions_for_topic(topic) or {0})
-            tps = [TopicPartition(topic, p) for p in partitions]
+            tps = [
+                TopicPartition(topic, p)
+                for topic in (topics.usage, topics.load)
+                for p in sorted(consumer.partitions_for_topic(topic) or {0})
+            ]
             consumer.assign(tps)
             await consumer.seek_to_end(*tps)
             for tp in tps:
@@ -226,8 +247,11 @@ class UsageFollower:
             ready.set()
             while True:
                 fetched = await consumer.getmany(timeout_ms=500)
-                for records in fetched.values():
+                for tp, records in fetched.items():
                     for record in records:
+                        if tp.topic == topics.load:
+                            self._note_report(record.value)
+                            continue
                         try:
                             event = decode(UsageEvent, record.value)
                         except SchemaError:
@@ -238,6 +262,21 @@ class UsageFollower:
                             )
         finally:
             await consumer.stop()
+
+    def _note_report(self, raw: bytes | None) -> None:
+        try:
+            report = decode(LoadReport, raw)
+        except SchemaError:
+            return
+        self.reports.append(
+            {
+                "at": report.sent_at.timestamp(),
+                "waiting_by_class": report.num_waiting_by_class,
+                "queue_p99": report.interactive_queue_ms_p99,
+                "ttft_p99": report.interactive_ttft_ms_p99,
+                "batch_in_flight": report.num_batch_in_flight,
+            }
+        )
 
 
 @dataclass
@@ -409,8 +448,15 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 await asyncio.sleep(0.5)
             first_token = time.time()
             say(f"C: batch running ({first_token - submitted:.1f} s to its first line)")
+            ceiling = settings.batch_max_in_flight
+            while not any(s.limit == ceiling for s in scraper.samples if s.at >= first_token):
+                if time.time() - first_token > args.ramp_timeout_s:
+                    break  # measured from here all the same; the timeline shows the limit
+                await asyncio.sleep(0.5)
+            ramped = time.time()
+            say(f"C: pacer at its ceiling after {ramped - first_token:.1f} s; measuring")
             await asyncio.sleep(args.ramp_s + args.batch_window_s + 1)
-            c_start = float(int(first_token + args.ramp_s) + 1)
+            c_start = float(int(ramped + args.ramp_s) + 1)
             c_end = c_start + args.batch_window_s
             phases["C_batch_alone"] = (submitted, time.time())
             # D
@@ -446,6 +492,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     if not args.keep:
         shutil.rmtree(settings.home, ignore_errors=True)
     buckets = per_second(follower.events)
+    reports = {int(r["at"]): r for r in follower.reports}
     p99 = {k: {c: ttft_p99(w) for c, w in v.items()} for k, v in waves.items()}
     origin = phases["C_batch_alone"][0]
     return {
@@ -469,6 +516,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "interactive": {k: {str(c): w.summary() for c, w in v.items()} for k, v in waves.items()},
         "full_concurrency": {**full.summary(), "window_tokens_per_s": round(full_rate, 1)},
         "batch_alone_tokens_per_s": round(batch_rate, 1),
+        "pacer_ramp_s": round(ramped - first_token, 1),
+        "job_reports_in_D": report_summary(follower.reports, *phases["D_interactive_with_batch"]),
         "batch_window": [c_start, c_end],
         "recovery_s": recovered,
         "goals": goals(p99, full_rate, batch_rate, recovered),
@@ -482,6 +531,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 "limit": s.limit,
                 "in_flight": s.in_flight,
                 "batch_tokens": buckets.get(int(s.at), 0),
+                "job_report": reports.get(int(s.at)),
             }
             for s in scraper.samples
         ],
@@ -514,6 +564,12 @@ def render(result: dict[str, Any], console: Console) -> None:
         ]
         phases.add_row(name, str(entry["seconds"]), *cells)
     console.print(phases)
+    seen = result["job_reports_in_D"]
+    console.print(
+        f"the job's reports in D (what the pacer read): {seen['reports']}, "
+        f"{seen['with_interactive_waiting']} with class 0/1 waiting; TTFT p99 ms "
+        f"{seen['ttft_p99_ms']}; queue p99 ms {seen['queue_p99_ms']}"
+    )
     console.print(
         f"class 1 c=64: {result['full_concurrency']['window_tokens_per_s']} tok/s; batch alone "
         f"{result['batch_alone_tokens_per_s']} tok/s; first back-off "
@@ -535,6 +591,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ramp-s", type=float, default=3.0, help="skipped before B's and C's")
     parser.add_argument("--batch-window-s", type=float, default=30.0, help="C: measured")
     parser.add_argument("--batch-lines", type=int, default=20_000)
+    parser.add_argument(
+        "--ramp-timeout-s", type=float, default=40.0, help="C: most wait for the pacer's ceiling"
+    )
     parser.add_argument("--recovery-timeout-s", type=float, default=60.0)
     parser.add_argument("--name", default="batch_interference", help="result file name")
     add_settings_args(parser)

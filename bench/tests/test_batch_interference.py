@@ -7,6 +7,7 @@ from bench.batch_interference import (
     parse_metrics,
     per_second,
     recovery_s,
+    report_summary,
     timeline_summary,
     trace_rate,
     window_rate,
@@ -78,3 +79,19 @@ def test_goals_put_each_figure_beside_its_goal() -> None:
         (0.85, True),
         (None, False),
     ]
+
+
+def test_report_summary_reads_the_job_reports_inside_the_window() -> None:
+    def report(at: float, waiting: list[int], ttft: float | None) -> dict[str, object]:
+        return {"at": at, "waiting_by_class": waiting, "queue_p99": 1.0, "ttft_p99": ttft}
+
+    reports = [
+        report(1.0, [0, 0, 9], 100.0),
+        report(2.0, [0, 2, 0], None),
+        report(5.0, [1, 0, 0], 9.0),
+    ]
+    summary = report_summary(reports, 1.0, 5.0)
+    assert summary["reports"] == 2
+    assert summary["with_interactive_waiting"] == 1
+    assert summary["ttft_p99_ms"]["n"] == 1 and summary["ttft_p99_ms"]["max"] == 100.0
+    assert summary["queue_p99_ms"]["n"] == 2
