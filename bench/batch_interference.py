@@ -1,0 +1,612 @@
+"""Interference between a batch job and interactive traffic (issue 18), on one private stack.
+
+    .venvs/stream/bin/python -m bench.batch_interference
+
+In order, on one ``tokenbus_cli.stack.Stack`` (the tiny model, as ``bench.overhead``):
+
+A. interactive baseline: class 1 waves at c=1 and c=16 (``TokenbusClient``), no batch;
+B. class 1 throughput at full concurrency: completion tokens/s at c=64 for ``--full-s``;
+C. a batch alone (``--batch-lines`` lines, submitted as ``tokenbus batch submit`` does:
+   file and status document into the batch store, then a create command on
+   ``<prefix>.batches``): its completion tokens/s over ``--batch-window-s`` once it
+   ramped, against B (goal >= 0.8);
+D. the same c=1 and c=16 waves while the batch runs: TTFT p99 against A (goal <= 1.5);
+E. after D: seconds until the batch's tokens/s (3-s mean) is back to >= 80% of C
+   (goal <= 30 s).
+
+Batch tokens are counted from the usage topic: every ``UsageEvent`` with ``batch_id`` set,
+bucketed per second by ``finished_at``. The runner's ``/metrics`` is scraped each second
+for the pacer's limit (``tokenbus_batch_pacer_limit``) and the lines in flight
+(``tokenbus_batch_lines{state="in_flight"}``), the timeline over C..E.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import (
+    UNLIMITED_TPM,
+    add_settings_args,
+    bench_settings,
+    exit_on_sigterm,
+    make_console,
+    model_dir,
+    parse_overrides,
+)
+from bench.driver import RequestTrace, WaveResult, run_wave
+from bench.report import uptime_load, write_result
+from bench.stats import ratio, summarize
+from bench.workload import prompt, prompts, tenant
+from producers import RequestFailed, TokenbusClient
+from schemas import LoadReport, SamplingParams, SchemaError, UsageEvent, decode
+from tokenbus.config import Settings
+from tokenbus.topics import Topics
+from tokenbus_cli.stack import Stack
+
+INTERACTIVE_TENANT = tenant(0)
+BATCH_TENANT = tenant(1)
+GOAL_TTFT_RATIO = 1.5
+GOAL_THROUGHPUT_RATIO = 0.8
+GOAL_RECOVERY_S = 30.0
+RECOVERY_FRACTION = 0.8
+RECOVERY_MEAN_S = 3
+
+
+# -- pure summarising parts (unit-tested) -------------------------------------------------
+
+
+def per_second(events: Sequence[tuple[float, int]]) -> dict[int, int]:
+    """(epoch seconds, tokens) --> tokens per whole second."""
+    buckets: dict[int, int] = {}
+    for at, tokens in events:
+        buckets[int(at)] = buckets.get(int(at), 0) + tokens
+    return buckets
+
+
+def window_rate(buckets: dict[int, int], start: float, end: float) -> float:
+    """Tokens/s over the whole seconds in [start, end) (a second with none counts as 0)."""
+    seconds = range(int(start), int(end))
+    if not seconds:
+        return 0.0
+    return sum(buckets.get(s, 0) for s in seconds) / len(seconds)
+
+
+def trace_rate(traces: Sequence[RequestTrace], start: float, end: float) -> float:
+    """Tokens/s of the deltas that arrived in [start, end) (perf_counter seconds)."""
+    if end <= start:
+        return 0.0
+    tokens = sum(n for t in traces for at, n in t.arrivals if start <= at < end)
+    return tokens / (end - start)
+
+
+def recovery_s(
+    buckets: dict[int, int], stopped: float, target: float, mean_s: int = RECOVERY_MEAN_S
+) -> float | None:
+    """Seconds from ``stopped`` until the ``mean_s``-second mean rate starting at a whole
+    second first reaches ``target`` (None: not within the buckets recorded)."""
+    if not buckets:
+        return None
+    last = max(buckets)
+    for second in range(int(stopped), last - mean_s + 2):
+        if window_rate(buckets, second, second + mean_s) >= target:
+            return max(0.0, round(second - stopped, 1))
+    return None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The runner's /metrics --> the pacer's limit and the lines in flight (summed over
+    running batches); absent series are absent keys."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if name == "tokenbus_batch_pacer_limit":
+            found["limit"] = number
+        elif name.startswith("tokenbus_batch_lines{") and 'state="in_flight"' in name:
+            found["in_flight"] = found.get("in_flight", 0.0) + number
+        elif name.startswith("tokenbus_batch_tokens{") and 'kind="completion"' in name:
+            found["completion_tokens"] = found.get("completion_tokens", 0.0) + number
+    return found
+
+
+@dataclass
+class Sample:
+    at: float
+    """epoch seconds"""
+    limit: float | None
+    in_flight: float | None
+
+
+def timeline_summary(
+    samples: Sequence[Sample], phases: dict[str, tuple[float, float]]
+) -> dict[str, Any]:
+    """Per phase: the pacer's limit and the lines in flight (min, median, max)."""
+    out: dict[str, Any] = {}
+    for phase, (start, end) in phases.items():
+        inside = [s for s in samples if start <= s.at < end]
+        entry: dict[str, Any] = {"seconds": round(end - start, 1), "samples": len(inside)}
+        for key in ("limit", "in_flight"):
+            values = [v for s in inside if (v := getattr(s, key)) is not None]
+            entry[key] = (
+                {"min": min(values), "median": statistics.median(values), "max": max(values)}
+                if values
+                else None
+            )
+        out[phase] = entry
+    return out
+
+
+def first_below(samples: Sequence[Sample], start: float, level: float) -> float | None:
+    """Seconds from ``start`` until the pacer's limit first fell below ``level``."""
+    for s in samples:
+        if s.at >= start and s.limit is not None and s.limit < level:
+            return round(s.at - start, 1)
+    return None
+
+
+def report_summary(reports: Sequence[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """What the pacer read in [start, end): the job's interactive TTFT and queue-wait p99
+    (ms) and how many of its reports had class 0/1 requests waiting for a seat."""
+    inside = [r for r in reports if start <= r["at"] < end]
+    ttft = [r["ttft_p99"] for r in inside if r["ttft_p99"] is not None]
+    queue = [r["queue_p99"] for r in inside if r["queue_p99"] is not None]
+    return {
+        "reports": len(inside),
+        "with_interactive_waiting": sum(
+            1 for r in inside if r["waiting_by_class"][0] + r["waiting_by_class"][1] > 0
+        ),
+        "ttft_p99_ms": summarize(ttft),
+        "queue_p99_ms": summarize(queue),
+    }
+
+
+def goals(
+    ttft_p99: dict[str, dict[int, float]],
+    full_rate: float,
+    batch_rate: float,
+    recovered_s: float | None,
+) -> list[dict[str, Any]]:
+    """Each acceptance line's figure beside its goal."""
+    rows: list[dict[str, Any]] = []
+    for concurrency in sorted(ttft_p99["alone"]):
+        value = ratio(ttft_p99["with_batch"][concurrency], ttft_p99["alone"][concurrency])
+        rows.append(
+            {
+                "figure": f"interactive TTFT p99 with/without batch, c={concurrency}",
+                "value": value,
+                "goal": f"<= {GOAL_TTFT_RATIO}",
+                "met": value <= GOAL_TTFT_RATIO,
+            }
+        )
+    share = ratio(batch_rate, full_rate)
+    rows.append(
+        {
+            "figure": "batch tokens/s alone / class 1 tokens/s at c=64",
+            "value": share,
+            "goal": f">= {GOAL_THROUGHPUT_RATIO}",
+            "met": share >= GOAL_THROUGHPUT_RATIO,
+        }
+    )
+    rows.append(
+        {
+            "figure": "seconds to >= 80% of batch speed after interactive stops",
+            "value": recovered_s,
+            "goal": f"<= {GOAL_RECOVERY_S:g}",
+            "met": recovered_s is not None and recovered_s <= GOAL_RECOVERY_S,
+        }
+    )
+    return rows
+
+
+# -- I/O ------------------------------------------------------------------------------------
+
+
+@dataclass
+class UsageFollower:
+    """Reads the usage and load topics from their ends: (finished_at, completion tokens)
+    of batch lines, and the job's load reports (what the pacer reads)."""
+
+    settings: Settings
+    events: list[tuple[float, int]] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+
+    async def run(self, ready: asyncio.Event) -> None:
+        from tokenbus.kafka import make_consumer
+
+        topics = Topics(self.settings.topic_prefix)
+        consumer = make_consumer(self.settings, group_id=None)
+        await consumer.start()
+        try:
+            tps = [
+                TopicPartition(topic, p)
+                for topic in (topics.usage, topics.load)
+                for p in sorted(consumer.partitions_for_topic(topic) or {0})
+            ]
+            consumer.assign(tps)
+            await consumer.seek_to_end(*tps)
+            for tp in tps:
+                await consumer.position(tp)
+            ready.set()
+            while True:
+                fetched = await consumer.getmany(timeout_ms=500)
+                for tp, records in fetched.items():
+                    for record in records:
+                        if tp.topic == topics.load:
+                            self._note_report(record.value)
+                            continue
+                        try:
+                            event = decode(UsageEvent, record.value)
+                        except SchemaError:
+                            continue
+                        if event.batch_id is not None:
+                            self.events.append(
+                                (event.finished_at.timestamp(), event.num_completion_tokens)
+                            )
+        finally:
+            await consumer.stop()
+
+    def _note_report(self, raw: bytes | None) -> None:
+        try:
+            report = decode(LoadReport, raw)
+        except SchemaError:
+            return
+        self.reports.append(
+            {
+                "at": report.sent_at.timestamp(),
+                "waiting_by_class": report.num_waiting_by_class,
+                "queue_p99": report.interactive_queue_ms_p99,
+                "ttft_p99": report.interactive_ttft_ms_p99,
+                "batch_in_flight": report.num_batch_in_flight,
+            }
+        )
+
+
+@dataclass
+class MetricsScraper:
+    url: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def scrape(self) -> Sample:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as response:
+                found = parse_metrics(response.read().decode())
+        except OSError:
+            found = {}
+        return Sample(time.time(), found.get("limit"), found.get("in_flight"))
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            self.samples.append(await asyncio.to_thread(self.scrape))
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+
+
+def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
+    """Records a batch as ``tokenbus batch submit`` does (store, then checks); returns its id.
+    The create command is sent separately (``send_create``)."""
+    from batches.store import BatchStore
+    from batches.submit import create_batch, file_doc
+    from bridge.admission import Planner
+    from bridge.auth import Caller
+    from bridge.batch_lines import BodyChecker
+    from bridge.hygiene import PatternScreen
+    from tokenbus.prompt_tokens import PromptCounter
+
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {
+                    "model": settings.served_model_name,
+                    "prompt": text,
+                    "max_tokens": max_tokens,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                },
+            }
+        )
+        for i, text in enumerate(lines)
+    ]
+    data = ("\n".join(rows) + "\n").encode()
+    planner = Planner(
+        PatternScreen.create(
+            settings.bridge_injection_patterns, settings.bridge_sensitive_patterns
+        ),
+        PromptCounter.from_model_dir(settings.model_dir),
+        max_prompt_chars=settings.bridge_max_prompt_chars,
+        knows_model=lambda model: model == settings.served_model_name,
+    )
+    directory = settings.tenant_directory()
+    caller = Caller(tenant=directory.get(BATCH_TENANT), credential_id="bench", reply_prefix="")
+    store = BatchStore(settings.batch_store)
+    upload = file_doc(BATCH_TENANT, "bench.jsonl", data, time.time())
+    store.put_file(upload, data)
+    doc = create_batch(
+        store,
+        settings,
+        tenant=BATCH_TENANT,
+        input_file_id=upload.id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata=None,
+        check_body=BodyChecker(planner, caller),
+        now=time.time(),
+    )
+    if doc.is_terminal or doc.errors is not None:
+        raise RuntimeError(f"batch refused lines: {doc.errors}")
+    return doc.id
+
+
+async def send_create(settings: Settings, batch_id: str) -> None:
+    from batches.commands import send_command
+    from tokenbus.kafka import make_producer
+
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await send_command(producer, settings, "create", BATCH_TENANT, batch_id)
+    finally:
+        await producer.stop()
+
+
+@dataclass
+class Interactive:
+    client: TokenbusClient
+    max_tokens: int
+
+    def stream_fn(self, deadline: float | None = None) -> Any:
+        sampling = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, ignore_eos=True)
+
+        async def stream(index: int, text: str) -> AsyncIterator[int]:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return  # past the window: the lane stops taking prompts
+            request = await self.client.submit(
+                tenant_id=INTERACTIVE_TENANT, prompt=text, sampling=sampling, priority=1
+            )
+            async for chunk in self.client.stream(request):
+                if chunk.error is not None:
+                    raise RequestFailed(chunk.error)
+                yield chunk.num_tokens
+
+        return stream
+
+    async def wave(self, tag: int, count: int, concurrency: int) -> WaveResult:
+        return await run_wave(self.stream_fn(), prompts(tag, count), concurrency)
+
+
+def ttft_p99(wave: WaveResult) -> float:
+    value = wave.summary()["ttft_ms"].get("p99", 0.0)
+    return float(value)
+
+
+async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    load_start = uptime_load()
+    overrides = {"default_batch_tpm": UNLIMITED_TPM, **parse_overrides(args.set)}
+    settings = bench_settings(model_path=model_dir(), **overrides)
+    (settings.home / "logs").mkdir(parents=True, exist_ok=True)
+    console.print(f"[dim]TOKENBUS_HOME={settings.home}  load {load_start['load_1_5_15']}[/]")
+    stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
+    say = console.print
+    waves: dict[str, dict[int, WaveResult]] = {"alone": {}, "with_batch": {}}
+    phases: dict[str, tuple[float, float]] = {}
+    follower = UsageFollower(settings)
+    scraper = MetricsScraper(f"http://127.0.0.1:{settings.batch_port}/metrics")
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await stack.start()
+        async with TokenbusClient(settings) as client:
+            bus = Interactive(client, args.max_tokens)
+            say("warm-up")
+            await bus.wave(-1, 16, 8)
+            # A
+            for concurrency in args.concurrency:
+                say(f"A: class 1 c={concurrency}, no batch")
+                waves["alone"][concurrency] = await bus.wave(
+                    0, max(args.min_requests, 4 * concurrency), concurrency
+                )
+            # B
+            say(f"B: class 1 c=64 for {args.full_s} s")
+            b_start = time.perf_counter()
+            deadline = b_start + args.full_s
+            full = await run_wave(
+                bus.stream_fn(deadline), prompts(1, 64 * 200), 64
+            )  # far more prompts than the window takes
+            full_rate = trace_rate(full.traces, b_start + args.ramp_s, deadline)
+            # C
+            ready = asyncio.Event()
+            tasks.append(asyncio.create_task(follower.run(ready)))
+            await ready.wait()
+            tasks.append(asyncio.create_task(scraper.run()))
+            say(f"C: submitting a batch of {args.batch_lines} lines")
+            lines = [prompt(2, i) for i in range(args.batch_lines)]
+            batch_id = await asyncio.to_thread(submit_batch, settings, lines, args.max_tokens)
+            submitted = time.time()
+            await send_create(settings, batch_id)
+            while not follower.events:
+                if time.time() - submitted > 120:
+                    raise RuntimeError("the batch produced no tokens in 120 s")
+                await asyncio.sleep(0.5)
+            first_token = time.time()
+            say(f"C: batch running ({first_token - submitted:.1f} s to its first line)")
+            ceiling = settings.batch_max_in_flight
+            while not any(s.limit == ceiling for s in scraper.samples if s.at >= first_token):
+                if time.time() - first_token > args.ramp_timeout_s:
+                    break  # measured from here all the same; the timeline shows the limit
+                await asyncio.sleep(0.5)
+            ramped = time.time()
+            say(f"C: pacer at its ceiling after {ramped - first_token:.1f} s; measuring")
+            await asyncio.sleep(args.ramp_s + args.batch_window_s + 1)
+            c_start = float(int(ramped + args.ramp_s) + 1)
+            c_end = c_start + args.batch_window_s
+            phases["C_batch_alone"] = (submitted, time.time())
+            # D
+            d_start = time.time()
+            for concurrency in args.concurrency:
+                say(f"D: class 1 c={concurrency} beside the batch")
+                waves["with_batch"][concurrency] = await bus.wave(
+                    3, max(args.min_requests, 4 * concurrency), concurrency
+                )
+            d_end = time.time()
+            phases["D_interactive_with_batch"] = (d_start, d_end)
+            # E
+            await asyncio.sleep(1.5)  # usage events of the window land
+            batch_rate = window_rate(per_second(follower.events), c_start, c_end)
+            target = RECOVERY_FRACTION * batch_rate
+            say(f"E: waiting for the batch back at >= {target:.0f} tokens/s")
+            recovered: float | None = None
+            while time.time() - d_end < args.recovery_timeout_s:
+                await asyncio.sleep(1.0)
+                buckets = per_second([e for e in follower.events if e[0] < time.time() - 1.5])
+                recovered = recovery_s(buckets, d_end, target)
+                if recovered is not None:
+                    break
+            await asyncio.sleep(2.0)
+            phases["E_after_interactive"] = (d_end, time.time())
+            stack.check()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stack.stop()
+    load_end = uptime_load()
+    if not args.keep:
+        shutil.rmtree(settings.home, ignore_errors=True)
+    buckets = per_second(follower.events)
+    reports = {int(r["at"]): r for r in follower.reports}
+    p99 = {k: {c: ttft_p99(w) for c, w in v.items()} for k, v in waves.items()}
+    origin = phases["C_batch_alone"][0]
+    return {
+        "command": "python -m bench.batch_interference " + " ".join(args.argv),
+        "parameters": {
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "full_s": args.full_s,
+            "ramp_s": args.ramp_s,
+            "batch_window_s": args.batch_window_s,
+            "batch_lines": args.batch_lines,
+            "settings_overrides": overrides,
+            "batch_max_in_flight": settings.batch_max_in_flight,
+            "batch_tokens_counted_from": "usage topic, events with batch_id, per second "
+            "by finished_at",
+            "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
+        },
+        "load_start": load_start,
+        "load_end": load_end,
+        "batch_id": batch_id,
+        "interactive": {k: {str(c): w.summary() for c, w in v.items()} for k, v in waves.items()},
+        "full_concurrency": {**full.summary(), "window_tokens_per_s": round(full_rate, 1)},
+        "batch_alone_tokens_per_s": round(batch_rate, 1),
+        "pacer_ramp_s": round(ramped - first_token, 1),
+        "job_reports_in_D": report_summary(follower.reports, *phases["D_interactive_with_batch"]),
+        "batch_window": [c_start, c_end],
+        "recovery_s": recovered,
+        "goals": goals(p99, full_rate, batch_rate, recovered),
+        "pacer_timeline": timeline_summary(scraper.samples, phases),
+        "pacer_first_backoff_s": first_below(
+            scraper.samples, phases["D_interactive_with_batch"][0], settings.batch_max_in_flight
+        ),
+        "timeline": [
+            {
+                "t": round(s.at - origin, 1),
+                "limit": s.limit,
+                "in_flight": s.in_flight,
+                "batch_tokens": buckets.get(int(s.at), 0),
+                "job_report": reports.get(int(s.at)),
+            }
+            for s in scraper.samples
+        ],
+        "phases": {k: [round(a - origin, 1), round(b - origin, 1)] for k, (a, b) in phases.items()},
+    }
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    table = Table(title="Batch jobs: interference (tiny model)")
+    for column in ("figure", "value", "goal", "met"):
+        table.add_column(column, justify="right")
+    for row in result["goals"]:
+        table.add_row(row["figure"], str(row["value"]), row["goal"], "yes" if row["met"] else "NO")
+    console.print(table)
+    ttft = Table(title="interactive class 1 TTFT (ms)")
+    for column in ("conc", "p50 alone", "p99 alone", "p50 w/ batch", "p99 w/ batch"):
+        ttft.add_column(column, justify="right")
+    alone, beside = result["interactive"]["alone"], result["interactive"]["with_batch"]
+    for c in alone:
+        a, b = alone[c]["ttft_ms"], beside[c]["ttft_ms"]
+        ttft.add_row(c, str(a["p50"]), str(a["p99"]), str(b["p50"]), str(b["p99"]))
+    console.print(ttft)
+    phases = Table(title="pacer limit / batch lines in flight per phase (min/median/max)")
+    for column in ("phase", "seconds", "limit", "in flight"):
+        phases.add_column(column, justify="right")
+    for name, entry in result["pacer_timeline"].items():
+        cells = [
+            "-" if entry[k] is None else "{min:g}/{median:g}/{max:g}".format(**entry[k])
+            for k in ("limit", "in_flight")
+        ]
+        phases.add_row(name, str(entry["seconds"]), *cells)
+    console.print(phases)
+    seen = result["job_reports_in_D"]
+    console.print(
+        f"the job's reports in D (what the pacer read): {seen['reports']}, "
+        f"{seen['with_interactive_waiting']} with class 0/1 waiting; TTFT p99 ms "
+        f"{seen['ttft_p99_ms']}; queue p99 ms {seen['queue_p99_ms']}"
+    )
+    console.print(
+        f"class 1 c=64: {result['full_concurrency']['window_tokens_per_s']} tok/s; batch alone "
+        f"{result['batch_alone_tokens_per_s']} tok/s; first back-off "
+        f"{result['pacer_first_backoff_s']} s into D; load {result['load_start']['load_1_5_15']}"
+        f" -> {result['load_end']['load_1_5_15']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--min-requests", type=int, default=32, help="per interactive wave")
+    parser.add_argument("--full-s", type=float, default=20.0, help="B: class 1 at c=64")
+    parser.add_argument("--ramp-s", type=float, default=3.0, help="skipped before B's and C's")
+    parser.add_argument("--batch-window-s", type=float, default=30.0, help="C: measured")
+    parser.add_argument("--batch-lines", type=int, default=20_000)
+    parser.add_argument(
+        "--ramp-timeout-s", type=float, default=40.0, help="C: most wait for the pacer's ceiling"
+    )
+    parser.add_argument("--recovery-timeout-s", type=float, default=60.0)
+    parser.add_argument("--name", default="batch_interference", help="result file name")
+    add_settings_args(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.argv = argv
+    exit_on_sigterm()
+    console = make_console()
+    result = asyncio.run(measure(args, console))
+    path = write_result(args.name, result)
+    render(result, console)
+    console.print(f"[dim]wrote {path}[/]")
+
+
+if __name__ == "__main__":
+    main()
