@@ -102,7 +102,7 @@ def _held(settings: Settings) -> dict[str, set[str]]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "tokenbus_job_worker_adapter_held":
-                held.setdefault(sample.labels["adapter"], set()).add(sample.labels["worker_id"])
+                held.setdefault(sample.labels["adapter"], set()).add(sample.labels["worker"])
     return held
 
 

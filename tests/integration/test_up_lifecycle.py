@@ -81,7 +81,7 @@ def test_a_signal_stops_the_whole_stack_in_order(
         status = subprocess.run([*TOKENBUS, "status"], env=env, capture_output=True, timeout=60)
         table = status.stdout.decode()
         assert status.returncode == 0, table + status.stderr.decode()
-        for name in ("broker", "billing", "stream_job", "alerts", "worker-0", "bridge"):
+        for name in ("broker", "billing", "stream_job", "alerts", "batches", "worker-0", "bridge"):
             assert name in table, table
         services = services_of(tmp_path)
         assert {s.name for s in services} == {
@@ -89,6 +89,7 @@ def test_a_signal_stops_the_whole_stack_in_order(
             "billing",
             "stream_job",
             "alerts",
+            "batches",
             "worker-0",
             "bridge",
         }
