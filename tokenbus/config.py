@@ -200,7 +200,7 @@ class Settings(BaseSettings):
     batch_target_floor_ms: float = 50.0
     """Interactive queue-wait p99 at or below this never counts as pressure, whatever the
     baseline: a few milliseconds' jitter must not stop a batch."""
-    batch_target_ttft_floor_ms: float = 250.0
+    batch_target_ttft_floor_ms: float = 100.0
     """The same floor for interactive TTFT p99."""
 
     # -- routing (stream_jobs.routing) ---------------------------------------------------

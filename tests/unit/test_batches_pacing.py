@@ -94,7 +94,7 @@ def test_the_target_is_the_ratio_times_the_baseline_seen_with_few_batch_lines() 
     # Interactive TTFT p99 400 ms with no batch line running: that is the baseline.
     every_second(clock, paced, 5, lambda n: report(batch=0, ttft_p99=400.0))
     assert paced.limit() == 52  # 400 ms is the baseline, not pressure: it grew meanwhile
-    # 1.5 x 400 = 600 ms is the target now, far above the 250 ms floor.
+    # 1.5 x 400 = 600 ms is the target now, far above the 100 ms floor.
     assert every_second(clock, paced, 1, lambda n: report(batch=n, ttft_p99=590.0)) == [56]
     assert every_second(clock, paced, 1, lambda n: report(batch=n, ttft_p99=610.0)) == [28]
     # Reports with many lines running do not move the baseline.
@@ -205,3 +205,17 @@ def test_batches_share_one_pacers_limit_and_a_closed_share_gives_its_part_back()
     tiny = Shares(FixedPacer(1))
     a, b = tiny.share(), tiny.share()
     assert a.limit() == b.limit() == 1  # every batch keeps at least one line going
+
+
+def test_a_heavy_spell_without_batch_lines_does_not_raise_the_target() -> None:
+    """Measured: a c=64 burst (TTFT p99 574 ms) with no batch line running, then c=1
+    traffic at 62 ms. The target follows the light traffic, not an average with the burst."""
+    clock = Clock()
+    paced = pacer(clock, initial=64)
+    every_second(clock, paced, 5, lambda n: report(batch=0, ttft_p99=62.0))
+    # The burst itself is far above its target: the batch yields to it.
+    assert every_second(clock, paced, 20, lambda n: report(batch=0, ttft_p99=574.0))[-1] == 1
+    # 1.5 x 62 = 93 ms, under the 100 ms floor: 150 ms with the batch running is pressure,
+    # 95 ms is not (an average with the burst would have put the target near 860 ms).
+    assert every_second(clock, paced, 1, lambda n: report(batch=n, ttft_p99=150.0)) == [1]
+    assert every_second(clock, paced, 1, lambda n: report(batch=n, ttft_p99=95.0)) == [5]
