@@ -41,13 +41,12 @@ from bench.common import (
     UNLIMITED_TPM,
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     model_dir,
     parse_overrides,
+    run_benchmark,
 )
 from bench.driver import RequestTrace, WaveResult, run_wave
-from bench.report import uptime_load, write_result
+from bench.report import uptime_load
 from bench.stats import ratio, summarize
 from bench.workload import prompt, prompts, tenant
 from producers import RequestFailed, TokenbusClient
@@ -579,7 +578,6 @@ def render(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -597,15 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recovery-timeout-s", type=float, default=60.0)
     parser.add_argument("--name", default="batch_interference", help="result file name")
     add_settings_args(parser)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    args.argv = argv
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(measure(args, console))
-    path = write_result(args.name, result)
-    render(result, console)
-    console.print(f"[dim]wrote {path}[/]")
+    run_benchmark(parser, argv, measure, render)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import secrets
 import signal
 import socket
+import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bench.report import write_result
 from tokenbus.config import Settings
 from tokenbus_cli.stack import REPO_ROOT, Stack
 
@@ -126,3 +129,24 @@ def print_table(
     console = make_console()
     console.print(table)
     console.print(f"written to {path}")
+
+
+def run_benchmark(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    measure: Callable[[argparse.Namespace, Console], Coroutine[Any, Any, dict[str, Any]]],
+    render: Callable[[dict[str, Any], Console], None],
+    name: str | None = None,
+) -> None:
+    """A benchmark's ``main``: parse (keeping the argv for the result's command), run
+    ``measure`` (SIGTERM ends it like Ctrl-C), write the result JSON (named ``name``, or
+    the ``--name`` argument), show it."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args.argv = argv
+    exit_on_sigterm()
+    console = make_console()
+    result = asyncio.run(measure(args, console))
+    path = write_result(name or args.name, result)
+    render(result, console)
+    console.print(f"[dim]wrote {path}[/]")

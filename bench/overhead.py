@@ -35,17 +35,16 @@ from rich.table import Table
 from bench.common import (
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     model_dir,
     parse_overrides,
     progress,
+    run_benchmark,
 )
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.hop import floor as hop_floor
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
-from bench.report import uptime_load, write_result
+from bench.report import uptime_load
 from bench.stats import ratio, summarize
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
@@ -429,7 +428,6 @@ def render(result: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -444,15 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
     )
     add_settings_args(parser)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    args.argv = argv
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(measure(args, console))
-    path = write_result(args.name, result)
-    render(result, console)
-    console.print(f"[dim]wrote {path}[/]")
+    run_benchmark(parser, argv, measure, render)
 
 
 if __name__ == "__main__":

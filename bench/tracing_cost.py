@@ -14,10 +14,8 @@ and of the broker, from /proc.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,14 +33,13 @@ from rich.table import Table
 from bench.common import (
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     model_dir,
     parse_overrides,
+    run_benchmark,
 )
 from bench.driver import WaveResult, run_wave
 from bench.overhead import stack_meter
-from bench.report import uptime_load, write_result
+from bench.report import uptime_load
 from bench.stats import ratio, summarize
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
@@ -203,14 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--min-requests", type=int, default=32, help="per wave")
     add_settings_args(parser)
-    args = parser.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(measure(args, console))
-    render(result, console)
-    path = write_result("tracing", result)
-    console.print(f"[dim]wrote {path}[/]")
+    run_benchmark(parser, argv, measure, render, "tracing")
 
 
 if __name__ == "__main__":

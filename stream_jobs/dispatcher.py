@@ -568,17 +568,7 @@ class Dispatcher:
             self.metrics.num_batch_admitted += 1
 
         waiting = _Waiting(item, asyncio.get_running_loop().create_future(), time.monotonic())
-        self._waiting[ident] = waiting
-        self._queue.push(
-            _queue_key(ident),
-            waiting,
-            tenant=item.tenant_id,
-            priority=priority,
-            weight=tenant.weight,
-            num_input=num_prompt,
-            num_output=item.sampling.max_tokens,
-        )
-        self._wake.set()
+        self._enqueue(waiting, priority, tenant.weight, num_prompt)
         return Admitted(waiting)
 
     async def finish(self, admitted: Admitted) -> Outcome:
@@ -1346,16 +1336,22 @@ class Dispatcher:
     def _requeue(self, waiting: _Waiting) -> None:
         """A request sent again after a worker loss, back in the fair queue."""
         request = waiting.request
-        ident = (request.tenant_id, request.request_id)
         waiting.done.add_done_callback(_retrieved)  # nobody awaits a resent request
+        # Charged at its first admission: its prompt's cost in the queue is left out.
+        self._enqueue(waiting, request.priority, self._tenants.get(request.tenant_id).weight, 0)
+
+    def _enqueue(self, waiting: _Waiting, priority: int, weight: float, num_input: int) -> None:
+        """Into the fair queue, to be forwarded when its class has a seat."""
+        request = waiting.request
+        ident = (request.tenant_id, request.request_id)
         self._waiting[ident] = waiting
         self._queue.push(
             _queue_key(ident),
             waiting,
             tenant=request.tenant_id,
-            priority=request.priority,
-            weight=self._tenants.get(request.tenant_id).weight,
-            num_input=0,  # charged at its first admission; the queue's cost is a guess
+            priority=priority,
+            weight=weight,
+            num_input=num_input,
             num_output=request.sampling.max_tokens,
         )
         self._wake.set()
