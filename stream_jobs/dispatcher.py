@@ -107,6 +107,9 @@ Headers = Any
 
 log = logging.getLogger(__name__)
 
+FORWARD_RETRY_S = 0.5
+"""How long a request whose forward the broker did not take waits before it queues again."""
+
 
 class WindowStore(Protocol):
     """Quota windows, by ``window.window_key``: each tenant's, and its batch lines'
@@ -215,6 +218,8 @@ class DispatchMetrics:
     num_cancelled_waiting: int = 0
     num_dead_letters: int = 0
     num_dispatched: int = 0
+    num_forward_retries: int = 0
+    """Forwards (or answers) the broker did not take: each request waits again."""
     num_duplicates: int = 0
     num_tier_changes: int = 0
     num_workers_lost: int = 0
@@ -1138,9 +1143,23 @@ class Dispatcher:
     async def _forward(self, waiting: _Waiting, picked: _Picked | None) -> None:
         try:
             outcome = await self._send(waiting, picked)
-        except Exception as exc:  # not forwarded: the agent fails, Faust redelivers
+        except Exception:
+            # Not forwarded (nor answered): the broker refused the send or timed out.
+            # It waits for a seat again, its event still unacked, rather than be acked
+            # as a failure and lost; should the job stop meanwhile, the event is
+            # redelivered to the next instance.
+            self.metrics.num_forward_retries += 1
+            request = waiting.request
+            log.warning(
+                "forwarding %s/%s failed; it waits again",
+                request.tenant_id,
+                request.request_id,
+                exc_info=True,
+            )
+            await asyncio.sleep(FORWARD_RETRY_S)
             if not waiting.done.done():  # its agent may have been cancelled meanwhile
-                waiting.done.set_exception(exc)
+                weight = self._tenants.get(request.tenant_id).weight
+                self._enqueue(waiting, request.priority, weight, 0)  # charged already
         else:
             if not waiting.done.done():
                 waiting.done.set_result(outcome)

@@ -47,6 +47,7 @@ _COUNTERS = {
     "num_cancelled_waiting": "requests cancelled while waiting",
     "num_dead_letters": "records sent to the dead-letter topic",
     "num_dispatched": "requests forwarded to a worker",
+    "num_forward_retries": "forwards the broker did not take (the request waits again)",
     "num_duplicates": "copies of a request id that already had its run",
     "num_tier_changes": "overload tier changes",
     "num_workers_lost": "worker runs declared lost",

@@ -392,6 +392,35 @@ async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
     loop.cancel()
 
 
+async def test_a_forward_the_broker_refuses_waits_and_goes_again_rather_than_failing(
+    dispatcher: Dispatcher, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed forward must not end the request (its event would be acked, and the
+    # request lost): it queues again and is forwarded once the broker takes it.
+    monkeypatch.setattr("stream_jobs.dispatcher.FORWARD_RETRY_S", 0.01)
+    refusals = [KafkaTimeoutLike("the broker did not answer")]
+
+    async def flaky_publish(topic: str, key: bytes, value: bytes, headers: object = None) -> None:
+        if topic == "w-topic" and refusals:
+            raise refusals.pop()
+        recorder.sent.append((topic, key, value))
+
+    dispatcher._publish = flaky_publish
+    dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    outcome = await asyncio.wait_for(await admit(dispatcher, request(1)), timeout=2)
+    assert outcome is Outcome.FORWARDED
+    (forwarded,) = recorder.on("w-topic")
+    assert decode(WorkItem, forwarded).request_id == "r1"
+    assert dispatcher.metrics.num_forward_retries == 1
+    assert dispatcher.metrics.num_in_flight == 1
+    loop.cancel()
+
+
+class KafkaTimeoutLike(Exception):
+    """What a producer raises when its send is not acknowledged in time."""
+
+
 def test_the_lag_of_each_input_shows_in_the_metrics(dispatcher: Dispatcher) -> None:
     finished = datetime.now(UTC) - timedelta(seconds=0.25)
     usage = decode(UsageEvent, usage_of(0)).model_copy(update={"finished_at": finished})
