@@ -22,7 +22,7 @@ _WINDOW = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
 
 def parse_window(text: str, *, min_s: float, max_s: float) -> float:
     """``completion_window`` in seconds: OpenAI's ``24h``, or e.g. ``90s``, ``30m``."""
-    match = _WINDOW.match(text)
+    match = _WINDOW.fullmatch(text)
     if match is None:
         raise ValueError(
             f"completion_window {text[:32]!r} is not a duration such as '24h', '30m' or '90s'"

@@ -80,7 +80,7 @@ class BatchStore:
         docs = []
         for name in names:
             base = str(name).rsplit("/", 1)[-1]
-            if base.endswith(".json") and _BATCH.match(base[: -len(".json")]):
+            if base.endswith(".json") and _BATCH.fullmatch(base[: -len(".json")]):
                 try:
                     docs.append(BatchDoc.model_validate_json(self._read(str(name))))
                 except (FileNotFoundError, ValueError):
@@ -138,7 +138,7 @@ class BatchStore:
 
 
 def _checked(pattern: re.Pattern[str], value: str, what: str) -> str:
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise NotFound(f"{what} {value[:80]!r}")
     return value
 

@@ -221,7 +221,7 @@ class Authenticator:
             return principal, self._clock() + 60.0
         claims, service = self._decode(token)
         tenant_id = claims["tenant"]
-        if not isinstance(tenant_id, str) or not TENANT_ID.match(tenant_id):
+        if not isinstance(tenant_id, str) or not TENANT_ID.fullmatch(tenant_id):
             raise AuthError("Token claim tenant is not a valid tenant ID.")
         if tenant_id not in self._directory and not self._allow_unlisted:
             raise AuthError(f"Tenant {tenant_id!r} is not configured here.", "unknown_tenant")

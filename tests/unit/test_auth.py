@@ -229,7 +229,7 @@ def test_a_token_for_another_audience() -> None:
     )
 
 
-@pytest.mark.parametrize("tenant", ["a.b", "a/b", "", 5])
+@pytest.mark.parametrize("tenant", ["a.b", "a/b", "", 5, "acme\n"])
 def test_a_malformed_tenant_claim(tenant: object) -> None:
     assert refused(tenant_token({"tenant": tenant})).code == "invalid_credential"
 

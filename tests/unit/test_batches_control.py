@@ -12,7 +12,9 @@ def test_windows_parse(text: str, seconds: float) -> None:
     assert parse_window(text, min_s=10, max_s=7 * 86400) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "24", "h", "-1h", "1.5h", "0s", "24 h", "24H", "1w", "01h"])
+@pytest.mark.parametrize(
+    "text", ["", "24", "h", "-1h", "1.5h", "0s", "24 h", "24H", "1w", "01h", "24h\n"]
+)
 def test_a_malformed_window_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="completion_window"):
         parse_window(text, min_s=1, max_s=1e9)

@@ -64,6 +64,8 @@ def test_another_tenant_finds_nothing(tmp_path: Path) -> None:
         ("a/b", FILE_ID),
         ("acme", FILE_ID + "/../z"),
         ("acme", "*"),
+        ("acme\n", FILE_ID),
+        ("acme", FILE_ID + "\n"),
     ],
 )
 def test_ids_that_are_paths_are_refused(tmp_path: Path, tenant: str, item: str) -> None:
