@@ -10,8 +10,10 @@ it. So that process also answers queries for the CLI, tests and dashboards:
 - ``GET /dashboard?tenant=&since=&until=`` --> the HTML dashboard (``billing.html``):
   every dashboard query (``billing/dashboards/*.sql``) for that window, as charts. Any
   other parameter a query declares (``limit``, ``bucket_tokens``) may be given too.
-- ``GET /live`` --> the live view (``billing.live``): per model the queue, TTFT p50/p99,
-  tokens/s and workers, from the job's ``/metrics`` and the last minutes of usage rows.
+- ``GET /live?tenant=&limit=`` --> the live view (``billing.live``): per model the queue,
+  TTFT p50/p99, tokens/s and workers, from the job's ``/metrics`` and the last minutes of
+  usage rows; and the slowest requests of those minutes (of one tenant, or of all; 10,
+  at most 100), each linked to its trace page. A malformed parameter --> 400.
 - ``GET /metrics`` --> billing's own metrics (``billing.metrics``), when given a registry.
 
 It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
@@ -33,8 +35,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from billing.html import render_dashboard, render_live
-from billing.live import LIVE_TTFT, fetch_text, live_view
-from billing.queries import dashboard_queries
+from billing.live import LIVE_SLOWEST, LIVE_TTFT, fetch_text, live_view, slowest_params
+from billing.queries import QueryParamError, dashboard_queries
 from billing.sql_guard import read_only_problem
 from billing.storage import Queryable, Row, chdb_path
 
@@ -83,8 +85,14 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _live(request: web.Request) -> web.Response:
     """The job's metrics (its queue, and the workers' heartbeats it holds) and the TTFT
-    of the usage rows created in the last few minutes; a source that fails is named."""
+    of the usage rows created in the last few minutes, and the slowest of those requests;
+    a source that fails is named."""
     now = datetime.now(UTC)
+    sql, values = LIVE_TTFT.to_sql({})
+    try:  # the slowest requests are the tail of the TTFT above: same rows, same window
+        slowest = slowest_params(request.query, window_s=values["window_s"])
+    except QueryParamError as exc:
+        return web.Response(status=400, text=f"{exc}\n")
     errors: dict[str, str] = {}
     url = request.app[JOB_METRICS_KEY]
     job_text = ""
@@ -95,19 +103,24 @@ async def _live(request: web.Request) -> web.Response:
             job_text = await asyncio.to_thread(fetch_text, url)
         except OSError as exc:
             errors["job"] = f"{url}: {exc}"
-    sql, values = LIVE_TTFT.to_sql({})
+    store = request.app[STORE_KEY]
     try:
-        ttft_rows = await asyncio.to_thread(request.app[STORE_KEY].query, sql, values)
+        ttft_rows = await asyncio.to_thread(store.query, sql, values)
     except ClickHouseError as exc:
         errors["ttft"] = str(exc).splitlines()[0]
         ttft_rows = []
+    try:
+        slowest_rows = await asyncio.to_thread(store.query, *LIVE_SLOWEST.to_sql(slowest))
+    except ClickHouseError as exc:
+        errors["slowest"] = str(exc).splitlines()[0]
+        slowest_rows = []
     batch_text = ""
     if request.app[BATCH_METRICS_KEY]:
         try:
             batch_text = await asyncio.to_thread(fetch_text, request.app[BATCH_METRICS_KEY])
         except OSError as exc:
             errors["batches"] = f"{request.app[BATCH_METRICS_KEY]}: {exc}"
-    view = live_view(job_text, ttft_rows, batch_text)
+    view = live_view(job_text, ttft_rows, batch_text, slowest_rows, slowest["tenant"])
     page = render_live(view, generated_at=now, errors=errors)
     return web.Response(text=page, content_type="text/html")
 

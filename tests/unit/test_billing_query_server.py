@@ -285,3 +285,41 @@ async def test_metrics_and_the_live_view(
     assert live.status == 200
     assert 'class="error">job: http://127.0.0.1:9/metrics' in page
     assert "<td>tiny</td><td>0</td><td>0</td><td>0</td><td>20.0</td>" in page
+
+
+async def test_the_live_view_lists_the_slowest_requests_and_refuses_a_bad_limit(
+    stores: tuple[ClickHouseStore, ClickHouseStore], client: TestClient[Any, Any]
+) -> None:
+    now = datetime.now(UTC)
+    write_usage(
+        stores[0],
+        [
+            UsageEvent(
+                request_id=f"slow_{n}",
+                session_id="s",
+                tenant_id=tenant,
+                model="tiny",
+                status=UsageStatus.OK,
+                num_prompt_tokens=3,
+                num_completion_tokens=10,
+                ttft_ms=100.0 * (n + 1),
+                total_ms=1000.0,
+                created_at=now,
+            )
+            for n, tenant in enumerate(("acme", "acme", "globex"))
+        ],
+        PRICER,
+    )
+    live = await client.get("/live", params={"tenant": "acme", "limit": "1"})
+    page = await live.text()
+    everyone = await (await client.get("/live")).text()
+    bad = await client.get("/live", params={"limit": "many"})
+    hostile = await client.get("/live", params={"tenant": "<script>"})
+
+    assert live.status == 200
+    assert "<td>acme</td><td>slow_1</td><td>tiny</td><td>200.0</td>" in page
+    assert '<a href="trace/slow_1?tenant=acme">trace</a>' in page
+    assert "slow_0" not in page and "slow_2" not in page
+    assert everyone.index("slow_2") < everyone.index("slow_1") < everyone.index("slow_0")
+    assert bad.status == 400 and "limit must be a whole number" in await bad.text()
+    assert hostile.status == 400 and "<script>" not in await hostile.text()
