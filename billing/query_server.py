@@ -14,6 +14,9 @@ it. So that process also answers queries for the CLI, tests and dashboards:
   TTFT p50/p99, tokens/s and workers, from the job's ``/metrics`` and the last minutes of
   usage rows; and the slowest requests of those minutes (of one tenant, or of all; 10,
   at most 100), each linked to its trace page. A malformed parameter --> 400.
+- ``GET /trace/{request_id}?tenant=`` --> that request's traces as a timeline
+  (``billing.traces``, ``billing.trace_page``); an id or tenant of the wrong shape --> 400,
+  no spans --> 404, each with a page that says why.
 - ``GET /metrics`` --> billing's own metrics (``billing.metrics``), when given a registry.
 
 It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
@@ -39,6 +42,8 @@ from billing.live import LIVE_SLOWEST, LIVE_TTFT, fetch_text, live_view, slowest
 from billing.queries import QueryParamError, dashboard_queries
 from billing.sql_guard import read_only_problem
 from billing.storage import Queryable, Row, chdb_path
+from billing.trace_page import render_problem, render_trace
+from billing.traces import TRACE_SQL, lookup_problem, timeline
 
 STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
@@ -69,6 +74,7 @@ def create_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/dashboard", _dashboard)
     app.router.add_get("/live", _live)
+    app.router.add_get("/trace/{request_id}", _trace)
     app[JOB_METRICS_KEY] = job_metrics_url or ""
     app[BATCH_METRICS_KEY] = batch_metrics_url or ""
     if registry is not None:
@@ -123,6 +129,36 @@ async def _live(request: web.Request) -> web.Response:
     view = live_view(job_text, ttft_rows, batch_text, slowest_rows, slowest["tenant"])
     page = render_live(view, generated_at=now, errors=errors)
     return web.Response(text=page, content_type="text/html")
+
+
+async def _trace(request: web.Request) -> web.Response:
+    """One request's traces, from the spans this process stores (``billing.span_sink``)."""
+    now = datetime.now(UTC)
+    request_id = request.match_info["request_id"]
+    tenant = request.query.get("tenant", "")
+    problem = lookup_problem(request_id, tenant)
+    if problem is not None:
+        return _page(400, render_problem("bad request", problem, generated_at=now))
+    parameters = {"tenant": tenant, "request_id": request_id}
+    try:
+        rows = await asyncio.to_thread(request.app[STORE_KEY].query, TRACE_SQL, parameters)
+    except ClickHouseError as exc:
+        message = f"the span store failed: {str(exc).splitlines()[0]}"
+        return _page(500, render_problem("span store error", message, generated_at=now))
+    steps = timeline(rows)
+    if not steps:
+        message = (
+            f"no spans of request {request_id} for tenant {tenant}: spans arrive within a few "
+            "seconds and are kept 7 days; a request that was not sampled has none "
+            "(TOKENBUS_TRACE_SAMPLE_RATIO), and with TOKENBUS_OTLP_ENDPOINT set they go to "
+            "the collector instead"
+        )
+        return _page(404, render_problem("no trace", message, generated_at=now))
+    return _page(200, render_trace(request_id, tenant, steps, generated_at=now))
+
+
+def _page(status: int, html: str) -> web.Response:
+    return web.Response(status=status, text=html, content_type="text/html")
 
 
 async def start_query_server(app: web.Application, port: int) -> web.AppRunner:
