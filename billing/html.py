@@ -13,17 +13,18 @@ from datetime import datetime
 from decimal import Decimal
 from html import escape
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from billing.svg import Series, bar_chart, compact, hbar_chart, line_chart
 
 if TYPE_CHECKING:
-    from billing.live import LiveView
+    from billing.live import LiveView, SlowRequest
 
 Rows = Sequence[Mapping[str, Any]]
 MAX_LINE_POINTS = 240
 """Longer minute series are drawn as means over steps of several minutes."""
 
-_STYLE = """
+STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;
 background:#f5f6f8;color:#111827}
 header{background:#111827;color:#f9fafb;padding:14px 24px;display:flex;
@@ -124,7 +125,7 @@ def render_dashboard(
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         "<title>tokenbus billing</title>"
-        f"<style>{_STYLE}</style></head><body>"
+        f"<style>{STYLE}</style></head><body>"
         f"<header><h1>tokenbus billing</h1><form method=get>{form}"
         '<button>show</button></form><a href="live" style="color:#93c5fd">live view</a>'
         f"<span>as of {escape(generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</span></header>"
@@ -273,13 +274,22 @@ def _alerts(rows: Rows) -> str:
     return _table(shown, columns)
 
 
-def _table(rows: Rows, columns: Sequence[str], percent: Sequence[str] = ()) -> str:
+def _table(
+    rows: Rows, columns: Sequence[str], percent: Sequence[str] = (), markup: Sequence[str] = ()
+) -> str:
+    """``rows`` under ``columns``, every value escaped but those of ``markup`` columns,
+    which hold HTML built (and escaped) by this module."""
     if not rows:
         return ""
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>"
-        + "".join(f"<td>{escape(_cell(r.get(c), c in percent))}</td>" for c in columns)
+        + "".join(
+            f"<td>{r.get(c)}</td>"
+            if c in markup
+            else f"<td>{escape(_cell(r.get(c), c in percent))}</td>"
+            for c in columns
+        )
         + "</tr>"
         for r in rows
     )
@@ -299,6 +309,12 @@ def _cell(value: Any, percent: bool) -> str:
 
 
 LIVE_REFRESH_S = 5
+
+
+def trace_href(tenant: str, request_id: str) -> str:
+    """The trace page of a request, relative to the live view (``/live`` --> ``/trace/..``);
+    both values URL-encoded, so neither can leave its place in the URL."""
+    return f"trace/{quote(request_id, safe='')}?tenant={quote(tenant, safe='')}"
 
 
 def render_live(
@@ -348,6 +364,7 @@ def render_live(
         f'<p class="error">{escape(source)}: {escape(message)}</p>'
         for source, message in sorted(errors.items())
     )
+    whose = f"tenant {view.slowest_tenant}" if view.slowest_tenant else "every tenant"
     cards = [
         _card(
             "Models",
@@ -371,16 +388,45 @@ def render_live(
             _table(batches, list(batches[0]) if batches else []) or "<p>no batch running</p>",
             None,
         ),
+        _card(
+            "Slowest recent requests",
+            f"Of {whose}: the requests created in the last 5 minutes ranked by TTFT (the "
+            "TTFT above, from the request's creation to its first token), slowest first; "
+            "duration from its creation to its last attempt's end; tokens and attempts "
+            "over all its attempts; status its last attempt's. A request with no token "
+            "is not ranked. ?tenant= and ?limit= (at most 100) choose; a trace shows "
+            "spans only if the request was sampled.",
+            _slowest(view.slowest),
+            None,
+        ),
     ]
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="{LIVE_REFRESH_S}">'
         "<title>tokenbus live</title>"
-        f"<style>{_STYLE}</style></head><body>"
+        f"<style>{STYLE}</style></head><body>"
         '<header><h1>tokenbus live</h1><a href="dashboard" style="color:#93c5fd">billing</a>'
         f"<span>as of {escape(generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</span></header>"
         f"<main>{problems}{''.join(cards)}</main></body></html>"
     )
+
+
+def _slowest(slowest: Sequence[SlowRequest]) -> str:
+    rows = [
+        {
+            "tenant": r.tenant,
+            "request": r.request_id,
+            "model": r.model,
+            "TTFT ms": f"{r.ttft_ms:,.1f}",
+            "duration ms": f"{r.duration_ms:,.1f}",
+            "tokens in / out": f"{r.num_prompt_tokens} / {r.num_completion_tokens}",
+            "attempts": r.num_attempts,
+            "status": r.status,
+            "trace": f'<a href="{escape(trace_href(r.tenant, r.request_id))}">trace</a>',
+        }
+        for r in slowest
+    ]
+    return _table(rows, list(rows[0]), markup=["trace"]) if rows else "<p>no request</p>"
 
 
 def _optional(value: float | None) -> str:

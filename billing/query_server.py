@@ -10,8 +10,13 @@ it. So that process also answers queries for the CLI, tests and dashboards:
 - ``GET /dashboard?tenant=&since=&until=`` --> the HTML dashboard (``billing.html``):
   every dashboard query (``billing/dashboards/*.sql``) for that window, as charts. Any
   other parameter a query declares (``limit``, ``bucket_tokens``) may be given too.
-- ``GET /live`` --> the live view (``billing.live``): per model the queue, TTFT p50/p99,
-  tokens/s and workers, from the job's ``/metrics`` and the last minutes of usage rows.
+- ``GET /live?tenant=&limit=`` --> the live view (``billing.live``): per model the queue,
+  TTFT p50/p99, tokens/s and workers, from the job's ``/metrics`` and the last minutes of
+  usage rows; and the slowest requests of those minutes (of one tenant, or of all; 10,
+  at most 100), each linked to its trace page. A malformed parameter --> 400.
+- ``GET /trace/{request_id}?tenant=`` --> that request's traces as a timeline
+  (``billing.traces``, ``billing.trace_page``); an id or tenant of the wrong shape --> 400,
+  no spans --> 404, each with a page that says why.
 - ``GET /metrics`` --> billing's own metrics (``billing.metrics``), when given a registry.
 
 It binds 127.0.0.1 only. The store it is given must be opened ``read_only=True``: the
@@ -33,10 +38,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from billing.html import render_dashboard, render_live
-from billing.live import LIVE_TTFT, fetch_text, live_view
-from billing.queries import dashboard_queries
+from billing.live import LIVE_SLOWEST, LIVE_TTFT, fetch_text, live_view, slowest_params
+from billing.queries import QueryParamError, dashboard_queries
 from billing.sql_guard import read_only_problem
 from billing.storage import Queryable, Row, chdb_path
+from billing.trace_page import render_problem, render_trace
+from billing.traces import TRACE_SQL, lookup_problem, timeline
 
 STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
@@ -67,6 +74,7 @@ def create_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/dashboard", _dashboard)
     app.router.add_get("/live", _live)
+    app.router.add_get("/trace/{request_id}", _trace)
     app[JOB_METRICS_KEY] = job_metrics_url or ""
     app[BATCH_METRICS_KEY] = batch_metrics_url or ""
     if registry is not None:
@@ -83,8 +91,14 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _live(request: web.Request) -> web.Response:
     """The job's metrics (its queue, and the workers' heartbeats it holds) and the TTFT
-    of the usage rows created in the last few minutes; a source that fails is named."""
+    of the usage rows created in the last few minutes, and the slowest of those requests;
+    a source that fails is named."""
     now = datetime.now(UTC)
+    sql, values = LIVE_TTFT.to_sql({})
+    try:  # the slowest requests are the tail of the TTFT above: same rows, same window
+        slowest = slowest_params(request.query, window_s=values["window_s"])
+    except QueryParamError as exc:
+        return web.Response(status=400, text=f"{exc}\n")
     errors: dict[str, str] = {}
     url = request.app[JOB_METRICS_KEY]
     job_text = ""
@@ -95,21 +109,56 @@ async def _live(request: web.Request) -> web.Response:
             job_text = await asyncio.to_thread(fetch_text, url)
         except OSError as exc:
             errors["job"] = f"{url}: {exc}"
-    sql, values = LIVE_TTFT.to_sql({})
+    store = request.app[STORE_KEY]
     try:
-        ttft_rows = await asyncio.to_thread(request.app[STORE_KEY].query, sql, values)
+        ttft_rows = await asyncio.to_thread(store.query, sql, values)
     except ClickHouseError as exc:
         errors["ttft"] = str(exc).splitlines()[0]
         ttft_rows = []
+    try:
+        slowest_rows = await asyncio.to_thread(store.query, *LIVE_SLOWEST.to_sql(slowest))
+    except ClickHouseError as exc:
+        errors["slowest"] = str(exc).splitlines()[0]
+        slowest_rows = []
     batch_text = ""
     if request.app[BATCH_METRICS_KEY]:
         try:
             batch_text = await asyncio.to_thread(fetch_text, request.app[BATCH_METRICS_KEY])
         except OSError as exc:
             errors["batches"] = f"{request.app[BATCH_METRICS_KEY]}: {exc}"
-    view = live_view(job_text, ttft_rows, batch_text)
+    view = live_view(job_text, ttft_rows, batch_text, slowest_rows, slowest["tenant"])
     page = render_live(view, generated_at=now, errors=errors)
     return web.Response(text=page, content_type="text/html")
+
+
+async def _trace(request: web.Request) -> web.Response:
+    """One request's traces, from the spans this process stores (``billing.span_sink``)."""
+    now = datetime.now(UTC)
+    request_id = request.match_info["request_id"]
+    tenant = request.query.get("tenant", "")
+    problem = lookup_problem(request_id, tenant)
+    if problem is not None:
+        return _page(400, render_problem("bad request", problem, generated_at=now))
+    parameters = {"tenant": tenant, "request_id": request_id}
+    try:
+        rows = await asyncio.to_thread(request.app[STORE_KEY].query, TRACE_SQL, parameters)
+    except ClickHouseError as exc:
+        message = f"the span store failed: {str(exc).splitlines()[0]}"
+        return _page(500, render_problem("span store error", message, generated_at=now))
+    steps = timeline(rows)
+    if not steps:
+        message = (
+            f"no spans of request {request_id} for tenant {tenant}: spans arrive within a few "
+            "seconds and are kept 7 days; a request that was not sampled has none "
+            "(TOKENBUS_TRACE_SAMPLE_RATIO), and with TOKENBUS_OTLP_ENDPOINT set they go to "
+            "the collector instead"
+        )
+        return _page(404, render_problem("no trace", message, generated_at=now))
+    return _page(200, render_trace(request_id, tenant, steps, generated_at=now))
+
+
+def _page(status: int, html: str) -> web.Response:
+    return web.Response(status=status, text=html, content_type="text/html")
 
 
 async def start_query_server(app: web.Application, port: int) -> web.AppRunner:

@@ -3,16 +3,20 @@
 # SpanBatch (spans topic) --> span_rows() --> ClickHouse ``spans`` (billing.span_sink)
 # ``tokenbus trace REQUEST_ID`` --> TRACE_SQL (the tenant's spans of the traces that
 #   name the request) --> timeline() --> render()
+# the query server's ``GET /trace/REQUEST_ID`` --> TRACE_SQL --> timeline()
+#   --> billing.trace_page.render_trace
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from schemas import REQUEST_ID_PATTERN, TENANT_ID_PATTERN
 from schemas.spans import SpanBatch
 from tokenbus.tracing import ATTR_ATTEMPT, ATTR_REQUEST
 
@@ -44,6 +48,23 @@ ORDER BY start_time, span_id
 """
 """Every span of every trace in which ``request_id`` of ``tenant`` appears: a resumed
 request's attempts share its trace, a bridge request's trace holds all four services."""
+
+
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
+_TENANT_ID = re.compile(TENANT_ID_PATTERN)
+
+
+def lookup_problem(request_id: str, tenant: str) -> str | None:
+    """Why ``(request_id, tenant)`` cannot name a trace, or None: both must have the
+    shape the bus admits (``schemas.RequestId``, ``schemas.TenantId``), so an outsider's
+    text never reaches a query or a page as an id."""
+    if not tenant:
+        return "the tenant is required (?tenant=TENANT): a trace is read within its tenant"
+    if not _TENANT_ID.fullmatch(tenant):
+        return "the tenant must be 1 to 128 letters, digits, '_' or '-'"
+    if not _REQUEST_ID.fullmatch(request_id):
+        return "the request id must be 1 to 128 letters, digits, '_', '.', ':' or '-'"
+    return None
 
 
 def span_rows(batch: SpanBatch) -> list[tuple[Any, ...]]:
@@ -85,6 +106,8 @@ class Step:
     status: str
     attempt: int
     trace_id: str
+    attributes: tuple[tuple[str, str], ...] = ()
+    """The span's attributes, sorted by name."""
 
 
 def timeline(rows: Iterable[Mapping[str, Any]]) -> list[Step]:
@@ -118,6 +141,7 @@ def timeline(rows: Iterable[Mapping[str, Any]]) -> list[Step]:
                     status=span["status"],
                     attempt=span["attempt"],
                     trace_id=span["trace_id"],
+                    attributes=span["attributes"],
                 )
             )
             stack.extend((child, depth + 1) for child in reversed(children[span["span_id"]]))
@@ -130,6 +154,7 @@ def _span(row: Mapping[str, Any]) -> dict[str, Any]:
         start = datetime.fromisoformat(start)
     if start.tzinfo is None:
         start = start.replace(tzinfo=UTC)
+    attrs = row.get("attributes") or {}
     return {
         "trace_id": row["trace_id"],
         "span_id": row["span_id"],
@@ -140,6 +165,7 @@ def _span(row: Mapping[str, Any]) -> dict[str, Any]:
         "duration_us": int(row["duration_us"]),
         "status": row["status"],
         "attempt": int(row["attempt"]),
+        "attributes": tuple(sorted((str(k), str(v)) for k, v in attrs.items())),
     }
 
 

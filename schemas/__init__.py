@@ -4,6 +4,7 @@ from schemas.codec import SchemaError, decode, encode
 from schemas.messages import (
     INTERNAL_FIELDS,
     REASSIGNED,
+    REQUEST_ID_PATTERN,
     SCHEMA_VERSION,
     TENANT_ID_PATTERN,
     Adapter,
@@ -26,6 +27,7 @@ from schemas.messages import (
 __all__ = [
     "INTERNAL_FIELDS",
     "REASSIGNED",
+    "REQUEST_ID_PATTERN",
     "SCHEMA_VERSION",
     "TENANT_ID_PATTERN",
     "Adapter",

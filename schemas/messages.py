@@ -51,7 +51,8 @@ TENANT_ID_PATTERN = r"^[A-Za-z0-9_\-]{1,128}$"
 """Letters, digits, ``_`` and ``-``: no dot, so a tenant's reply topics
 (``<prefix>.replies.<tenant>.<client>``) never fall under another tenant's prefix."""
 TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
-RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+RequestId = Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
 TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._\-]{1,249}$")]
 
 INTERNAL_FIELDS = frozenset(

@@ -207,6 +207,7 @@ BRIDGE_TENANTS: dict[str, dict[str, object]] = {
     **_lora_tenants(),
     "br-jwt": {"models": ["tiny-llama", "other-model"], "priority_class": 1},
     "br-fuzz": {"models": ["tiny-llama"], "max_output_tokens": 4, "max_prompt_tokens": 2048},
+    "br-trace": {"models": ["tiny-llama"]},  # test_tracing's alone: its slowest requests
     QUOTA_TENANT: {"models": ["tiny-llama"]},
     RPM_TENANT: {"models": ["tiny-llama"], "rpm": RPM_TENANT_RPM},
 }

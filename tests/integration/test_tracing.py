@@ -1,15 +1,19 @@
 """Traces across the bus, on the real stack: one request through the bridge is one trace
 with spans from the bridge, the job, the worker and billing, correctly parented, found by
-``tokenbus trace``'s query in tokenbus's own store (no collector)."""
+``tokenbus trace``'s query in tokenbus's own store (no collector), and by the query
+server's live view, whose slowest-requests table links to the request's trace page."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
+from html import unescape
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 
@@ -19,7 +23,7 @@ from tests.integration.conftest import BridgeProcess, bridge_key, eventually
 from tokenbus.config import Settings
 
 MODEL = "tiny-llama"
-TENANT = "br-alice"
+TENANT = "br-trace"  # no other test's: its slowest requests of the last minutes are these
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 SERVICES = {"tokenbus-bridge", "tokenbus-job", "tokenbus-worker", "tokenbus-billing"}
@@ -152,6 +156,26 @@ async def test_one_bridge_request_is_one_trace_across_four_services(
     assert lines[0] == f"trace {CALLER_TRACE}"
     assert any("worker.decode" in line and "tokenbus-worker" in line for line in lines)
     assert any("billing.insert" in line for line in lines)
+
+    # The live view's slowest requests of this tenant hold it (its row is stored: the
+    # billing.insert span is), linked to a trace page with every service's spans.
+    live_url = f"http://127.0.0.1:{settings.billing_query_port}/live?tenant={TENANT}&limit=100"
+    async with httpx.AsyncClient(timeout=30) as http:
+        live = await http.get(live_url)
+        assert live.status_code == 200, live.text
+        mine = re.escape(f"<tr><td>{TENANT}</td><td>{request_id}</td>")
+        row = re.search(f"{mine}.*?</tr>", live.text)
+        assert row is not None, live.text
+        link = re.search(r'<a href="([^"]+)">trace</a>', row[0])
+        assert link is not None, row[0]
+        page = await http.get(urljoin(live_url, unescape(link[1])))
+    assert page.status_code == 200, page.text
+    assert f"request {request_id} of tenant {TENANT}" in page.text
+    assert f"<h2>trace {CALLER_TRACE}</h2>" in page.text
+    for name in ("bridge.request", "job.admit", "worker.decode", "billing.insert"):
+        assert f"{name}</td>" in page.text, name
+    for service in SERVICES:
+        assert f"<td>{service}</td>" in page.text, service
 
 
 def _env(settings: Settings) -> dict[str, str]:

@@ -1,20 +1,35 @@
 """The live view (billing.live, billing.html.render_live): the job's metrics and the
-usage rows' TTFT, joined by model."""
+usage rows' TTFT, joined by model; the slowest requests of the window, linked to their
+traces."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from prometheus_client import generate_latest
 
 from batches.metrics import RunnerMetrics
-from billing.html import render_live
-from billing.live import LIVE_TTFT, live_view
-from schemas import WorkerStatus
+from billing.dedup import write_usage
+from billing.html import render_live, trace_href
+from billing.live import (
+    LIVE_SLOWEST,
+    LIVE_TTFT,
+    SLOWEST_MAX_LIMIT,
+    SlowRequest,
+    live_view,
+    slowest_params,
+)
+from billing.price_file import BUNDLED_PRICES, read_price_book
+from billing.pricing import Pricer
+from billing.queries import QueryParamError
+from billing.storage import ClickHouseStore
+from schemas import UsageEvent, UsageStatus, WorkerStatus
 from stream_jobs.dispatcher import DispatchMetrics
 from stream_jobs.metrics import job_registry
 
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
+PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 _BATCH = {
     "id": "batch_01JABCDEFGH",
     "endpoint": "/v1/chat/completions",
@@ -101,3 +116,148 @@ def test_running_batches_from_the_runner_s_metrics() -> None:
     runner.forget("acme", "batch_01JABCDEFGH")
     assert live_view("", [], runner.render().decode()).batches == []
     assert "no batch running" in render_live(live_view("", []), generated_at=NOW)
+
+
+def test_the_slowest_query_takes_the_window_a_tenant_and_a_limit() -> None:
+    sql, values = LIVE_SLOWEST.to_sql({})
+    assert values == {"window_s": "300", "tenant": "", "limit": "10"}
+    assert values["window_s"] == LIVE_TTFT.to_sql({})[1]["window_s"]
+    where = sql[sql.index("WHERE") :]
+    assert where.index("tenant_id") < where.index("created_at")  # tenant first
+    assert "GROUP BY tenant_id, request_id" in sql
+    assert "ORDER BY first_token_ms DESC, tenant_id, request_id" in sql
+    assert "LIMIT {limit:UInt32}" in sql
+
+
+def test_the_url_chooses_the_tenant_and_a_capped_limit() -> None:
+    assert slowest_params({}, "300") == {"window_s": "300", "tenant": "", "limit": "10"}
+    assert slowest_params({"tenant": "acme", "limit": "3"}, "60") == {
+        "window_s": "60",
+        "tenant": "acme",
+        "limit": "3",
+    }
+    assert slowest_params({"limit": "100000"}, "300")["limit"] == str(SLOWEST_MAX_LIMIT)
+    assert slowest_params({"limit": ""}, "300")["limit"] == "10"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"limit": "0"},
+        {"limit": "-1"},
+        {"limit": "ten"},
+        {"limit": "1.5"},
+        {"limit": "\u0661"},  # a digit, but not an ASCII one
+        {"tenant": "<script>"},
+        {"tenant": "acme\n"},
+        {"tenant": "a" * 129},
+    ],
+)
+def test_a_malformed_parameter_is_refused_with_the_reason(query: dict[str, str]) -> None:
+    with pytest.raises(QueryParamError, match=r"^(limit|tenant) must be") as refused:
+        slowest_params(query, "300")
+    assert "<" not in str(refused.value)  # the reason does not echo the value
+
+
+def _attempt(
+    tenant: str,
+    request_id: str,
+    ttft_ms: float | None,
+    *,
+    attempt: int = 0,
+    total_ms: float = 500.0,
+    status: UsageStatus = UsageStatus.OK,
+    age: timedelta = timedelta(seconds=10),
+) -> UsageEvent:
+    return UsageEvent(
+        request_id=request_id,
+        session_id="s",
+        tenant_id=tenant,
+        model="tiny",
+        attempt=attempt,
+        status=status,
+        num_prompt_tokens=5,
+        num_completion_tokens=7,
+        ttft_ms=ttft_ms,
+        total_ms=total_ms,
+        created_at=datetime.now(UTC) - age,
+    )
+
+
+def test_the_slowest_requests_of_the_window_one_row_per_request() -> None:
+    usage = [
+        # Resumed: the first attempt's first token is the request's, the last one's end
+        # its duration, and its status the last attempt's.
+        _attempt("acme", "resumed", 40.0, status=UsageStatus.FAILED, total_ms=300.0),
+        _attempt("acme", "resumed", 900.0, attempt=1, total_ms=1200.0),
+        _attempt("acme", "slow", 300.0),
+        _attempt("acme", "no_token", None, status=UsageStatus.FAILED, total_ms=9000.0),
+        _attempt("globex", "other", 100.0),
+        _attempt("acme", "long_ago", 5000.0, age=timedelta(minutes=10)),
+    ]
+    with ClickHouseStore("chdb://memory") as store:
+        write_usage(store, usage, PRICER)
+
+        def slowest(**query: str) -> list[SlowRequest]:
+            sql, values = LIVE_SLOWEST.to_sql(slowest_params(query, "300"))
+            return live_view("", [], slowest_rows=store.query(sql, values)).slowest
+
+        everyone = slowest()
+        only_acme = slowest(tenant="acme")
+        top = slowest(limit="1")
+
+    assert [(r.tenant, r.request_id, r.ttft_ms) for r in everyone] == [
+        ("acme", "slow", 300.0),
+        ("globex", "other", 100.0),
+        ("acme", "resumed", 40.0),
+    ]
+    resumed = everyone[2]
+    assert (resumed.duration_ms, resumed.num_attempts, resumed.status) == (1200.0, 2, "ok")
+    assert (resumed.num_prompt_tokens, resumed.num_completion_tokens) == (10, 14)
+    assert resumed.model == "tiny"
+    assert [r.request_id for r in only_acme] == ["slow", "resumed"]
+    assert [r.request_id for r in top] == ["slow"]
+
+
+def test_the_slowest_table_links_each_request_to_its_trace_and_escapes_it() -> None:
+    rows = [
+        {
+            "tenant_id": "acme",
+            "request_id": "req-1",
+            "model": "tiny",
+            "first_token_ms": 812.25,
+            "duration_ms": 1500.0,
+            "num_prompt_tokens": 5,
+            "num_completion_tokens": 7,
+            "last_status": "ok",
+            "num_attempts": 2,
+        },
+        {
+            "tenant_id": 'a"><script>x</script>',
+            "request_id": "r&<b>/../1?x=1#",
+            "model": "<i>m</i>",
+            "first_token_ms": 1.0,
+            "duration_ms": 2.0,
+            "num_prompt_tokens": 0,
+            "num_completion_tokens": 1,
+            "last_status": "failed",
+            "num_attempts": 1,
+        },
+    ]
+    view = live_view("", [], slowest_rows=rows, slowest_tenant="")
+    page = render_live(view, generated_at=NOW)
+
+    assert "Slowest recent requests" in page and "Of every tenant" in page
+    assert (
+        "<td>acme</td><td>req-1</td><td>tiny</td><td>812.2</td><td>1,500.0</td>"
+        '<td>5 / 7</td><td>2</td><td>ok</td><td><a href="trace/req-1?tenant=acme">trace</a></td>'
+    ) in page
+    assert "<script>" not in page and "<i>" not in page and "<b>" not in page
+    assert "<td>a&quot;&gt;&lt;script&gt;x&lt;/script&gt;</td>" in page
+    assert (
+        '<a href="trace/r%26%3Cb%3E%2F..%2F1%3Fx%3D1%23'
+        '?tenant=a%22%3E%3Cscript%3Ex%3C%2Fscript%3E">trace</a>'
+    ) in page
+    assert trace_href("t", "a b") == "trace/a%20b?tenant=t"
+    filtered = render_live(live_view("", [], slowest_tenant="acme"), generated_at=NOW)
+    assert "Of tenant acme" in filtered and "<p>no request</p>" in filtered

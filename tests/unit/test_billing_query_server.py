@@ -1,5 +1,6 @@
 """The loopback query server, on the embedded engine with a read-only client."""
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -9,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from billing.alert_sink import write_alerts
 from billing.dedup import write_usage
@@ -16,9 +18,11 @@ from billing.metrics import billing_registry
 from billing.price_file import BUNDLED_PRICES, read_price_book
 from billing.pricing import Pricer
 from billing.query_server import create_app, dashboard_filters
-from billing.storage import ClickHouseStore
+from billing.storage import ClickHouseStore, Row
+from billing.traces import TRACE_SQL, span_rows
 from schemas import UsageEvent, UsageStatus
 from schemas.budgets import BudgetAlert
+from tests.unit.test_traces import traced_request
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
@@ -285,3 +289,118 @@ async def test_metrics_and_the_live_view(
     assert live.status == 200
     assert 'class="error">job: http://127.0.0.1:9/metrics' in page
     assert "<td>tiny</td><td>0</td><td>0</td><td>0</td><td>20.0</td>" in page
+
+
+async def test_the_live_view_lists_the_slowest_requests_and_refuses_a_bad_limit(
+    stores: tuple[ClickHouseStore, ClickHouseStore], client: TestClient[Any, Any]
+) -> None:
+    now = datetime.now(UTC)
+    write_usage(
+        stores[0],
+        [
+            UsageEvent(
+                request_id=f"slow_{n}",
+                session_id="s",
+                tenant_id=tenant,
+                model="tiny",
+                status=UsageStatus.OK,
+                num_prompt_tokens=3,
+                num_completion_tokens=10,
+                ttft_ms=100.0 * (n + 1),
+                total_ms=1000.0,
+                created_at=now,
+            )
+            for n, tenant in enumerate(("acme", "acme", "globex"))
+        ],
+        PRICER,
+    )
+    live = await client.get("/live", params={"tenant": "acme", "limit": "1"})
+    page = await live.text()
+    everyone = await (await client.get("/live")).text()
+    bad = await client.get("/live", params={"limit": "many"})
+    hostile = await client.get("/live", params={"tenant": "<script>"})
+
+    assert live.status == 200
+    assert "<td>acme</td><td>slow_1</td><td>tiny</td><td>200.0</td>" in page
+    assert '<a href="trace/slow_1?tenant=acme">trace</a>' in page
+    assert "slow_0" not in page and "slow_2" not in page
+    assert everyone.index("slow_2") < everyone.index("slow_1") < everyone.index("slow_0")
+    assert bad.status == 400 and "limit must be a whole number" in await bad.text()
+    assert hostile.status == 400 and "<script>" not in await hostile.text()
+
+
+async def test_a_trace_page_shows_the_request_s_spans(
+    stores: tuple[ClickHouseStore, ClickHouseStore], client: TestClient[Any, Any]
+) -> None:
+    batches = await asyncio.to_thread(traced_request, "acme", "r1")  # it runs a loop of its own
+    rows = [row for batch in batches for row in span_rows(batch)]
+    stores[0].insert_spans(rows)
+
+    response = await client.get("/trace/r1", params={"tenant": "acme"})
+    page = await response.text()
+
+    assert response.status == 200 and response.content_type == "text/html"
+    assert "<h1>request r1 of tenant acme</h1>" in page
+    for name in ("client.request", "job.admit", "worker.generate"):
+        assert name in page
+    assert "<code>attempt=0</code>" in page and "<code>attempt=1</code>" in page
+    other = await client.get("/trace/r1", params={"tenant": "globex"})
+    assert other.status == 404  # another tenant reads none of it
+
+
+class RecordingStore:
+    """A Queryable that records what it was asked, and answers ``rows`` or fails."""
+
+    def __init__(self, rows: list[Row] | None = None, fail: bool = False) -> None:
+        self.rows = rows or []
+        self.fail = fail
+        self.asked: list[tuple[str, Any]] = []
+
+    def query(self, sql: str, parameters: Any = None) -> list[Row]:
+        self.asked.append((sql, parameters))
+        if self.fail:
+            raise DatabaseError("Code: 60. Unknown table spans <b>")
+        return self.rows
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/trace/r1", "the tenant is required"),
+        ("/trace/r1?tenant=%3Cb%3E", "the tenant must be"),
+        ("/trace/%3Cscript%3Ealert(1)%3C%2Fscript%3E?tenant=acme", "the request id must be"),
+        ("/trace/r1%0A?tenant=acme", "the request id must be"),
+        ("/trace/" + "r" * 129 + "?tenant=acme", "the request id must be"),
+    ],
+)
+async def test_an_id_or_tenant_of_the_wrong_shape_is_a_400_that_never_queries(
+    tmp_path: Path, path: str, reason: str
+) -> None:
+    store = RecordingStore()
+    async with TestClient(TestServer(create_app(store, dsn=f"chdb://{tmp_path}"))) as client:
+        response = await client.get(path)
+        page = await response.text()
+
+    assert response.status == 400, page
+    assert reason in page
+    assert "<script>" not in page and "<b>" not in page
+    assert store.asked == []
+
+
+async def test_no_spans_is_a_404_and_a_failing_store_a_500_each_saying_why(
+    tmp_path: Path,
+) -> None:
+    empty, failing = RecordingStore(), RecordingStore(fail=True)
+    responses = []
+    for store in (empty, failing):
+        app = create_app(store, dsn=f"chdb://{tmp_path}")
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get("/trace/r.1:x-y_z", params={"tenant": "acme"})
+            responses.append((response.status, await response.text()))
+
+    assert empty.asked == [(TRACE_SQL, {"tenant": "acme", "request_id": "r.1:x-y_z"})]
+    (missing, missing_page), (failed, failed_page) = responses
+    assert missing == 404
+    assert "no spans of request r.1:x-y_z for tenant acme" in missing_page
+    assert failed == 500
+    assert "the span store failed: Code: 60. Unknown table spans &lt;b&gt;" in failed_page

@@ -8,11 +8,31 @@ from collections.abc import Iterator
 import pytest
 
 from billing.storage import ClickHouseStore
-from billing.traces import SPAN_COLUMNS, TRACE_SQL, render, span_rows, timeline
+from billing.traces import (
+    SPAN_COLUMNS,
+    TRACE_SQL,
+    lookup_problem,
+    render,
+    span_rows,
+    timeline,
+)
 from schemas import decode
 from schemas.spans import SpanBatch
 from tokenbus.config import Settings
 from tokenbus.tracing import ATTR_TENANT, Tracing, extract, inject, span_attributes
+
+SPAN_ROW = {
+    "trace_id": "t" * 32,
+    "span_id": "s" * 16,
+    "parent_span_id": "",
+    "name": "job.admit",
+    "service": "tokenbus-job",
+    "start_time": "2026-03-02T12:00:00.000001",
+    "duration_us": 1500,
+    "status": "ok",
+    "request_id": "",
+    "attempt": -1,
+}
 
 
 @pytest.fixture
@@ -96,3 +116,42 @@ def test_a_span_whose_parent_is_missing_starts_a_tree_of_its_own() -> None:
         (1, "worker.generate"),
     ]
     assert render([]) == ""
+
+
+def test_each_step_carries_its_span_s_attributes_sorted(store: ClickHouseStore) -> None:
+    store.insert_spans([row for batch in traced_request("acme", "r1") for row in span_rows(batch)])
+    steps = timeline(store.query(TRACE_SQL, {"tenant": "acme", "request_id": "r1"}))
+    second = steps[3].attributes
+    assert second == tuple(sorted(second))
+    assert ("tokenbus.attempt", "1") in second and ("tokenbus.request_id", "r1") in second
+    # Rows that crossed the query server's JSON carry the map as an object, too.
+    assert timeline([{**SPAN_ROW, "attributes": {"b": 2, "a": "x"}}])[0].attributes == (
+        ("a", "x"),
+        ("b", "2"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_id", "tenant", "problem"),
+    [
+        ("r1", "", "tenant is required"),
+        ("r1", "<b>", "tenant must be"),
+        ("r1", "acme\n", "tenant must be"),
+        ("r1", "a.b", "tenant must be"),
+        ("<script>alert(1)</script>", "acme", "request id must be"),
+        ("r1\n", "acme", "request id must be"),
+        ("r/1", "acme", "request id must be"),
+        ("r" * 129, "acme", "request id must be"),
+    ],
+)
+def test_a_lookup_of_the_wrong_shape_is_refused_without_echoing_it(
+    request_id: str, tenant: str, problem: str
+) -> None:
+    found = lookup_problem(request_id, tenant)
+    assert found is not None and problem in found
+    assert "<" not in found
+
+
+def test_ids_the_bus_admits_are_looked_up() -> None:
+    assert lookup_problem("chatcmpl-01J:ab.c_d", "br-alice_2") is None
+    assert lookup_problem("r" * 128, "t" * 128) is None
