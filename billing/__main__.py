@@ -16,8 +16,6 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from billing.alert_sink import AlertSink
 from billing.console import billing_report
 from billing.metrics import billing_registry
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
 from billing.sink import BillingSink
 from billing.span_sink import SpanSink
@@ -28,6 +26,8 @@ from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
 from tokenbus.logs import setup_logging
 from tokenbus.metrics import aiokafka_offsets
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
 

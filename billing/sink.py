@@ -79,7 +79,6 @@ from aiokafka.errors import KafkaError
 from opentelemetry.trace import SpanKind
 
 from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
-from billing.pricing import Pricer
 from billing.recent import RecentAttempts
 from billing.retry import Backoff, until_done
 from billing.rows import UnstorableEvent, check_storable
@@ -89,6 +88,7 @@ from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing, extract, span_attributes
 

@@ -54,8 +54,6 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from schemas import (
     REASSIGNED,
     Adapter,
@@ -97,6 +95,8 @@ from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
 from tokenbus.logs import bind_request
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes

@@ -288,7 +288,7 @@ class Settings(BaseSettings):
     """At an assignment the sink reads back the attempts created this long before the
     newest stored one; older ones it looks up in ClickHouse when they come again."""
     billing_prices_file: Path | None = None
-    """TOML price table (see ``billing/prices.toml``); unset: that bundled file."""
+    """TOML price table (see ``tokenbus/prices.toml``); unset: that bundled file."""
 
     # -- cost weights (tokenbus.cost; shared by the quota and billing) ------------------
     peak_hours: str = ""

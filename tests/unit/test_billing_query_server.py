@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing.alert_sink import write_alerts
 from billing.dedup import write_usage
 from billing.metrics import billing_registry
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.query_server import create_app, dashboard_filters
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
 from schemas.budgets import BudgetAlert
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 
