@@ -35,7 +35,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from bridge.admission import Plan, Planner
-from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.auth import Authenticator, Caller
 from bridge.errors import (
     ApiError,
@@ -54,6 +53,7 @@ from bridge.sse import EventStreamResponse
 from bridge.throttle import KeyThrottle
 from producers import TokenbusTimeout
 from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
+from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
