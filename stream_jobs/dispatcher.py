@@ -32,7 +32,8 @@ only this instance times (queue waits, worker liveness, the load reports' interv
 the start-up grace), so a wall clock that steps (or a test that moves it) reaps no
 worker by itself. Moved ahead, the wall reading makes heartbeats look that much older:
 they are ignored until it is moved back, and a worker seen before stays live for
-``worker_dead_after_s``.
+``worker_dead_after_s``. Waiting is the event loop's (the dispatch loop's periodic look,
+``FORWARD_RETRY_S``): a test moves the clock, then lets the loop turn.
 
 State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
 written only from the agent handling the tenant's partition. The queue, the in-flight
