@@ -1060,9 +1060,10 @@ class Dispatcher:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
         self.note_lag("heartbeats", status.sent_at.timestamp())
-        age = (datetime.fromtimestamp(self._clock.time(), UTC) - status.sent_at).total_seconds()
-        if age > self._settings.worker_dead_after_s:
-            return  # an old heartbeat read on start-up says nothing about now
+        # Judged on arrival (the monotonic reading), never by comparing the worker's wall
+        # stamp with the job's: hosts' clocks differ, and a job whose wall reading is
+        # moved (the tests' offset) would find every worker dead. Old heartbeats are
+        # never read: the heartbeat consumer starts at the end of the topic.
         now = self._clock.monotonic()
         self._registry.observe(status, now)
         self.metrics.workers = {
