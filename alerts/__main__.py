@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -30,8 +29,7 @@ from schemas import SchemaError, decode
 from schemas.budgets import BudgetAlert
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
-from tokenbus.logs import setup_logging
-from tokenbus.loops import run
+from tokenbus.loops import run_service, until_stopped
 from tokenbus.metrics import (
     ConsumerLagCollector,
     aiokafka_offsets,
@@ -104,32 +102,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     else:
         log.info("no TOKENBUS_BUDGET_WEBHOOK_URL/_SECRET: alerts stay on the topic")
     log.info("alerts on http://127.0.0.1:%d", settings.alerts_port)
-    stopping = asyncio.create_task(stop.wait())
     try:
-        # A loop that fails ends the service, so whoever started it sees it exit.
-        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in done - {stopping}:
-            task.result()
+        await until_stopped(stop, tasks)  # a loop that fails ends the service
     finally:
-        stopping.cancel()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await runner.cleanup()
 
 
-async def _main(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(settings, stop)
-
-
 def main() -> None:
-    settings = Settings()
-    setup_logging(settings)
-    run(_main(settings), settings)
+    run_service(serve)
 
 
 if __name__ == "__main__":

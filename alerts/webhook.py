@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from billing.retry import Backoff
+from tokenbus.retry import Backoff
 
 log = logging.getLogger(__name__)
 

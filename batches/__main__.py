@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from aiohttp import web
 
@@ -17,7 +16,7 @@ from batches.runner import Runner
 from batches.store import BatchStore
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
-from tokenbus.loops import run
+from tokenbus.loops import run_service, until_stopped
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -45,32 +44,15 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await site_runner.setup()
     await web.TCPSite(site_runner, "127.0.0.1", settings.batch_port).start()
     log.info("batch runner on http://127.0.0.1:%d", settings.batch_port)
-    serving = asyncio.create_task(runner.serve())
-    stopping = asyncio.create_task(stop.wait())
     try:
-        # A runner that fails ends the service, so whoever started it sees it exit.
-        done, _ = await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if serving in done:
-            serving.result()
+        # A runner that fails ends the service.
+        await until_stopped(stop, [asyncio.create_task(runner.serve())])
     finally:
-        stopping.cancel()
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
         await site_runner.cleanup()
 
 
-async def _main(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(settings, stop)
-
-
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = Settings()
-    run(_main(settings), settings)
+    run_service(serve)
 
 
 if __name__ == "__main__":

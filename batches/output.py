@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 from batches.progress import LineResult
-from bridge.api_types import (
+from schemas import FinishReason
+from schemas.batches import BatchEndpoint, LineErrorBody, LineResponse, OutputLine
+from schemas.openai_api import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -18,8 +20,6 @@ from bridge.api_types import (
     FinishReasonOut,
     Usage,
 )
-from schemas import FinishReason
-from schemas.batches import BatchEndpoint, LineErrorBody, LineResponse, OutputLine
 
 
 def output_line(

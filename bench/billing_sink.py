@@ -32,14 +32,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from billing.sink import BillingSink
 from billing.storage import ClickHouseStore, StoredAttempts, UsageStore
 from schemas import UsageEvent, UsageStatus, encode
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import make_producer
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack, free_port
 

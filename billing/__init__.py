@@ -2,13 +2,15 @@
 
 Layers, each its own module, imports flowing one way:
 
-- pure policies: ``pricing`` (price book, charge policy, cost = list price x the weight
-  from ``tokenbus.cost``), ``dedup`` (which events are new attempts, insert tokens),
+- pure policies: ``dedup`` (which events are new attempts, insert tokens),
   ``rows`` (event + charge --> row), ``queries`` (the dashboard SQL files), ``svg`` and
   ``html`` (the dashboard page), ``grafana`` (the Grafana JSON);
 - ``storage`` (the contract and its ClickHouse implementation, with ``migrate``)
   <-- ``sink`` (Kafka --> storage) and ``query_server`` (loopback SQL and the dashboard
   for the data the sink's process owns) <-- ``reader`` (how another process reaches that
   data) <-- ``report`` / ``console`` (the CLI's tables);
-- ``price_file`` reads the TOML price table; ``bench`` measures ingest throughput.
+- prices come from ``tokenbus.pricing`` (price book, charge policy, cost = list price x
+  the weight from ``tokenbus.cost``) and ``tokenbus.price_file`` (the TOML table), which
+  the job's spend budgets share, so there is one cost model; ``bench`` measures ingest
+  throughput.
 """

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from billing.alert_sink import AlertSink
 from billing.console import billing_report
 from billing.metrics import billing_registry
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from billing.query_server import create_app, start_query_server
 from billing.sink import BillingSink
 from billing.span_sink import SpanSink
@@ -26,8 +23,9 @@ from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics
-from tokenbus.logs import setup_logging
 from tokenbus.metrics import aiokafka_offsets
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
 
@@ -124,18 +122,8 @@ async def _open_writer(dsn: str, timeout_s: float = 15.0) -> ClickHouseStore:
             await asyncio.sleep(0.5)
 
 
-async def _main(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(settings, stop)
-
-
 def main() -> None:
-    settings = Settings()
-    setup_logging(settings)
-    loops.run(_main(settings), settings)
+    loops.run_service(serve)
 
 
 if __name__ == "__main__":

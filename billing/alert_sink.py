@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from aiokafka.errors import KafkaError
 
 from billing.alert_rows import AlertKey, alert_key, alert_row
-from billing.retry import Backoff, until_done
 from schemas import SchemaError, decode
 from schemas.budgets import BudgetAlert
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
+from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-from billing.pricing import Pricer
 from billing.rows import USAGE_COLUMNS, usage_columns
 from billing.usage_codec import Usage
+from tokenbus.pricing import Pricer
 
 UsageKey = tuple[str, str, str, int]
 """(tenant_id, session_id, request_id, attempt)."""

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.pricing import NanoCharge
 from billing.usage_codec import Usage
 from schemas import FinishReason, UsageStatus
+from tokenbus.pricing import NanoCharge
 
 USAGE_COLUMNS: tuple[str, ...] = (
     "tenant_id",

@@ -79,9 +79,7 @@ from aiokafka.errors import KafkaError
 from opentelemetry.trace import SpanKind
 
 from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
-from billing.pricing import Pricer
 from billing.recent import RecentAttempts
-from billing.retry import Backoff, until_done
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
 from billing.usage_codec import Usage, decode_usage, decode_usages
@@ -89,6 +87,8 @@ from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
+from tokenbus.pricing import Pricer
+from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing, extract, span_attributes
 

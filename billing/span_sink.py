@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError
 
-from billing.retry import Backoff, until_done
 from billing.traces import span_rows
 from schemas import SchemaError, decode
 from schemas.spans import SpanBatch
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import make_consumer, make_producer, publisher
+from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)

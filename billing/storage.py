@@ -23,9 +23,9 @@ from clickhouse_connect.datatypes.numeric import BigDecimal
 from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
-from billing.pricing import PriceBook
 from billing.rows import USAGE_COLUMNS
 from billing.traces import SPAN_COLUMNS
+from tokenbus.pricing import PriceBook
 
 Row = dict[str, Any]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.auth import Caller
 from bridge.errors import (
     invalid_request,
@@ -23,6 +22,7 @@ from bridge.errors import (
 )
 from bridge.hygiene import PatternScreen, pass_text, rewrite_text
 from schemas import ChatMessage, SamplingParams
+from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.prompt_tokens import PromptCounter
 
 CHAT_DEFAULT_MAX_TOKENS = 256

@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bridge.admin import admin_routes
 from bridge.admission import Planner
-from bridge.api_types import Health, ModelCard, ModelList
 from bridge.auth import Authenticator
 from bridge.batch_api import BatchApi
 from bridge.errors import ApiError
@@ -38,6 +37,7 @@ from bridge.sessions import SessionIssuer
 from bridge.throttle import KeyThrottle
 from producers import TokenbusClient
 from schemas import SchemaError, WorkerStatus, decode
+from schemas.openai_api import Health, ModelCard, ModelList
 from tokenbus.auth import ServiceTokens
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id

@@ -35,7 +35,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from bridge.admission import Plan, Planner
-from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.auth import Authenticator, Caller
 from bridge.errors import (
     ApiError,
@@ -54,6 +53,7 @@ from bridge.sse import EventStreamResponse
 from bridge.throttle import KeyThrottle
 from producers import TokenbusTimeout
 from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
+from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
@@ -263,7 +263,7 @@ class Gateway:
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
         try:
             wait = self._settings.bridge_first_chunk_wait_s if plan.stream else None
-            first = await self._first_chunk(http, feed, request, wait, labels)
+            first = await self._next_chunk(http, feed, request, wait, labels)
         except BaseException:
             feed.close()
             raise
@@ -302,7 +302,7 @@ class Gateway:
         span.end()
         return JSONResponse(body, headers=ids)
 
-    async def _first_chunk(
+    async def _next_chunk(
         self,
         http: Request,
         feed: ChunkFeed,
@@ -310,6 +310,8 @@ class Gateway:
         wait_s: float | None,
         labels: tuple[str, str, str],
     ) -> Chunk | None:
+        """The feed's next chunk (None if ``wait_s`` passes first); the client's timeout
+        cancels the request and answers ``timeout``."""
         try:
             return await self._until_disconnect(http, feed.get(wait_s), request)
         except TokenbusTimeout as exc:
@@ -333,15 +335,8 @@ class Gateway:
         first_tokens = chunk.num_tokens if chunk is not None else 0
         while True:
             if chunk is None:
-                try:
-                    chunk = await self._until_disconnect(http, feed.get(None), request)
-                except TokenbusTimeout as exc:
-                    self._outcome(labels, "timeout")
-                    await self._cancel(request, "bridge_timeout")
-                    raise rejection(
-                        ErrorInfo(code="timeout", message=str(exc)), tokens_per_minute=0
-                    ) from None
-                assert chunk is not None  # no timeout was given
+                chunk = await self._next_chunk(http, feed, request, None, labels)
+                assert chunk is not None  # no wait was given
             relay.add(chunk)
             if chunk.error is not None:
                 self._outcome(labels, chunk.error.code)

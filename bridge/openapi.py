@@ -1,4 +1,4 @@
-"""The bridge's OpenAPI 3.1 document, generated from the models in ``bridge.api_types``.
+"""The bridge's OpenAPI 3.1 document, generated from the models in ``schemas.openai_api``.
 
 Every operation lists every status it can answer, with OpenAI's error body, the
 ``X-Session-ID``/``X-Request-ID`` headers every response carries, and the rate-limit
@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from bridge.api_types import (
+from schemas.openai_api import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,

@@ -13,7 +13,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
-from bridge.api_types import (
+from bridge.errors import ApiError
+from schemas import FinishReason
+from schemas.openai_api import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -25,8 +27,6 @@ from bridge.api_types import (
     FinishReasonOut,
     Usage,
 )
-from bridge.errors import ApiError
-from schemas import FinishReason
 from tokenbus.chunks import Chunk
 
 Kind = Literal["chat", "text"]

@@ -1,4 +1,7 @@
-"""Data on the bus: pydantic models and their (de)serialization. Imports nothing else."""
+"""Data on the bus: pydantic models and their (de)serialization. Imports nothing else.
+
+``openai_api`` holds OpenAI's HTTP bodies, which the bridge speaks and batch output lines
+are written in."""
 
 from schemas.codec import SchemaError, decode, encode
 from schemas.messages import (

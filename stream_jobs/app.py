@@ -43,7 +43,7 @@ import socket
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -62,6 +62,7 @@ from stream_jobs.metrics import faust_offsets, job_registry
 from stream_jobs.scaling import create_scaling_policy
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
+from tokenbus.clock import SYSTEM_CLOCK, Clock, OffsetClock
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.metadata import keep_known_topics
@@ -342,19 +343,20 @@ class TableSpendStore:
         return self._expiries
 
 
-def job_clock(settings: Settings) -> Callable[[], float]:
-    """The job's clock: the system's, moved by ``clock_offset_file`` in tests."""
+def job_clock(settings: Settings) -> Clock:
+    """The job's clock: the system's, its wall reading moved by ``clock_offset_file`` in
+    tests."""
     path = settings.clock_offset_file
     if path is None:
-        return time.time
+        return SYSTEM_CLOCK
 
-    def clock() -> float:
+    def offset() -> float:
         try:
-            return time.time() + float(path.read_text() or 0)
+            return float(path.read_text() or 0)
         except (OSError, ValueError):
-            return time.time()
+            return 0.0
 
-    return clock
+    return OffsetClock(offset)
 
 
 def keep_producer_topics(app: faust.App) -> None:
@@ -525,7 +527,7 @@ def create_app(settings: Settings) -> faust.App:
                 message = event.message
                 try:
                     dispatcher().note_lag(lag, message.timestamp)
-                    spend.sweep((message.key or b"").decode("utf-8", "replace"), clock())
+                    spend.sweep((message.key or b"").decode("utf-8", "replace"), clock.time())
                     result = await dispatcher().admit(
                         message.topic,
                         message.partition,

@@ -36,9 +36,9 @@ from decimal import Decimal
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
-from billing.pricing import Pricer
 from schemas import FinishReason, UsageEvent, WorkItem
 from tokenbus.budget_config import BudgetConfig
+from tokenbus.pricing import Pricer
 from tokenbus.usage import usage_of
 
 NANOS = 10**9
@@ -408,7 +408,7 @@ def due_thresholds(store: SpendStore, budget: Budget, at: datetime) -> list[int]
     ]
 
 
-# -- what a request costs, priced by billing's own rule ---------------------------------
+# -- what a request costs, by billing's own rule (tokenbus.pricing) --------------------
 def max_cost_nanos(pricer: Pricer, item: WorkItem, num_prompt_tokens: int) -> int:
     """The most the request can be billed: its prompt plus ``max_tokens``, at the higher
     of the cached and uncached rates, precision weight 1, share 1 (``cost_units``)."""

@@ -24,6 +24,17 @@ only to a reply topic the producer owns; one whose producer is not known goes ba
 if its request id is not one the job holds (so no one can end another's stream), and
 is recorded as a rejected UsageEvent only then (so no one can shadow another's row).
 
+Clock: one injected ``tokenbus.clock.Clock``, and no other reading of time. Its wall
+reading (``time()``) stamps what the job hands on (admission, dispatch, alerts), keys the
+windows, the ledger and the budget periods, and measures other processes' stamps (a
+heartbeat's age, an input's lag, a span's start); its monotonic reading measures what
+only this instance times (queue waits, worker liveness, the load reports' intervals,
+the start-up grace), so a wall clock that steps (or a test that moves it) reaps no
+worker by itself. Moved ahead, the wall reading makes heartbeats look that much older:
+they are ignored until it is moved back, and a worker seen before stays live for
+``worker_dead_after_s``. Waiting is the event loop's (the dispatch loop's periodic look,
+``FORWARD_RETRY_S``): a test moves the clock, then lets the loop turn.
+
 State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
 written only from the agent handling the tenant's partition. The queue, the in-flight
 set, session affinity and the tier are this instance's own, rebuilt from redeliveries
@@ -36,8 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -54,8 +64,6 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from schemas import (
     REASSIGNED,
     Adapter,
@@ -92,11 +100,14 @@ from stream_jobs.window import Limits, WindowState, release, reserve, settle, wi
 from tokenbus.auth import Authenticator, AuthError, Principal
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.chunks import Chunk
+from tokenbus.clock import SYSTEM_CLOCK, Clock
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
 from tokenbus.logs import bind_request
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes
@@ -171,9 +182,11 @@ class _Waiting:
     request: WorkItem
     done: asyncio.Future[Outcome]
     received_at: float
+    """When it was queued, on the monotonic clock: its queue wait starts here."""
+    queued_ns: int
+    """The same instant on the wall clock, in ns: its ``job.queue`` span starts here."""
     trace: Context | None = None
     """The request's ``job.admit`` span (or, resent, its previous attempt's trace)."""
-    queued_ns: int = field(default_factory=time.time_ns)
 
 
 @dataclass
@@ -268,7 +281,7 @@ class Dispatcher:
         ledger: Ledger,
         *,
         authenticator: Authenticator | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         spend: SpendStore | None = None,
         pricer: Pricer | None = None,
         tracer: Tracer | None = None,
@@ -316,9 +329,9 @@ class Dispatcher:
         )
         self._alerts: list[BudgetAlert] = []
         self._wake = asyncio.Event()
-        self._started_at = time.monotonic()
+        self._started_at = clock.monotonic()
         self._load = LoadTracker()
-        self._load_since = time.monotonic()
+        self._load_since = clock.monotonic()
         self.metrics = DispatchMetrics()
 
     # -- admission (runs in the request's agent: may write the tenant's window) --------
@@ -388,7 +401,7 @@ class Dispatcher:
             await self._refuse_unreadable(where, str(exc))
             return Outcome.REFUSED
 
-        now = self._clock()
+        now = self._clock.time()
         try:
             principal = self._auth.authenticate(header(headers, "authorization"))
         except AuthError as exc:
@@ -572,7 +585,7 @@ class Dispatcher:
         if item.batch_id is not None:
             self.metrics.num_batch_admitted += 1
 
-        waiting = _Waiting(item, asyncio.get_running_loop().create_future(), time.monotonic())
+        waiting = self._new_waiting(item)
         self._enqueue(waiting, priority, tenant.weight, num_prompt)
         return Admitted(waiting)
 
@@ -583,14 +596,14 @@ class Dispatcher:
         item = admitted.waiting.request
         outcome = await admitted.waiting.done
         if outcome is Outcome.FORWARDED:
-            self._remember(item, State.FORWARDED, self._clock())
+            self._remember(item, State.FORWARDED, self._clock.time())
         else:  # cancelled while waiting, or refused (no worker): answered
-            self._remember(item, State.DONE, self._clock(), last_seq=item.resume_seq)
+            self._remember(item, State.DONE, self._clock.time(), last_seq=item.resume_seq)
         if outcome is not Outcome.FORWARDED:
             # Never ran: give the tenant its reservation back (in this agent's context).
             window = window_key(item.tenant_id, item.batch_id)
             state = self._store.load(window)
-            release(state, item.request_id, self._clock())
+            release(state, item.request_id, self._clock.time())
             self._store.save(window, state)
             self._store.flush()
             budgets.release(self._spend, item.tenant_id, item.request_id)
@@ -641,7 +654,7 @@ class Dispatcher:
             spent_units=str(budgets.to_units(settled)),
             enforce="hard" if budget.hard else "soft",
             reason="refused" if reason == "refused" else "threshold",
-            fired_at=datetime.fromtimestamp(self._clock(), UTC),
+            fired_at=datetime.fromtimestamp(self._clock.time(), UTC),
         )
 
     async def _alert_refused(self, budget: Budget, item: WorkItem) -> None:
@@ -659,7 +672,7 @@ class Dispatcher:
             usage.tenant_id,
             usage.request_id,
             budgets.billed_nanos(self._pricer, usage),
-            self._clock() + self._settings.request_dedupe_s,
+            self._clock.time() + self._settings.request_dedupe_s,
             usage.attempt,
         )
         for budget_id, _ in counters:
@@ -697,7 +710,7 @@ class Dispatcher:
 
     def budget_rows(self) -> list[dict[str, object]]:
         """Each budget this instance holds spend for, now: for /metrics and ``/budgets``."""
-        now = datetime.fromtimestamp(self._clock(), UTC)
+        now = datetime.fromtimestamp(self._clock.time(), UTC)
         rows: list[dict[str, object]] = []
         for budget in self._budgets:
             held, settled = budgets.held_in(self._spend, budget, now)
@@ -850,7 +863,7 @@ class Dispatcher:
         if ident in self._waiting or ident in self._in_flight:
             return True
         entry = self._ledger.get(tenant_id, request_id)
-        return entry is not None and entry.expires_at > self._clock()
+        return entry is not None and entry.expires_at > self._clock.time()
 
     # -- refusals before a tenant is proven ------------------------------------------------
     async def _dead_letter(
@@ -963,13 +976,13 @@ class Dispatcher:
     def note_lag(self, stream: str, since: float) -> None:
         """Samples the lag of one input (``since``: epoch seconds) for the metrics."""
         samples = self.metrics.lag_ms.setdefault(stream, [])
-        samples.append(max(0.0, time.time() - since) * 1000)
+        samples.append(max(0.0, self._clock.time() - since) * 1000)
         del samples[:-1000]
 
     def load_reports(self, instance: str) -> list[LoadReport]:
         """A ``LoadReport`` per model this instance sees (live workers, requests waiting
         or in flight), over the interval since the last call; the app publishes them."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         interval_s, self._load_since = now - self._load_since, now
         samples = self._load.take()
         waiting: dict[str, list[int]] = {}
@@ -1010,7 +1023,7 @@ class Dispatcher:
             usage.num_prompt_tokens, usage.precision, usage.created_at, self._peak_hours
         )
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
-        if settle(state, usage.request_id, actual, self._clock()) is not None:
+        if settle(state, usage.request_id, actual, self._clock.time()) is not None:
             self._store.save(window, state)
         self._settle_budgets(usage)
         ident = (usage.tenant_id, usage.request_id)
@@ -1022,7 +1035,7 @@ class Dispatcher:
             done = Entry(
                 State.DONE,
                 entry.reply_to if entry else "",
-                self._clock() + self._settings.request_dedupe_s,
+                self._clock.time() + self._settings.request_dedupe_s,
                 usage.last_seq or 0,
             )
             self._ledger.put(*ident, done)
@@ -1047,12 +1060,14 @@ class Dispatcher:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
         self.note_lag("heartbeats", status.sent_at.timestamp())
-        age = (datetime.now(UTC) - status.sent_at).total_seconds()
-        if age > self._settings.worker_dead_after_s:
-            return  # an old heartbeat read on start-up says nothing about now
-        self._registry.observe(status, time.monotonic())
+        # Judged on arrival (the monotonic reading), never by comparing the worker's wall
+        # stamp with the job's: hosts' clocks differ, and a job whose wall reading is
+        # moved (the tests' offset) would find every worker dead. Old heartbeats are
+        # never read: the heartbeat consumer starts at the end of the topic.
+        now = self._clock.monotonic()
+        self._registry.observe(status, now)
         self.metrics.workers = {
-            view.status.worker_id: view.status for view in self._registry.all_live(time.monotonic())
+            view.status.worker_id: view.status for view in self._registry.all_live(now)
         }
         self._wake.set()
 
@@ -1124,7 +1139,7 @@ class Dispatcher:
             except TimeoutError:
                 pass  # a periodic look: workers may have died or come back
             self._wake.clear()
-            for run in self._registry.reap(time.monotonic()):
+            for run in self._registry.reap(self._clock.monotonic()):
                 self._recover_from(run)
             while (priority := self._queue.peek_priority()) is not None:
                 if not self._has_room(priority):
@@ -1165,7 +1180,9 @@ class Dispatcher:
                 waiting.done.set_result(outcome)
 
     def _capacity(self) -> int:
-        return sum(view.status.max_num_seqs for view in self._registry.all_live(time.monotonic()))
+        return sum(
+            view.status.max_num_seqs for view in self._registry.all_live(self._clock.monotonic())
+        )
 
     def _has_room(self, priority: int) -> bool:
         return has_room(
@@ -1173,7 +1190,7 @@ class Dispatcher:
             len(self._in_flight),
             self._capacity(),
             self._settings.vip_reserve,
-            since_start_s=time.monotonic() - self._started_at,
+            since_start_s=self._clock.monotonic() - self._started_at,
             learn_fleet_s=self._settings.worker_dead_after_s,
         )
 
@@ -1184,7 +1201,7 @@ class Dispatcher:
         """Forwards a picked request, or answers no_worker when nothing could be picked."""
         if picked is None:
             self.metrics.num_no_worker += 1
-            live = sorted(self._registry.models(time.monotonic()))
+            live = sorted(self._registry.models(self._clock.monotonic()))
             await self._refuse(
                 waiting.request,
                 ErrorInfo(
@@ -1233,7 +1250,7 @@ class Dispatcher:
         so that ``_has_room`` and the routing of the next pick already see it. Returns
         the copy to forward and the worker's topic (the worker may be gone by the send)."""
         request = waiting.request
-        now = time.monotonic()
+        now = self._clock.monotonic()
         session = (request.tenant_id, request.session_id)
         previous = self._affinity.previous(session)
         candidates = [view.candidate() for view in self._registry.live(request.model, now)]
@@ -1252,7 +1269,7 @@ class Dispatcher:
             update={
                 "worker_id": worker.status.worker_id,
                 "worker_incarnation": worker.status.incarnation,
-                "dispatched_at": datetime.now(UTC),
+                "dispatched_at": datetime.fromtimestamp(self._clock.time(), UTC),
             }
         )
         self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(forwarded)
@@ -1331,9 +1348,7 @@ class Dispatcher:
             progress.next_seq,
             len(progress.token_ids),
         )
-        waiting = _Waiting(
-            again, asyncio.get_running_loop().create_future(), time.monotonic(), flight.trace
-        )
+        waiting = self._new_waiting(again, flight.trace)
         if again.priority == BATCH_CLASS and not self._capacity():
             # A batch line with no live worker left waits in the queue for one, and its
             # stream resumes there (one stream, billed once), rather than fail.
@@ -1351,6 +1366,12 @@ class Dispatcher:
                 ErrorInfo(code="worker_lost", message="its worker was lost; resending failed"),
             )
         self._wake.set()
+
+    def _new_waiting(self, request: WorkItem, trace: Context | None = None) -> _Waiting:
+        """A request about to be queued, stamped on both readings of the clock."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        queued_ns = round(self._clock.time() * 1e9)
+        return _Waiting(request, future, self._clock.monotonic(), queued_ns, trace)
 
     def _requeue(self, waiting: _Waiting) -> None:
         """A request sent again after a worker loss, back in the fair queue."""
@@ -1403,7 +1424,7 @@ class Dispatcher:
             self._tier = tier
             self.metrics.tier = int(tier)
             self.metrics.num_tier_changes += 1
-            self.metrics.tier_changed_at = time.time()
+            self.metrics.tier_changed_at = self._clock.time()
 
     # -- answers ------------------------------------------------------------------------------
     async def _refuse(self, request: WorkItem, error: ErrorInfo, tier: Tier = Tier.NORMAL) -> None:

@@ -288,7 +288,7 @@ class Settings(BaseSettings):
     """At an assignment the sink reads back the attempts created this long before the
     newest stored one; older ones it looks up in ClickHouse when they come again."""
     billing_prices_file: Path | None = None
-    """TOML price table (see ``billing/prices.toml``); unset: that bundled file."""
+    """TOML price table (see ``tokenbus/prices.toml``); unset: that bundled file."""
 
     # -- cost weights (tokenbus.cost; shared by the quota and billing) ------------------
     peak_hours: str = ""
@@ -320,8 +320,9 @@ class Settings(BaseSettings):
     budget_reconcile_settle_s: float = 5.0
     """A bucket that drifts is read again after this, and reported only if it still does."""
     clock_offset_file: Path | None = None
-    """Tests only: seconds read from this file are added to the job's clock (admission
-    time, quota windows, budget periods and prices all move together)."""
+    """Tests only: seconds read from this file are added to the job's wall clock
+    (``tokenbus.clock.OffsetClock``): admission time, quota windows, budget periods and
+    prices all move together; workers' heartbeats look that much older meanwhile."""
 
     # -- clients ------------------------------------------------------------------------
     client_quiet_s: float = 5.0

@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 
 from billing.dedup import write_usage
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.queries import dashboard_query
 from billing.query_server import create_app, start_query_server
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
 from tests.integration.test_billing_sink import _free_port
 from tokenbus.cost import PeakHours
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 from tokenbus_cli.stack import REPO_ROOT
 
 pytestmark = pytest.mark.integration

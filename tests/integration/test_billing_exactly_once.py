@@ -34,8 +34,6 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from bench.billing_sink import produce_usage
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.reader import open_reader
 from billing.sink import billing_group_id
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
@@ -43,6 +41,8 @@ from tests.integration.test_billing_sink import _committed, _free_port, _health,
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics, wait_for_broker
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import REPO_ROOT, settings_env
 

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from billing.price_file import load_price_book
-from billing.pricing import Pricer
 from billing.reader import open_reader
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams, TokenChunk, UsageEvent, decode
@@ -27,6 +25,8 @@ from tests.integration.conftest import eventually
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.kafka import make_consumer
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
 
 pytestmark = pytest.mark.integration

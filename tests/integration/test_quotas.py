@@ -10,8 +10,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from billing.price_file import load_price_book
-from billing.pricing import COST_QUANTUM
 from billing.reader import open_reader
 from producers import TokenbusClient
 from schemas import (
@@ -26,6 +24,8 @@ from schemas import (
 from tests.integration.conftest import eventually
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
+from tokenbus.price_file import load_price_book
+from tokenbus.pricing import COST_QUANTUM
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 

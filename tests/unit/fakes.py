@@ -1,5 +1,6 @@
 """In-memory stand-ins for the dispatcher's I/O: a recording publisher, the reply log it
-reads back, the request ledger, the quota windows, and credentials the bus believes."""
+reads back, the request ledger, the quota windows, credentials the bus believes, and a
+clock the test moves."""
 
 from __future__ import annotations
 
@@ -16,6 +17,24 @@ from tokenbus.topics import Topics
 
 TOPICS = Topics()
 SERVICE_SECRET = "unit-test-bus-service-secret-0123456789"
+
+
+class ManualClock:
+    """A ``tokenbus.clock.Clock`` that moves only when told: both readings together."""
+
+    def __init__(self, wall: float = 1_767_225_600.0, monotonic: float = 0.0) -> None:
+        self.wall = wall
+        self.mono = monotonic
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
 
 
 class MemoryWindowStore:

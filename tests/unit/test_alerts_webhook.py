@@ -3,7 +3,7 @@ from __future__ import annotations
 import httpx
 
 from alerts.webhook import WebhookSender, sign, verify
-from billing.retry import Backoff
+from tokenbus.retry import Backoff
 
 
 async def test_an_alert_is_signed_and_retried_with_backoff_until_taken() -> None:

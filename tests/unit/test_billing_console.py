@@ -7,11 +7,11 @@ from rich.console import Console
 
 from billing.console import billing_query, billing_report, list_queries
 from billing.dedup import write_usage
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
 from tokenbus.config import Settings
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 

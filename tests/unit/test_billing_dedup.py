@@ -11,12 +11,12 @@ from billing.dedup import (
     usage_key,
     write_usage,
 )
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.rows import USAGE_COLUMNS
 from billing.usage_codec import decode_usage
 from schemas import UsageEvent, UsageStatus, encode
 from tests.unit.usage_rows import plan_insert, plan_keyed_insert, ticks
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 

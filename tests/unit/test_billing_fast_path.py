@@ -19,12 +19,12 @@ from clickhouse_connect.datatypes.numeric import BigDecimal
 from clickhouse_connect.datatypes.registry import get_from_name
 
 from billing.dedup import UsageKey, dedup_token
-from billing.pricing import ChargePolicy, Price, PriceBook, Pricer, list_cost, quantize
 from billing.rows import USAGE_COLUMNS
 from billing.storage import ScaledDecimal, ScaledIntegers, _scaled_decimal
 from billing.usage_codec import decode_usage
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
 from tests.unit.usage_rows import ticks, usage_row
+from tokenbus.pricing import ChargePolicy, Price, PriceBook, Pricer, list_cost, quantize
 
 
 def _written(column_type: Any, values: list[Any]) -> bytes:

@@ -15,14 +15,14 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from billing.alert_sink import write_alerts
 from billing.dedup import write_usage
 from billing.metrics import billing_registry
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.query_server import create_app, dashboard_filters
 from billing.storage import ClickHouseStore, Row
 from billing.traces import TRACE_SQL, span_rows
 from schemas import UsageEvent, UsageStatus
 from schemas.budgets import BudgetAlert
 from tests.unit.test_traces import traced_request
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 

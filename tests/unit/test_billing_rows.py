@@ -3,10 +3,10 @@ from decimal import Decimal
 
 import pytest
 
-from billing.pricing import Charge, NanoCharge
 from billing.rows import USAGE_COLUMNS, UnstorableEvent, millis, usage_columns
 from schemas import FinishReason, UsageEvent, UsageStatus
 from tests.unit.usage_rows import ticks, usage_row
+from tokenbus.pricing import Charge, NanoCharge
 
 CHARGE = Charge(
     cost_weight=1.2, cost_units=Decimal("0.5"), billed_units=Decimal("0.25"), price_version=3

@@ -13,15 +13,15 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from billing.dedup import UsageKey
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
-from billing.retry import Backoff
 from billing.rows import USAGE_COLUMNS
 from billing.sink import BillingSink, billing_group_id
 from billing.storage import Row, StoredAttempts
 from schemas import DeadLetter, UsageEvent, UsageStatus, decode, encode
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
+from tokenbus.retry import Backoff
 from tokenbus.topics import Topics
 
 TOPICS = Topics("t")

@@ -17,8 +17,6 @@ from clickhouse_connect.datatypes.registry import get_from_name
 
 from billing.dedup import dedup_token, plan_keyed_columns, usage_key, write_usage
 from billing.migrate import Migration, apply_migrations, bundled_migrations
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Price, PriceBook, Pricer
 from billing.queries import dashboard_query
 from billing.report import BatchTotals, SessionTotals, TenantTotals, fetch
 from billing.storage import (
@@ -29,6 +27,8 @@ from billing.storage import (
 )
 from schemas import UsageEvent, UsageStatus
 from tests.unit.usage_rows import insert_rows, ticks, usage_row
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Price, PriceBook, Pricer
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))

@@ -5,10 +5,10 @@ from decimal import Decimal
 import pytest
 
 from bridge.admission import CAPPED_FLAG, Planner
-from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.auth import Caller
 from bridge.errors import ApiError
 from bridge.hygiene import INJECTION_FLAG, PatternScreen
+from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.tenants import TenantConfig
 

@@ -9,9 +9,9 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from bridge.api_types import CompletionRequest
 from bridge.errors import ApiError
 from bridge.gateway import ClientGone, Gateway
+from schemas.openai_api import CompletionRequest
 from tokenbus.config import Settings
 
 BODY = b'{"model": "tiny-llama", "prompt": "hi"}'

@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import orjson
 
-from bridge.api_types import (
+from bridge.errors import ApiError
+from bridge.relay import DONE, Relay, sse, sse_error
+from schemas import FinishReason, TokenChunk
+from schemas.openai_api import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
     Completion,
     CompletionChoice,
 )
-from bridge.errors import ApiError
-from bridge.relay import DONE, Relay, sse, sse_error
-from schemas import FinishReason, TokenChunk
 
 
 def chunk(seq: int, text: str, n: int = 1, **fields: object) -> TokenChunk:

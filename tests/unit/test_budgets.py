@@ -8,8 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from schemas import FinishReason, SamplingParams, UsageStatus, WorkItem
 from stream_jobs.budgets import (
     Budget,
@@ -28,6 +26,8 @@ from stream_jobs.budgets import (
     token_budget,
 )
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 from tokenbus.usage import usage_of
 
 MARCH = datetime(2026, 3, 15, 12, 0, tzinfo=UTC)

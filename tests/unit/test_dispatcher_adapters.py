@@ -18,6 +18,7 @@ from schemas import FinishReason, UsageEvent, WorkerStatus, WorkItem, decode, en
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from tests.unit.fakes import (
     TOPICS,
+    ManualClock,
     MemoryLedger,
     MemoryWindowStore,
     Recorder,
@@ -80,7 +81,7 @@ async def job(tmp_path: Path) -> AsyncIterator[tuple[Dispatcher, Recorder]]:
         Replies(recorder),
         MemoryLedger(),
         authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
-        clock=lambda: NOW,
+        clock=ManualClock(NOW),
     )
     dispatcher.observe_heartbeat(heartbeat("base", 0))
     dispatcher.observe_heartbeat(heartbeat("lora", 2))

@@ -27,6 +27,7 @@ from schemas import (
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from tests.unit.fakes import (
     TOPICS,
+    ManualClock,
     MemoryLedger,
     MemoryWindowStore,
     Recorder,
@@ -153,7 +154,7 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
         Replies(recorder),
         MemoryLedger(),
         authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
-        clock=lambda: NOW,
+        clock=ManualClock(NOW),
     )
     dispatcher.observe_heartbeat(heartbeat())
     loop = asyncio.create_task(dispatcher.run())

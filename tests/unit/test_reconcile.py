@@ -10,12 +10,12 @@ from click.testing import CliRunner
 
 from alerts.reconcile import Drift, bucket_query, entity_filter, reconcile
 from billing.dedup import write_usage
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
 from billing.reader import StoreReader
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent
 from stream_jobs.budgets import Period, billed_nanos, to_units
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 KEY = "ab" * 32

@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from billing.dedup import Attempt, UsageKey, dedup_token, usage_key
-from billing.pricing import Charge, Pricer
 from billing.rows import USAGE_COLUMNS, check_storable
 from billing.storage import ClickHouseStore
 from billing.usage_codec import Usage
+from tokenbus.pricing import Charge, Pricer
 
 
 def usage_row(event: Usage, charge: Charge) -> tuple[Any, ...]:

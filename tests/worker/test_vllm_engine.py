@@ -179,7 +179,7 @@ async def test_the_shared_prompt_counter_counts_as_the_engine_renders(
     engine's, for every text a serving layer is tempted to rewrite."""
     counter = PromptCounter.from_model_dir(model_dir)
     for name, messages in CHATS.items():
-        # Text parts travel joined by newlines (bridge.api_types), as vLLM joins them.
+        # Text parts travel joined by newlines (schemas.openai_api), as vLLM joins them.
         pairs = [(m["role"], joined(m["content"])) for m in messages]
         assert counter.count_chat(pairs) == len(await engine.render_chat(messages)), name
     for name, prompt in PROMPTS.items():

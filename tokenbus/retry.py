@@ -1,4 +1,4 @@
-"""How the sinks retry a failed write: capped exponential backoff, until done or stopped."""
+"""How a sink or the webhook retries a write: capped exponential backoff, until done or stopped."""
 
 from __future__ import annotations
 

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from billing.price_file import (
+from schemas import UsageStatus
+from tokenbus.config import Settings
+from tokenbus.price_file import (
     BUNDLED_PRICES,
     PriceFileError,
     load_price_book,
     read_price_book,
 )
-from schemas import UsageStatus
-from tokenbus.config import Settings
 
 ENTRY = """
 [[price]]

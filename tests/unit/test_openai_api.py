@@ -7,8 +7,8 @@ import inspect
 import pytest
 from pydantic import ValidationError
 
-from bridge.api_types import ChatCompletionRequest, CompletionRequest
 from bridge.gateway import Bus
+from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -1,6 +1,6 @@
 """The TOML price table --> a PriceBook, validated at start with errors that say where.
 
-Format: see the bundled ``billing/prices.toml``. Amounts may be TOML strings or numbers;
+Format: see the bundled ``tokenbus/prices.toml``. Amounts may be TOML strings or numbers;
 both go through ``str`` into ``Decimal``, so ``0.0005`` stays exactly 0.0005.
 """
 
@@ -12,15 +12,15 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from billing.pricing import (
+from schemas import UsageStatus
+from tokenbus.config import Settings
+from tokenbus.pricing import (
     DEFAULT_BATCH_MULTIPLIER,
     DEFAULT_SHARES,
     ChargePolicy,
     Price,
     PriceBook,
 )
-from schemas import UsageStatus
-from tokenbus.config import Settings
 
 BUNDLED_PRICES = Path(__file__).with_name("prices.toml")
 _AMOUNTS = ("input_per_1k", "output_per_1k", "cached_input_per_1k")

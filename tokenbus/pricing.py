@@ -1,7 +1,11 @@
 """What one request attempt costs: list price x cost weight, and the share billed by status.
 
-Pure: no I/O. ``billing.price_file`` reads the prices; the sink prices each event once,
-as it writes the row, and stores the result with the price version it used.
+Pure: no I/O. ``tokenbus.price_file`` reads the prices. Billing's sink prices each event
+once, as it writes the row, and stores the result with the price version it used; the
+job's spend budgets price a request's reservation and its settlement with the same
+``Pricer``, so both agree to the last nano-unit. An attempt is read through
+``PricedUsage``, the fields pricing needs: ``schemas.UsageEvent`` and billing's fast
+reading of it both have them.
 
 - ``cost_units``: what the attempt consumed, at list price, times the weight from
   ``tokenbus.cost`` (context length, precision, peak hour), whatever its end. Failed and
@@ -26,11 +30,37 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from billing.usage_codec import Usage
 from schemas import UsageStatus
 from tokenbus.cost import CONTEXT_STEP_TOKENS, NO_PEAK_HOURS, PeakHours, cost_weight
+
+
+class PricedUsage(Protocol):
+    """What one attempt used, as pricing reads it (read-only)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def adapter(self) -> str | None: ...
+    @property
+    def status(self) -> UsageStatus: ...
+    @property
+    def created_at(self) -> datetime:
+        """The instant its price and peak hours are read at (aware)."""
+        ...
+
+    @property
+    def precision(self) -> str: ...
+    @property
+    def batch_id(self) -> str | None: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_cached_tokens(self) -> int: ...
+    @property
+    def num_completion_tokens(self) -> int: ...
+
 
 COST_QUANTUM = Decimal("0.000000001")
 """Nine decimals: ``Decimal(38, 9)`` in ``usage_events``."""
@@ -187,7 +217,7 @@ class Pricer:
         """(context steps, precision, peak) --> the cost weight, and it in millionths: a
         few dozen entries at most."""
 
-    def _weight(self, event: Usage, key: tuple[int, str, bool]) -> tuple[float, int]:
+    def _weight(self, event: PricedUsage, key: tuple[int, str, bool]) -> tuple[float, int]:
         """The weight of ``event``, whose key in ``_weights`` is ``key``: kept there."""
         if len(self._weights) >= _MAX_WEIGHTS:
             self._weights.clear()  # odd precision strings must not grow it forever
@@ -197,7 +227,7 @@ class Pricer:
         found = self._weights[key] = (weight, round(weight * _MICROS))
         return found
 
-    def charge(self, event: Usage) -> Charge:
+    def charge(self, event: PricedUsage) -> Charge:
         weight, cost_nanos, billed_nanos, version = self.charge_nanos(event)
         if version == UNPRICED_VERSION or event.status is UsageStatus.REJECTED:
             return _new_charge(Charge, (weight, _ZERO, _ZERO, version))
@@ -206,7 +236,7 @@ class Pricer:
             return _new_charge(Charge, (weight, cost, cost, version))
         return _new_charge(Charge, (weight, cost, Decimal(billed_nanos).scaleb(-9), version))
 
-    def charge_nanos(self, event: Usage) -> NanoCharge:
+    def charge_nanos(self, event: PricedUsage) -> NanoCharge:
         """``charge``, its costs in integer nano-units: what the sink writes."""
         created_at = event.created_at
         # The weight's key, read here: a call less per event, the sink's hot path.
@@ -253,7 +283,7 @@ _new_charge = tuple.__new__
 """``Charge(...)`` without the Python-level ``__new__`` a named tuple has: once per event."""
 
 
-def list_cost(event: Usage, price: Price) -> Decimal:
+def list_cost(event: PricedUsage, price: Price) -> Decimal:
     """Tokens at list price, before the weight: cached prompt tokens at the cached rate.
 
     The definition, in Decimal; ``Pricer.charge`` computes the same in integers (times

@@ -1,4 +1,5 @@
-"""OpenAI's request and response bodies, as far as the bridge speaks them.
+"""OpenAI's request and response bodies, as far as the bridge speaks them (and a batch's
+output lines carry them).
 
 Requests are strict and closed (``extra="forbid"``): an unsupported parameter gets a
 400 naming it, never a silent ignore. Responses are built through these models, and

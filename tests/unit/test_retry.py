@@ -1,4 +1,4 @@
-from billing.retry import Backoff
+from tokenbus.retry import Backoff
 
 
 def test_backoff_doubles_from_initial_and_is_capped() -> None:

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from billing.pricing import (
+from schemas import UsageEvent, UsageStatus
+from tokenbus.cost import PeakHours, cost_weight
+from tokenbus.pricing import (
     COST_QUANTUM,
     UNPRICED_VERSION,
     ChargePolicy,
@@ -16,8 +18,6 @@ from billing.pricing import (
     Pricer,
     list_cost,
 )
-from schemas import UsageEvent, UsageStatus
-from tokenbus.cost import PeakHours, cost_weight
 
 T0 = datetime(2026, 3, 2, 3, 0, tzinfo=UTC)  # 03:00 UTC: outside 9-17 peak hours
 V1 = Price(

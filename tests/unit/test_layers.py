@@ -1,0 +1,89 @@
+"""Imports flow one way: schemas <-- tokenbus <-- each service <-- tokenbus_cli and bench.
+
+Read from the source (every ``import`` and ``from ... import``, at the top of a module or
+inside a function), so a lazy import cannot hide an edge. A service may import the shared
+library (``tokenbus``) and the data (``schemas``), never another service: what two
+services both need belongs in ``tokenbus``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = "schemas"
+LIBRARY = "tokenbus"
+SERVICES = ("stream_jobs", "bridge", "workers", "producers", "billing", "batches", "alerts")
+TOP = ("tokenbus_cli", "bench")
+PROJECT = (DATA, LIBRARY, *SERVICES, *TOP)
+
+ALLOWED: dict[str, set[str]] = {
+    DATA: {DATA},
+    LIBRARY: {DATA, LIBRARY},
+    **{service: {DATA, LIBRARY, service} for service in SERVICES},
+    **{top: set(PROJECT) for top in TOP},
+}
+
+KNOWN = {
+    ("bridge", "producers"): "the bridge submits through TokenbusClient",
+    ("batches", "producers"): "the batch runner submits through TokenbusClient",
+    ("bridge", "batches"): "the bridge's Files and Batches endpoints use the batch store",
+    ("alerts", "billing"): "reconciliation reads ClickHouse through billing.reader",
+}
+"""Service --> service edges still there, each to go: the client (``producers``), the
+batch store and billing's reader belong in ``tokenbus``. Listed so no new one comes in;
+an edge that goes must leave this list too."""
+
+
+def imported(path: Path) -> Iterator[str]:
+    """The top-level package of every absolute import in one module."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module.split(".")[0]
+
+
+@cache
+def edges() -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) between project packages --> the modules that import so."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for package in PROJECT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if package == "bench" and "tests" in path.relative_to(ROOT / package).parts:
+                continue  # bench's own tests, like tests/, may import anything
+            for name in set(imported(path)) & set(PROJECT):
+                if name != package:
+                    found.setdefault((package, name), []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+@pytest.mark.parametrize("package", [DATA, LIBRARY, *SERVICES])
+def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
+    wrong = {
+        edge: modules
+        for edge, modules in edges().items()
+        if edge[0] == package and edge[1] not in ALLOWED[package] and edge not in KNOWN
+    }
+    assert not wrong, f"imports against the layers: {wrong}"
+
+
+def test_the_known_exceptions_are_still_there() -> None:
+    # One that was fixed leaves the list, so it cannot come back unnoticed.
+    assert set(KNOWN) <= set(edges())
+
+
+def test_nothing_below_the_top_imports_the_cli_or_the_benchmarks() -> None:
+    above = {edge: m for edge, m in edges().items() if edge[1] in TOP and edge[0] not in TOP}
+    assert not above
+
+
+def test_the_reader_sees_lazy_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import a.b\ndef f():\n    from billing.x import y\n    from . import z\n")
+    assert sorted(imported(module)) == ["a", "billing"]
