@@ -20,8 +20,8 @@ from billing.live import (
     live_view,
     slowest_params,
 )
-from billing.price_file import BUNDLED_PRICES, read_price_book
-from billing.pricing import Pricer
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 from billing.queries import QueryParamError
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus, WorkerStatus
