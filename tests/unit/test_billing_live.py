@@ -20,13 +20,13 @@ from billing.live import (
     live_view,
     slowest_params,
 )
-from tokenbus.price_file import BUNDLED_PRICES, read_price_book
-from tokenbus.pricing import Pricer
 from billing.queries import QueryParamError
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus, WorkerStatus
 from stream_jobs.dispatcher import DispatchMetrics
 from stream_jobs.metrics import job_registry
+from tokenbus.price_file import BUNDLED_PRICES, read_price_book
+from tokenbus.pricing import Pricer
 
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
