@@ -170,7 +170,7 @@ async def test_two_backlogged_tenants_share_two_to_one_by_weight(
         lambda: job_metrics(settings),
         until=lambda m: m["tokenbus_job_num_in_flight"] >= seats,
     )
-    sampling = SamplingParams(max_tokens=48, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=16, ignore_eos=True)  # the order is what counts
     tenants = ("fair-light", "fair-heavy")
     requests = await asyncio.gather(
         *(
