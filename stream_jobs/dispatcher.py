@@ -120,6 +120,8 @@ log = logging.getLogger(__name__)
 
 FORWARD_RETRY_S = 0.5
 """How long a request whose forward the broker did not take waits before it queues again."""
+STALL_WARN_S = 10.0
+"""Requests waiting with nothing forwarded this long is logged (then every as long)."""
 
 
 class WindowStore(Protocol):
@@ -330,6 +332,8 @@ class Dispatcher:
         self._alerts: list[BudgetAlert] = []
         self._wake = asyncio.Event()
         self._started_at = clock.monotonic()
+        self._last_forward_at = self._started_at
+        self._stall_said_at = self._started_at
         self._load = LoadTracker()
         self._load_since = clock.monotonic()
         self.metrics = DispatchMetrics()
@@ -1139,21 +1143,47 @@ class Dispatcher:
             except TimeoutError:
                 pass  # a periodic look: workers may have died or come back
             self._wake.clear()
-            for run in self._registry.reap(self._clock.monotonic()):
-                self._recover_from(run)
-            while (priority := self._queue.peek_priority()) is not None:
-                if not self._has_room(priority):
-                    break
-                waiting = self._queue.pop(priority)
-                assert waiting is not None
-                self._waiting.pop((waiting.request.tenant_id, waiting.request.request_id), None)
-                # Picked and counted in flight now; the broker's ack is awaited in a
-                # task of its own, so the next pick (a class 0 request, say) does not
-                # wait one produce round trip per request picked before it.
-                task = asyncio.create_task(self._forward(waiting, self._pick(waiting)))
-                self._forwarding.add(task)
-                task.add_done_callback(self._forwarding.discard)
-            self._update_tier()
+            try:
+                self._turn()
+            except Exception:
+                # A bug in one turn must not end the loop: every later request would
+                # wait for good, and nothing would say why.
+                log.exception("a turn of the dispatch loop failed; the loop goes on")
+
+    def _turn(self) -> None:
+        """One look: reaps lost workers, forwards what has room, updates the tier, and
+        says so when requests wait while nothing has been forwarded for a while."""
+        now = self._clock.monotonic()
+        for run in self._registry.reap(now):
+            self._recover_from(run)
+        while (priority := self._queue.peek_priority()) is not None:
+            if not self._has_room(priority):
+                break
+            waiting = self._queue.pop(priority)
+            assert waiting is not None
+            self._waiting.pop((waiting.request.tenant_id, waiting.request.request_id), None)
+            # Picked and counted in flight now; the broker's ack is awaited in a task of
+            # its own, so the next pick (a class 0 request, say) does not wait one
+            # produce round trip per request picked before it.
+            task = asyncio.create_task(self._forward(waiting, self._pick(waiting)))
+            self._forwarding.add(task)
+            task.add_done_callback(self._forwarding.discard)
+            self._last_forward_at = now
+        self._update_tier()
+        if not self._waiting:
+            self._last_forward_at = now
+        elif now - max(self._last_forward_at, self._stall_said_at) >= STALL_WARN_S:
+            self._stall_said_at = now
+            log.warning(
+                "%d requests wait and none was forwarded for %.0f s: %d in flight, "
+                "%d seats live, %d forwards pending, models live: %s",
+                len(self._waiting),
+                now - self._last_forward_at,
+                len(self._in_flight),
+                self._capacity(),
+                len(self._forwarding),
+                sorted(self._registry.models(now)) or "none",
+            )
 
     async def _forward(self, waiting: _Waiting, picked: _Picked | None) -> None:
         try:

@@ -23,7 +23,7 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome
 from stream_jobs.metrics import job_registry
 from tests.unit.fakes import (
     TOPICS,
@@ -444,6 +444,41 @@ async def test_a_forward_the_broker_refuses_waits_and_goes_again_rather_than_fai
     assert decode(WorkItem, forwarded).request_id == "r1"
     assert dispatcher.metrics.num_forward_retries == 1
     assert dispatcher.metrics.num_in_flight == 1
+    loop.cancel()
+
+
+async def test_requests_that_wait_while_nothing_is_forwarded_are_reported(
+    dispatcher: Dispatcher, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=1))
+    loop = asyncio.create_task(dispatcher.run())
+    await admit(dispatcher, request(1))
+    await admit(dispatcher, request(2))  # waits: the one seat is taken
+    await asyncio.sleep(0.1)
+    assert "none was forwarded" not in caplog.text
+    clock.advance(STALL_WARN_S)
+    dispatcher.observe_heartbeat(heartbeat(capacity=1))  # the worker is still live
+    await asyncio.sleep(0.1)
+    assert "1 requests wait and none was forwarded for 10 s: 1 in flight, 1 seats" in caplog.text
+    loop.cancel()
+
+
+async def test_a_failing_turn_does_not_end_the_dispatch_loop(
+    dispatcher: Dispatcher, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turn = dispatcher._turn
+    failures = [RuntimeError("a bug in one turn")]
+
+    def flaky_turn() -> None:
+        if failures:
+            raise failures.pop()
+        turn()
+
+    monkeypatch.setattr(dispatcher, "_turn", flaky_turn)
+    dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    assert await asyncio.wait_for(await admit(dispatcher, request(1)), 2) is Outcome.FORWARDED
+    assert not failures and not loop.done()
     loop.cancel()
 
 
