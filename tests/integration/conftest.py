@@ -67,6 +67,34 @@ BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small", "scale-bridge")
 BUS_JWT_SECRET = "bus-test-hs256-secret-0123456789abcdef"
 
 
+LOG_TAIL_LINES = 40
+NOTEWORTHY = (" WARNING ", " ERROR ", " CRITICAL ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the stack's warnings and errors logged while it
+    ran (the last ``LOG_TAIL_LINES`` of each service's log), so a failure in CI shows
+    what the job, the worker, billing and the bridge said, not only what the test saw."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.when != "call" or not report.failed or not isinstance(stack, Stack):
+        return
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(call.start))
+    for log_file in sorted((stack.settings.home / "logs").glob("*.log")):
+        lines = log_file.read_text(errors="replace").splitlines()
+        recent = [
+            line
+            for line in lines
+            if line[:19] >= since and any(mark in line for mark in NOTEWORTHY)
+        ]
+        if recent:
+            report.sections.append(
+                (f"{log_file.name}: warnings and errors", "\n".join(recent[-LOG_TAIL_LINES:]))
+            )
+
+
 def bus_key(tenant: str) -> str:
     """The API key of one of ``BUS_KEYED``, as a producer puts it in its records."""
     return f"sk-bus-{tenant}-0123456789abcdef"
