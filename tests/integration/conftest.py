@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +67,59 @@ TENANTS: dict[str, dict[str, object]] = {
 }
 BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small", "scale-bridge")
 BUS_JWT_SECRET = "bus-test-hs256-secret-0123456789abcdef"
+# Spend budgets (test_budgets.py), on the session's stack: its job's clock is moved by
+# ``<home>/clock-offset`` and its alerts go to ``webhook``.
+BUDGET_TEAM_KEY = "sk-bud-team-0123456789abcdef"
+BUDGET_HARD_KEY = "sk-bud-hard-0123456789abcdef"
+WEBHOOK_SECRET = "webhook-secret-0123456789"
+
+
+def _budget_tenants() -> dict[str, dict[str, object]]:
+    from tokenbus.tenants import hash_api_key
+
+    return {
+        "bud-hard": {
+            "api_key_sha256": [hash_api_key(BUDGET_HARD_KEY)],
+            "budgets": [{"limit": "0.00005", "period": "month"}],  # 7 reservations fit
+        },
+        "bud-team": {
+            "api_key_sha256": [hash_api_key(BUDGET_TEAM_KEY)],
+            "budgets": [
+                {"limit": "0.00005", "period": "month"},
+                {
+                    "key_sha256": hash_api_key(BUDGET_TEAM_KEY),
+                    "limit": "0.00002",
+                    "period": "month",
+                },
+            ],
+        },
+        "bud-soft": {"budgets": [{"limit": "0.00002", "enforce": "soft"}]},
+        "bud-day": {"budgets": [{"limit": "0.00001", "period": "day"}]},  # one a day
+        "bud-token": {"budgets": [{"limit": "0.00005", "period": "month"}]},
+    }
+
+
+class WebhookReceiver(BaseHTTPRequestHandler):
+    """The budget alerts' webhook: every POST, kept."""
+
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        WebhookReceiver.received.append((dict(self.headers), body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def webhook() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebhookReceiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
 
 
 LOG_TAIL_LINES = 40
@@ -137,7 +192,9 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, webhook: str
+) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("tokenbus-home")
     tenants_file = home / "tenants.json"
     from tokenbus.tenants import hash_api_key
@@ -148,7 +205,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         else config
         for tenant, config in TENANTS.items()
     }
-    tenants_file.write_text(json.dumps({"tenants": tenants}))
+    tenants_file.write_text(json.dumps({"tenants": {**tenants, **_budget_tenants()}}))
+    (home / "clock-offset").write_text("0")
     settings = Settings(
         home=home,
         kafka_port=free_port(),
@@ -163,6 +221,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         # The tests' clients hold the stack's service secret and name tenants freely.
         allow_unlisted_tenants=True,
         jwt_hs256_secret=BUS_JWT_SECRET,
+        clock_offset_file=home / "clock-offset",
+        budget_webhook_url=webhook,
+        budget_webhook_secret=WEBHOOK_SECRET,
     )
     stack = Stack(settings, on_progress=print)
     asyncio.run(stack.start())
