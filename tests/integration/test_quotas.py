@@ -180,11 +180,20 @@ async def test_two_backlogged_tenants_share_two_to_one_by_weight(
         )
     )
 
+    # All of them wait now; then the blockers are cancelled, rather than left to run
+    # their 400 tokens, and their seats go to the two tenants at once.
+    await eventually(
+        lambda: job_metrics(settings),
+        until=lambda m: m["tokenbus_job_num_waiting"] >= len(requests),
+    )
+    for blocker in blockers:
+        await client.cancel(blocker)
+
     async def track(request: InferenceRequest) -> None:
         chunks = await run(client, request)
         assert chunks[-1].error is None, chunks[-1].error
 
-    await asyncio.gather(*(track(r) for r in [*blockers, *requests]))
+    await asyncio.gather(*(track(r) for r in requests), *(run(client, b) for b in blockers))
     rows = await eventually(
         lambda: usage(settings, list(tenants)), until=lambda rows: len(rows) == len(requests)
     )
