@@ -1203,8 +1203,7 @@ class Dispatcher:
             )
             await asyncio.sleep(FORWARD_RETRY_S)
             if not waiting.done.done():  # its agent may have been cancelled meanwhile
-                weight = self._tenants.get(request.tenant_id).weight
-                self._enqueue(waiting, request.priority, weight, 0)  # charged already
+                self._queue_again(waiting)
         else:
             if not waiting.done.done():
                 waiting.done.set_result(outcome)
@@ -1405,9 +1404,13 @@ class Dispatcher:
 
     def _requeue(self, waiting: _Waiting) -> None:
         """A request sent again after a worker loss, back in the fair queue."""
-        request = waiting.request
         waiting.done.add_done_callback(_retrieved)  # nobody awaits a resent request
-        # Charged at its first admission: its prompt's cost in the queue is left out.
+        self._queue_again(waiting)
+
+    def _queue_again(self, waiting: _Waiting) -> None:
+        """Back in the fair queue, at its class and its tenant's weight: charged at its
+        first admission, its prompt's cost in the queue is left out."""
+        request = waiting.request
         self._enqueue(waiting, request.priority, self._tenants.get(request.tenant_id).weight, 0)
 
     def _enqueue(self, waiting: _Waiting, priority: int, weight: float, num_input: int) -> None:

@@ -28,6 +28,7 @@ import pytest
 from producers import TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
+from tokenbus.tenants import hash_api_key
 from tokenbus_cli.stack import REPO_ROOT, Stack
 
 QUOTA_TENANT = "tenant-tiny-quota"
@@ -75,8 +76,6 @@ WEBHOOK_SECRET = "webhook-secret-0123456789"
 
 
 def _budget_tenants() -> dict[str, dict[str, object]]:
-    from tokenbus.tenants import hash_api_key
-
     return {
         "bud-hard": {
             "api_key_sha256": [hash_api_key(BUDGET_HARD_KEY)],
@@ -197,8 +196,6 @@ def stack(
 ) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("tokenbus-home")
     tenants_file = home / "tenants.json"
-    from tokenbus.tenants import hash_api_key
-
     tenants = {
         tenant: {**config, "api_key_sha256": [hash_api_key(bus_key(tenant))]}
         if tenant in BUS_KEYED
@@ -328,7 +325,6 @@ class BridgeProcess:
 
 def start_bridge(stack: Stack, **overrides: Any) -> BridgeProcess:
     """A bridge on a free port, on the stack's broker, with the BRIDGE_TENANTS' API keys."""
-    from tokenbus.tenants import hash_api_key
     from tokenbus_cli.stack import settings_env
 
     port = free_port()
