@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -51,7 +52,16 @@ def imported(path: Path) -> Iterator[str]:
 
 @cache
 def edges() -> dict[tuple[str, str], list[str]]:
-    """(importer, imported) between project packages --> the modules that import so."""
+    """(importer, imported) between project packages --> the modules that import so.
+
+    Read on a thread of its own: CPython 3.11's parser can raise "AST constructor
+    recursion depth mismatch" when called deep in a long test run's stack
+    (python/cpython#106905); a fresh thread starts at depth 0."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_edges).result()
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
     found: dict[tuple[str, str], list[str]] = {}
     for package in PROJECT:
         for path in sorted((ROOT / package).rglob("*.py")):
