@@ -9,8 +9,8 @@ services both need belongs in ``tokenbus``.
 from __future__ import annotations
 
 import ast
+import gc
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -54,11 +54,11 @@ def imported(path: Path) -> Iterator[str]:
 def edges() -> dict[tuple[str, str], list[str]]:
     """(importer, imported) between project packages --> the modules that import so.
 
-    Read on a thread of its own: CPython 3.11's parser can raise "AST constructor
-    recursion depth mismatch" when called deep in a long test run's stack
-    (python/cpython#106905); a fresh thread starts at depth 0."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(_edges).result()
+    The earlier tests' garbage is collected first: a collection that runs inside
+    ``ast.parse`` and finalizes one of their objects can make CPython 3.11's AST
+    constructor raise "recursion depth mismatch" (python/cpython#106905)."""
+    gc.collect()
+    return _edges()
 
 
 def _edges() -> dict[tuple[str, str], list[str]]:
