@@ -484,9 +484,11 @@ async def start_stack(
     )
     stack = Stack(settings, on_progress=print)
     await stack.start()
+    # Two vLLM engines loading at once on two cores that other stacks share: 300 s was
+    # not always enough.
     await asyncio.gather(
-        stack.add_worker(KILLED_WORKER, max_num_seqs=16),
-        stack.add_worker(DELAYED_WORKER, max_num_seqs=16, wrapper=wrapper),
+        stack.add_worker(KILLED_WORKER, max_num_seqs=16, timeout_s=600),
+        stack.add_worker(DELAYED_WORKER, max_num_seqs=16, wrapper=wrapper, timeout_s=600),
     )
     return stack
 
