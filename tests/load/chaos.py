@@ -316,12 +316,14 @@ class QuotaAbuse:
     ) -> tuple[float, str, bool]:
         assert self._process is not None and self._process.stdin is not None
         assert self._out is not None and self._cpu is not None
+        load_before = os.getloadavg()[0]
         self._process.stdin.write(f"{3 * ABUSER_STEADY_RATE}\n".encode())
         await self._process.stdin.drain()
         await asyncio.sleep(self.abuse_s)
         self._process.stdin.close()
         assert await self._process.wait() == 0, f"the abuser failed ({self._process.returncode})"
         await self._cpu.stop()
+        load_after = os.getloadavg()[0]
         lines = self._out.read_bytes().splitlines()
         times = orjson.loads(lines[0])
         for line in lines[1:]:
@@ -370,7 +372,9 @@ class QuotaAbuse:
             f"{1000 * p50_before:.0f} / {1000 * p99_before:.0f} ms in the {load.baseline_s:.0f} s "
             f"before, {1000 * p50_during:.0f} / {1000 * p99_during:.0f} ms during (p99 "
             f"{change:+.1%}; p99 per minute of abuse {_ms(p99_minutes)}; the baseline's two "
-            f"halves {_ms(p99_halves)}); cores before / during: {_cores(cpu_before, cpu_during)}"
+            f"halves {_ms(p99_halves)}); cores before / during: {_cores(cpu_before, cpu_during)}; "
+            f"1-minute load average {load_before:.1f} at the abuse's start, {load_after:.1f} at "
+            "its end"
         )
         return ended, notes, within and abs(change) < 0.20
 
