@@ -1,5 +1,5 @@
 """The same real stack as the integration tests."""
 
-from tests.integration.conftest import client, model_dir, settings, stack
+from tests.integration.conftest import client, model_dir, settings, stack, webhook
 
-__all__ = ["client", "model_dir", "settings", "stack"]
+__all__ = ["client", "model_dir", "settings", "stack", "webhook"]

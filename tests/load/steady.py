@@ -14,6 +14,7 @@ import asyncio
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,24 @@ def worker_gauges(settings: Settings) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         lines = response.read().decode().splitlines()
     return "\n".join(line for line in lines if line.startswith("tokenbus_job_worker_"))
+
+
+def num_mid_stream(
+    outcomes: Mapping[str, Sequence[TokenChunk]],
+    request_ids: Collection[str] | None = None,
+    at_most_tokens: int | None = None,
+) -> int:
+    """Streams that have begun and not ended (of ``request_ids``, if given), with at most
+    ``at_most_tokens`` received (if given): far enough from their end that a fault now
+    cuts them."""
+    return sum(
+        1
+        for request_id, chunks in outcomes.items()
+        if chunks
+        and not chunks[-1].is_last
+        and (request_ids is None or request_id in request_ids)
+        and (at_most_tokens is None or sum(c.num_tokens for c in chunks) <= at_most_tokens)
+    )
 
 
 @dataclass
@@ -114,8 +133,11 @@ class SteadyLoad:
             samples[min(len(samples) - 1, int(q * len(samples)))] for q in (0.5, 0.99)
         )
 
-    def mid_stream(self) -> int:
-        return sum(1 for chunks in self.outcomes.values() if chunks and not chunks[-1].is_last)
+    def mid_stream(
+        self, request_ids: Collection[str] | None = None, at_most_tokens: int | None = None
+    ) -> int:
+        """Streams mid-way: see ``num_mid_stream``."""
+        return num_mid_stream(self.outcomes, request_ids, at_most_tokens)
 
     def series(self, start: float, step_s: float = 10) -> str:
         marks = [start + step_s * k for k in range(int((time.monotonic() - start) // step_s))]
