@@ -400,46 +400,27 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     keep_producer_topics(app)
-    # Keyed by tenant, like every stream that writes it: requests and usage are
-    # co-partitioned, so one instance owns each tenant's window.
-    windows = app.Table(
-        "quota-windows",
-        default=None,
-        key_type=bytes,
-        value_type=bytes,
-        partitions=settings.num_partitions,
-    )
-    reservations = app.Table(
-        "quota-reservations",
-        default=None,
-        key_type=bytes,
-        value_type=bytes,
-        partitions=settings.num_partitions,
-    )
-    store = TableWindowStore(windows, reservations)
-    # One entry per request id per tenant: what ran, so a repeat does not run again.
-    ledger = TableLedger(
-        app.Table(
-            "request-ledger",
+
+    def table(name: str) -> Any:
+        """A changelog-backed table of bytes, keyed tenant first, one partition per
+        request partition (so each instance holds the tenants it reads)."""
+        return app.Table(
+            name,
             default=None,
             key_type=bytes,
             value_type=bytes,
             partitions=settings.num_partitions,
         )
-    )
+
+    # Keyed by tenant, like every stream that writes it: requests and usage are
+    # co-partitioned, so one instance owns each tenant's window.
+    store = TableWindowStore(table("quota-windows"), table("quota-reservations"))
+    # One entry per request id per tenant: what ran, so a repeat does not run again.
+    ledger = TableLedger(table("request-ledger"))
 
     # Spend budgets: keyed tenant first, written from the tenant's partition.
     spend = TableSpendStore(
-        *(
-            app.Table(
-                name,
-                default=None,
-                key_type=bytes,
-                value_type=bytes,
-                partitions=settings.num_partitions,
-            )
-            for name in ("budget-spend", "budget-reservations", "budget-fired")
-        )
+        *(table(name) for name in ("budget-spend", "budget-reservations", "budget-fired"))
     )
     assigned: list[bool] = []
 
