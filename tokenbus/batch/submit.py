@@ -26,6 +26,7 @@ from schemas.batches import (
 from tokenbus.batch.lines import BodyCheck, InputRefused, parse_input, prepare
 from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.config import Settings
+from tokenbus.errors import CodedError
 from tokenbus.ids import ulid
 
 MAX_METADATA_KEYS = 16
@@ -52,14 +53,12 @@ def parse_window(text: str, *, min_s: float, max_s: float) -> float:
     return float(seconds)
 
 
-class BatchRefused(ValueError):
+class BatchRefused(CodedError, ValueError):
     """The batch cannot be created: ``status`` as the API answers it, a code, a message."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(code, message)
         self.status = status
-        self.code = code
-        self.message = message
         self.param = param
 
 
