@@ -509,14 +509,7 @@ def create_app(settings: Settings) -> faust.App:
                 try:
                     dispatcher().note_lag(lag, message.timestamp)
                     spend.sweep((message.key or b"").decode("utf-8", "replace"), clock.time())
-                    result = await dispatcher().admit(
-                        message.topic,
-                        message.partition,
-                        message.offset,
-                        message.key,
-                        message.value,
-                        message.headers,
-                    )
+                    result = await dispatcher().admit(*_record(message))
                     await saved  # the batch's window sums are written
                     store.flush()  # this request's own, should it have been judged after them
                     if isinstance(result, Admitted):
@@ -581,14 +574,7 @@ def create_app(settings: Settings) -> faust.App:
     async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            await dispatcher().handle_cancel(
-                message.topic,
-                message.partition,
-                message.offset,
-                message.key,
-                message.value,
-                message.headers,
-            )
+            await dispatcher().handle_cancel(*_record(message))
 
     @app.task
     async def dispatch_loop() -> None:
@@ -705,3 +691,10 @@ def create_app(settings: Settings) -> faust.App:
         )
 
     return app
+
+
+def _record(message: Any) -> tuple[str, int, int, bytes | None, bytes | None, Any]:
+    """A Faust message as the dispatcher's handlers take it: topic, partition, offset,
+    key, value, headers."""
+    m = message
+    return (m.topic, m.partition, m.offset, m.key, m.value, m.headers)

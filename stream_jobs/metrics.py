@@ -161,34 +161,25 @@ class JobCollector(Collector):
             depth.add_metric([model, str(priority)], count)
         yield depth
         rows = model_load(metrics, queued)
-        labels = [MODEL]
-        waiting = GaugeMetricFamily(
-            "tokenbus_model_requests_waiting",
-            "requests waiting for a seat: in the job's queue and in the engines' queues",
-            labels=labels,
-        )
-        running = GaugeMetricFamily(
-            "tokenbus_model_requests_running", "requests running in the engines", labels=labels
-        )
-        workers = GaugeMetricFamily(
-            "tokenbus_model_workers", "live workers serving the model", labels=labels
-        )
+        gauges = {
+            field: GaugeMetricFamily(name, text, labels=[MODEL])
+            for field, name, text in _MODEL_GAUGES
+        }
         recommended = GaugeMetricFamily(
             "tokenbus_recommended_workers",
             "workers the model needs: ceil((running + waiting) / (max_num_seqs * "
             "target_utilisation)), within [min, max] (stream_jobs.scaling)",
-            labels=labels,
+            labels=[MODEL],
         )
         for model, load in sorted(rows.items()):
             seats = load.max_num_seqs or self._default_max_num_seqs
-            waiting.add_metric([model], load.num_waiting)
-            running.add_metric([model], load.num_running)
-            workers.add_metric([model], load.num_workers)
+            for field, family in gauges.items():
+                family.add_metric([model], getattr(load, field))
             recommended.add_metric(
                 [model],
                 self._scaling.recommended_workers(load.num_running, load.num_waiting, seats),
             )
-        yield from (waiting, running, workers, recommended)
+        yield from (*gauges.values(), recommended)
 
     def _workers(self, metrics: DispatchMetrics) -> Iterator[Metric]:
         labels = [WORKER, MODEL]
@@ -232,6 +223,17 @@ class JobCollector(Collector):
                 family.add_metric(values, float(str(row[name])))
             yield family
 
+
+_MODEL_GAUGES = (
+    (
+        "num_waiting",
+        "tokenbus_model_requests_waiting",
+        "requests waiting for a seat: in the job's queue and in the engines' queues",
+    ),
+    ("num_running", "tokenbus_model_requests_running", "requests running in the engines"),
+    ("num_workers", "tokenbus_model_workers", "live workers serving the model"),
+)
+"""A model's load (``ModelLoad``) fields the job exposes as they are: (field, metric, help)."""
 
 _WORKER_GAUGES = (
     ("kv_cache_usage", "KV cache in use (0-1)"),
