@@ -128,3 +128,32 @@ def test_with_an_exporter_spans_go_there_and_not_to_the_topic() -> None:
     (span,) = exporter.get_finished_spans()
     assert span.name == "bridge.request"
     assert span.resource.attributes["service.name"] == "tokenbus-bridge"
+
+
+def test_a_work_item_s_attributes_name_it_and_its_attempt_only_when_asked() -> None:
+    from datetime import UTC, datetime
+
+    from schemas import WorkItem
+    from tokenbus.tracing import work_item_attributes
+
+    item = WorkItem(
+        request_id="r1",
+        session_id="s1",
+        tenant_id="t1",
+        model="m",
+        prompt="hello",
+        reply_to="replies.t1",
+        created_at=datetime(2024, 1, 1, tzinfo=UTC),
+        admitted_at=datetime(2024, 1, 1, tzinfo=UTC),
+        cache_salt="t1",
+        priority=2,
+        batch_id="batch_01",
+    )
+    assert work_item_attributes(item) == span_attributes(
+        tenant="t1", request_id="r1", session_id="s1", priority=2, model="m", batch_id="batch_01"
+    )
+    assert work_item_attributes(item, attempt=0, worker="w1") == {
+        **work_item_attributes(item),
+        "tokenbus.attempt": 0,
+        "tokenbus.worker": "w1",
+    }
