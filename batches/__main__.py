@@ -13,7 +13,7 @@ from aiohttp import web
 
 from batches.metrics import RunnerMetrics
 from batches.runner import Runner
-from batches.store import BatchStore
+from tokenbus.batch.store import BatchStore
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.loops import run_service, until_stopped

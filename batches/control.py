@@ -11,27 +11,9 @@ every line without a result as ``batch_expired``. The clock is the caller's.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
-
-WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_WINDOW = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
-
-
-def parse_window(text: str, *, min_s: float, max_s: float) -> float:
-    """``completion_window`` in seconds: OpenAI's ``24h``, or e.g. ``90s``, ``30m``."""
-    match = _WINDOW.fullmatch(text)
-    if match is None:
-        raise ValueError(
-            f"completion_window {text[:32]!r} is not a duration such as '24h', '30m' or '90s'"
-        )
-    seconds = int(match.group(1)) * WINDOW_UNITS[match.group(2)]
-    if not min_s <= seconds <= max_s:
-        raise ValueError(f"completion_window {text!r} must be between {min_s:g} s and {max_s:g} s")
-    return float(seconds)
-
 
 Ending = Literal["completed", "cancelled", "expired"]
 

@@ -35,10 +35,10 @@ from batches.metrics import RunnerMetrics
 from batches.output import error_line, output_line
 from batches.pacing import Pacer
 from batches.progress import BatchLog, LineResult, Retry, line_request_id
-from batches.store import BatchStore
 from producers import TokenbusClient
 from schemas import FinishReason, InferenceRequest, SchemaError
 from schemas.batches import BatchDoc, FileDoc, LineError, OutputLine, PreparedLine
+from tokenbus.batch.store import BatchStore
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record

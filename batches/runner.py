@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from batches.commands import command_key
 from batches.metrics import RunnerMetrics
 from batches.pacing import Pacer, Shares, create_pacer
 from batches.run import BatchRun
-from batches.store import BatchStore, NotFound
 from schemas import LoadReport, SchemaError, decode
 from schemas.batches import BatchCommand
+from tokenbus.batch.commands import command_key
+from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import make_consumer, make_producer, publisher

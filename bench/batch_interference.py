@@ -301,12 +301,12 @@ class MetricsScraper:
 def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
     """Records a batch as ``tokenbus batch submit`` does (store, then checks); returns its id.
     The create command is sent separately (``send_create``)."""
-    from batches.store import BatchStore
-    from batches.submit import create_batch, file_doc
     from bridge.admission import Planner
     from bridge.auth import Caller
     from bridge.batch_lines import BodyChecker
     from bridge.hygiene import PatternScreen
+    from tokenbus.batch.store import BatchStore
+    from tokenbus.batch.submit import create_batch, file_doc
     from tokenbus.prompt_tokens import PromptCounter
 
     rows = [
@@ -357,7 +357,7 @@ def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
 
 
 async def send_create(settings: Settings, batch_id: str) -> None:
-    from batches.commands import send_command
+    from tokenbus.batch.commands import send_command
     from tokenbus.kafka import make_producer
 
     producer = make_producer(settings)

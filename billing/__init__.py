@@ -11,6 +11,8 @@ Layers, each its own module, imports flowing one way:
   data) <-- ``report`` / ``console`` (the CLI's tables);
 - prices come from ``tokenbus.pricing`` (price book, charge policy, cost = list price x
   the weight from ``tokenbus.cost``) and ``tokenbus.price_file`` (the TOML table), which
-  the job's spend budgets share, so there is one cost model; ``bench`` measures ingest
-  throughput.
+  the job's spend budgets share, so there is one cost model (``bench.billing_ingest``
+  measures ingest throughput);
+- ``alerts`` (its own process, ``python -m billing.alerts``): budget alerts to a webhook,
+  and the reconciliation of the job's spend against billed usage, through ``reader``.
 """

@@ -8,7 +8,7 @@ that ClickHouse already holds (by tenant and alert id, the table's key) are left
 and the insert carries a digest of its keys as ``insert_deduplication_token``, so a
 retried or redelivered batch adds nothing: each alert is one row, read without FINAL.
 Loses nothing: offsets are committed only for alerts in ClickHouse (or unreadable, and
-logged), so a crash redelivers. The webhook (``python -m alerts``) reads the same topic
+logged), so a crash redelivers. The webhook (``python -m billing.alerts``) reads the same topic
 in a group of its own; neither waits for the other.
 """
 

@@ -80,34 +80,57 @@ def grafana_dashboard() -> dict[str, Any]:
         for param in query.params:
             if param.name not in TIME_MACROS:
                 variables.setdefault(param.name, param.default)
+    return dashboard(
+        title="tokenbus billing",
+        uid="tokenbus-billing",
+        description="Usage and cost per tenant from tokenbus (billing/dashboards/*.sql).",
+        tag="billing",
+        since="now-24h",
+        refresh="1m",
+        datasource=("ClickHouse", DATASOURCE["type"]),
+        variables=[
+            {
+                "name": name,
+                "label": name,
+                "type": "textbox",
+                "query": default,
+                "current": {"text": default, "value": default},
+            }
+            for name, default in variables.items()
+        ],
+        panels=panels,
+    )
+
+
+def dashboard(
+    *,
+    title: str,
+    uid: str,
+    description: str,
+    tag: str,
+    since: str,
+    refresh: str,
+    datasource: tuple[str, str],
+    variables: list[dict[str, Any]],
+    panels: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A tokenbus dashboard in Grafana's JSON model: its data source as the first
+    variable (``datasource``: its label and plugin type), then ``variables``."""
+    label, plugin = datasource
     return {
-        "title": "tokenbus billing",
-        "uid": "tokenbus-billing",
-        "description": "Usage and cost per tenant from tokenbus (billing/dashboards/*.sql).",
+        "title": title,
+        "uid": uid,
+        "description": description,
         "schemaVersion": 39,
         "version": 1,
         "editable": True,
-        "tags": ["tokenbus", "billing"],
-        "time": {"from": "now-24h", "to": "now"},
-        "refresh": "1m",
+        "tags": ["tokenbus", tag],
+        "time": {"from": since, "to": "now"},
+        "refresh": refresh,
         "templating": {
             "list": [
-                {
-                    "name": "datasource",
-                    "label": "ClickHouse",
-                    "type": "datasource",
-                    "query": DATASOURCE["type"],
-                },
-                *(
-                    {
-                        "name": name,
-                        "label": name,
-                        "type": "textbox",
-                        "query": default,
-                        "current": {"text": default, "value": default},
-                    }
-                    for name, default in variables.items()
-                ),
+                {"name": "datasource", "label": label, "type": "datasource", "query": plugin},
+                *variables,
             ]
         },
         "panels": panels,

@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from billing.grafana import dashboard
+
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 _Panel = tuple[str, str, str, list[tuple[str, str]]]
@@ -188,28 +190,17 @@ PANELS: list[_Panel] = [
 
 
 def operations_dashboard() -> dict[str, Any]:
-    return {
-        "title": "tokenbus operations",
-        "uid": "tokenbus-operations",
-        "description": "The fleet from every service's /metrics (README.md, Metrics).",
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "tags": ["tokenbus", "operations"],
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "10s",
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Prometheus",
-                    "type": "datasource",
-                    "query": DATASOURCE["type"],
-                }
-            ]
-        },
-        "panels": [_panel(n, *panel) for n, panel in enumerate(PANELS)],
-    }
+    return dashboard(
+        title="tokenbus operations",
+        uid="tokenbus-operations",
+        description="The fleet from every service's /metrics (README.md, Metrics).",
+        tag="operations",
+        since="now-1h",
+        refresh="10s",
+        datasource=("Prometheus", DATASOURCE["type"]),
+        variables=[],
+        panels=[_panel(n, *panel) for n, panel in enumerate(PANELS)],
+    )
 
 
 def _panel(

@@ -8,7 +8,7 @@ network and no script. Values may be Decimals (a store read directly) or decimal
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from html import escape
@@ -67,55 +67,9 @@ def render_dashboard(
 
     cards = [
         _totals(rows("spend_by_tenant_per_day"), rows("failed_cancelled_share")),
-        _card(
-            "Spend by tenant per day",
-            "Billed cost units, stacked by tenant.",
-            _spend(rows("spend_by_tenant_per_day")),
-            errors.get("spend_by_tenant_per_day"),
-        ),
-        _card(
-            "Tokens per minute by tenant",
-            "Prompt + completion tokens of the requests created in each minute.",
-            _tokens(rows("tokens_per_minute_by_tenant")),
-            errors.get("tokens_per_minute_by_tenant"),
-        ),
-        _card(
-            "Top sessions by cost",
-            "Billed cost units of the costliest sessions active in the window.",
-            _sessions(rows("top_sessions_by_cost")),
-            errors.get("top_sessions_by_cost"),
-        ),
-        _card(
-            "Share of failed and cancelled work",
-            "Share of the work's cost (list price, whatever was billed) spent on attempts "
-            "that failed or were cancelled.",
-            _share(rows("failed_cancelled_share")),
-            errors.get("failed_cancelled_share"),
-        ),
-        _card(
-            "Cost per 1k tokens by context length",
-            "List-price cost per 1,000 tokens, by prompt length; long context weighs more.",
-            _context(rows("cost_per_1k_by_context_bucket")),
-            errors.get("cost_per_1k_by_context_bucket"),
-        ),
-        _card(
-            "p50 and p99 TTFT by tenant and priority",
-            "Time to first token in ms, from the request's creation (0 VIP, 1 standard, 2 batch).",
-            _ttft(rows("ttft_by_tenant_and_priority")),
-            errors.get("ttft_by_tenant_and_priority"),
-        ),
-        _card(
-            "Spend per batch",
-            "Billed cost units of each batch job's lines (at the batch price), costliest first.",
-            _batches(rows("spend_per_batch")),
-            errors.get("spend_per_batch"),
-        ),
-        _card(
-            "Recent budget alerts",
-            "Each budget alert fired in the window, newest first per tenant: the threshold "
-            "reached (a hard budget's first refusal is its 100%) and the spend then.",
-            _alerts(rows("recent_budget_alerts")),
-            errors.get("recent_budget_alerts"),
+        *(
+            _card(title, subtitle, draw(rows(name)), errors.get(name))
+            for name, title, subtitle, draw in _CARDS
         ),
     ]
     form = "".join(
@@ -431,3 +385,58 @@ def _slowest(slowest: Sequence[SlowRequest]) -> str:
 
 def _optional(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
+
+
+_CARDS: list[tuple[str, str, str, Callable[[Rows], str]]] = [
+    (
+        "spend_by_tenant_per_day",
+        "Spend by tenant per day",
+        "Billed cost units, stacked by tenant.",
+        _spend,
+    ),
+    (
+        "tokens_per_minute_by_tenant",
+        "Tokens per minute by tenant",
+        "Prompt + completion tokens of the requests created in each minute.",
+        _tokens,
+    ),
+    (
+        "top_sessions_by_cost",
+        "Top sessions by cost",
+        "Billed cost units of the costliest sessions active in the window.",
+        _sessions,
+    ),
+    (
+        "failed_cancelled_share",
+        "Share of failed and cancelled work",
+        "Share of the work's cost (list price, whatever was billed) spent on attempts "
+        "that failed or were cancelled.",
+        _share,
+    ),
+    (
+        "cost_per_1k_by_context_bucket",
+        "Cost per 1k tokens by context length",
+        "List-price cost per 1,000 tokens, by prompt length; long context weighs more.",
+        _context,
+    ),
+    (
+        "ttft_by_tenant_and_priority",
+        "p50 and p99 TTFT by tenant and priority",
+        "Time to first token in ms, from the request's creation (0 VIP, 1 standard, 2 batch).",
+        _ttft,
+    ),
+    (
+        "spend_per_batch",
+        "Spend per batch",
+        "Billed cost units of each batch job's lines (at the batch price), costliest first.",
+        _batches,
+    ),
+    (
+        "recent_budget_alerts",
+        "Recent budget alerts",
+        "Each budget alert fired in the window, newest first per tenant: the threshold "
+        "reached (a hard budget's first refusal is its 100%) and the spend then.",
+        _alerts,
+    ),
+]
+"""(dashboard query, title, what it shows, the chart or table it draws), in page order."""

@@ -69,20 +69,9 @@ class Planner:
         texts = [m.content for m in messages]
         self._check_chars(texts, "messages")
         num_prompt = self._counter.count_chat([(m.role, m.content) for m in messages])
-        flags = self._screen_texts(texts, caller, "messages")
         requested = body.max_completion_tokens or body.max_tokens
-        sampling, more_flags = _sampling(
-            body, caller, num_prompt, requested, CHAT_DEFAULT_MAX_TOKENS
-        )
-        return Plan(
-            model=body.model,
-            sampling=sampling,
-            priority=caller.tenant.priority_class,
-            num_prompt_tokens=num_prompt,
-            stream=bool(body.stream),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
-            messages=messages,
-            flags=flags + more_flags,
+        return self._plan(
+            body, caller, texts, num_prompt, requested, CHAT_DEFAULT_MAX_TOKENS, messages=messages
         )
 
     def plan_completion(self, body: CompletionRequest, caller: Caller) -> Plan:
@@ -90,10 +79,28 @@ class Planner:
         prompt = _prepare(caller)(body.prompt_text())
         self._check_chars([prompt], "prompt")
         num_prompt = self._counter.count_prompt(prompt)
-        flags = self._screen_texts([prompt], caller, "prompt")
-        sampling, more_flags = _sampling(
-            body, caller, num_prompt, body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS
-        )
+        return self._plan(
+            body, caller, [prompt], num_prompt, body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS,
+            prompt=prompt,
+        )  # fmt: skip
+
+    def _plan(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        caller: Caller,
+        texts: list[str],
+        num_prompt: int,
+        requested: int | None,
+        default_max_tokens: int,
+        *,
+        prompt: str | None = None,
+        messages: list[ChatMessage] | None = None,
+    ) -> Plan:
+        """The steps after counting, the same for both endpoints: the content screen,
+        then the sampling limits."""
+        param = "messages" if messages is not None else "prompt"
+        flags = self._screen_texts(texts, caller, param)
+        sampling, more_flags = _sampling(body, caller, num_prompt, requested, default_max_tokens)
         return Plan(
             model=body.model,
             sampling=sampling,
@@ -102,6 +109,7 @@ class Planner:
             stream=bool(body.stream),
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
             prompt=prompt,
+            messages=messages,
             flags=flags + more_flags,
         )
 

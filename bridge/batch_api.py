@@ -1,9 +1,10 @@
 """OpenAI's Files and Batches endpoints, as the ``openai`` client's ``files`` and
-``batches`` methods call them: thin handlers over ``batches.store`` and ``batches.submit``.
+``batches`` methods call them: thin handlers over ``tokenbus.batch.store`` and
+``tokenbus.batch.submit``.
 
 # POST /v1/files (multipart: file, purpose=batch) --> store --> FileObject
 # GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
-# POST /v1/batches --> batches.submit.create_batch (every line checked by the planner)
+# POST /v1/batches --> tokenbus.batch.submit.create_batch (every line checked by the planner)
 #   --> BatchCommand create --> Batch
 # GET /v1/batches[/{id}] --> the status documents ; POST /v1/batches/{id}/cancel --> cancel
 
@@ -24,14 +25,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from batches.commands import send_command
-from batches.store import BatchStore, NotFound
-from batches.submit import BatchRefused, create_batch, file_doc
 from bridge.admission import Planner
 from bridge.batch_lines import BodyChecker
 from bridge.errors import ApiError, invalid_request, too_large
 from bridge.gateway import Gateway, ids_of
 from schemas.batches import BatchDoc
+from tokenbus.batch.commands import send_command
+from tokenbus.batch.store import BatchStore, NotFound
+from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from batches.lines import InputLine
 from bridge.admission import Planner
 from bridge.auth import Caller
 from bridge.errors import ApiError
 from bridge.gateway import _invalid_body
 from schemas.batches import LineError, PreparedLine
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
+from tokenbus.batch.lines import InputLine
 
 
 class BodyChecker:

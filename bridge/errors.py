@@ -98,11 +98,16 @@ def rate_limit_headers(
 ) -> dict[str, str]:
     """``Retry-After`` (whole seconds, rounded up) and OpenAI's ``x-ratelimit-*`` set."""
     return {
-        "Retry-After": str(max(1, math.ceil(reset_s))),
+        **retry_after(reset_s),
         f"x-ratelimit-limit-{kind}": str(int(limit)),
         f"x-ratelimit-remaining-{kind}": str(max(0, int(remaining))),
         f"x-ratelimit-reset-{kind}": f"{max(0.0, reset_s):.3f}s",
     }
+
+
+def retry_after(seconds: float | None) -> dict[str, str]:
+    """``Retry-After`` in whole seconds, rounded up, at least 1; none for no wait known."""
+    return {} if seconds is None else {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 def rate_limited(message: str, code: str, headers: dict[str, str]) -> ApiError:
@@ -128,9 +133,7 @@ def rejection(error: ErrorInfo | ChunkError, *, tokens_per_minute: int) -> ApiEr
     if error.code == "insufficient_quota":
         # OpenAI's answer to a spent budget: 429 with this code, and no Retry-After
         # unless the budget says when its period turns.
-        headers = {}
-        if error.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        headers = retry_after(error.retry_after_s)
         return ApiError(
             429, error.message, type="insufficient_quota", code=error.code, headers=headers
         )
@@ -141,9 +144,7 @@ def rejection(error: ErrorInfo | ChunkError, *, tokens_per_minute: int) -> ApiEr
     if error.code == "invalid_request":
         return invalid_request(error.message, None)
     if error.code in ("no_worker", "overloaded"):
-        headers = {}
-        if error.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        headers = retry_after(error.retry_after_s)
         return ApiError(503, error.message, type="server_error", code=error.code, headers=headers)
     if error.code == "timeout":
         return ApiError(504, error.message, type="server_error", code="timeout")

@@ -1,4 +1,8 @@
-"""Clients that produce requests and read their token streams back."""
+"""The client layer: produce requests, read their token streams back.
+
+# schemas, tokenbus --> producers --> any program that produces requests (the bridge, the
+#   batch runner, ``tokenbus ask``, tests, benchmarks)
+"""
 
 from producers.client import RequestFailed, TokenbusClient, TokenbusTimeout
 

@@ -400,46 +400,27 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     keep_producer_topics(app)
-    # Keyed by tenant, like every stream that writes it: requests and usage are
-    # co-partitioned, so one instance owns each tenant's window.
-    windows = app.Table(
-        "quota-windows",
-        default=None,
-        key_type=bytes,
-        value_type=bytes,
-        partitions=settings.num_partitions,
-    )
-    reservations = app.Table(
-        "quota-reservations",
-        default=None,
-        key_type=bytes,
-        value_type=bytes,
-        partitions=settings.num_partitions,
-    )
-    store = TableWindowStore(windows, reservations)
-    # One entry per request id per tenant: what ran, so a repeat does not run again.
-    ledger = TableLedger(
-        app.Table(
-            "request-ledger",
+
+    def table(name: str) -> Any:
+        """A changelog-backed table of bytes, keyed tenant first, one partition per
+        request partition (so each instance holds the tenants it reads)."""
+        return app.Table(
+            name,
             default=None,
             key_type=bytes,
             value_type=bytes,
             partitions=settings.num_partitions,
         )
-    )
+
+    # Keyed by tenant, like every stream that writes it: requests and usage are
+    # co-partitioned, so one instance owns each tenant's window.
+    store = TableWindowStore(table("quota-windows"), table("quota-reservations"))
+    # One entry per request id per tenant: what ran, so a repeat does not run again.
+    ledger = TableLedger(table("request-ledger"))
 
     # Spend budgets: keyed tenant first, written from the tenant's partition.
     spend = TableSpendStore(
-        *(
-            app.Table(
-                name,
-                default=None,
-                key_type=bytes,
-                value_type=bytes,
-                partitions=settings.num_partitions,
-            )
-            for name in ("budget-spend", "budget-reservations", "budget-fired")
-        )
+        *(table(name) for name in ("budget-spend", "budget-reservations", "budget-fired"))
     )
     assigned: list[bool] = []
 
@@ -528,14 +509,7 @@ def create_app(settings: Settings) -> faust.App:
                 try:
                     dispatcher().note_lag(lag, message.timestamp)
                     spend.sweep((message.key or b"").decode("utf-8", "replace"), clock.time())
-                    result = await dispatcher().admit(
-                        message.topic,
-                        message.partition,
-                        message.offset,
-                        message.key,
-                        message.value,
-                        message.headers,
-                    )
+                    result = await dispatcher().admit(*_record(message))
                     await saved  # the batch's window sums are written
                     store.flush()  # this request's own, should it have been judged after them
                     if isinstance(result, Admitted):
@@ -600,14 +574,7 @@ def create_app(settings: Settings) -> faust.App:
     async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            await dispatcher().handle_cancel(
-                message.topic,
-                message.partition,
-                message.offset,
-                message.key,
-                message.value,
-                message.headers,
-            )
+            await dispatcher().handle_cancel(*_record(message))
 
     @app.task
     async def dispatch_loop() -> None:
@@ -724,3 +691,10 @@ def create_app(settings: Settings) -> faust.App:
         )
 
     return app
+
+
+def _record(message: Any) -> tuple[str, int, int, bytes | None, bytes | None, Any]:
+    """A Faust message as the dispatcher's handlers take it: topic, partition, offset,
+    key, value, headers."""
+    m = message
+    return (m.topic, m.partition, m.offset, m.key, m.value, m.headers)

@@ -110,7 +110,7 @@ from tokenbus.price_file import load_price_book
 from tokenbus.pricing import Pricer
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
-from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes
+from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes, work_item_attributes
 from tokenbus.usage import usage_of
 
 Headers = Any
@@ -417,16 +417,7 @@ class Dispatcher:
         ident = (item.tenant_id, item.request_id)
         # Under the tenant the credential proved: an unproven request's spans file under
         # no tenant, so nobody can write into another tenant's traces.
-        span.set_attributes(
-            span_attributes(
-                tenant=item.tenant_id,
-                request_id=item.request_id,
-                session_id=item.session_id,
-                priority=item.priority,
-                model=item.requested_model,
-                batch_id=item.batch_id,
-            )
-        )
+        span.set_attributes(work_item_attributes(item))
         # This request's task (one per request in the admit agent) logs with its fields.
         bind_request(
             tenant=item.tenant_id,

@@ -161,49 +161,32 @@ class JobCollector(Collector):
             depth.add_metric([model, str(priority)], count)
         yield depth
         rows = model_load(metrics, queued)
-        labels = [MODEL]
-        waiting = GaugeMetricFamily(
-            "tokenbus_model_requests_waiting",
-            "requests waiting for a seat: in the job's queue and in the engines' queues",
-            labels=labels,
-        )
-        running = GaugeMetricFamily(
-            "tokenbus_model_requests_running", "requests running in the engines", labels=labels
-        )
-        workers = GaugeMetricFamily(
-            "tokenbus_model_workers", "live workers serving the model", labels=labels
-        )
+        gauges = {
+            field: GaugeMetricFamily(name, text, labels=[MODEL])
+            for field, name, text in _MODEL_GAUGES
+        }
         recommended = GaugeMetricFamily(
             "tokenbus_recommended_workers",
             "workers the model needs: ceil((running + waiting) / (max_num_seqs * "
             "target_utilisation)), within [min, max] (stream_jobs.scaling)",
-            labels=labels,
+            labels=[MODEL],
         )
         for model, load in sorted(rows.items()):
             seats = load.max_num_seqs or self._default_max_num_seqs
-            waiting.add_metric([model], load.num_waiting)
-            running.add_metric([model], load.num_running)
-            workers.add_metric([model], load.num_workers)
+            for field, family in gauges.items():
+                family.add_metric([model], getattr(load, field))
             recommended.add_metric(
                 [model],
                 self._scaling.recommended_workers(load.num_running, load.num_waiting, seats),
             )
-        yield from (waiting, running, workers, recommended)
+        yield from (*gauges.values(), recommended)
 
     def _workers(self, metrics: DispatchMetrics) -> Iterator[Metric]:
         labels = [WORKER, MODEL]
-        kv = GaugeMetricFamily(
-            "tokenbus_job_worker_kv_cache_usage", "KV cache in use (0-1)", labels=labels
-        )
-        running = GaugeMetricFamily(
-            "tokenbus_job_worker_num_running", "requests running", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            "tokenbus_job_worker_num_waiting", "requests waiting in vLLM", labels=labels
-        )
-        rate = GaugeMetricFamily(
-            "tokenbus_job_worker_tokens_per_s", "tokens generated per second", labels=labels
-        )
+        gauges = {
+            field: GaugeMetricFamily(f"tokenbus_job_worker_{field}", text, labels=labels)
+            for field, text in _WORKER_GAUGES
+        }
         loads = CounterMetricFamily(
             "tokenbus_job_worker_adapter_loads", "LoRA adapter loads", labels=labels
         )
@@ -217,17 +200,15 @@ class JobCollector(Collector):
         )
         for worker_id, status in sorted(metrics.workers.items()):
             values = [worker_id, status.model]
-            kv.add_metric(values, status.kv_cache_usage)
-            running.add_metric(values, status.num_running)
-            waiting.add_metric(values, status.num_waiting)
-            rate.add_metric(values, status.tokens_per_s)
+            for field, family in gauges.items():
+                family.add_metric(values, getattr(status, field))
             if status.max_loras:
                 loads.add_metric(values, status.num_adapter_loads)
                 if status.last_adapter_load_ms is not None:
                     load_ms.add_metric(values, status.last_adapter_load_ms)
             for adapter in sorted(status.adapters):
                 held.add_metric([*values, adapter], 1)
-        yield from (kv, running, waiting, rate, loads, load_ms, held)
+        yield from (*gauges.values(), loads, load_ms, held)
 
     def _budgets(self) -> Iterator[Metric]:
         """Spend, reservations and what is left of each budget this period, in cost units."""
@@ -241,6 +222,26 @@ class JobCollector(Collector):
                 values = [str(row[key]) for key in ("budget_id", "entity", "enforce", "period")]
                 family.add_metric(values, float(str(row[name])))
             yield family
+
+
+_MODEL_GAUGES = (
+    (
+        "num_waiting",
+        "tokenbus_model_requests_waiting",
+        "requests waiting for a seat: in the job's queue and in the engines' queues",
+    ),
+    ("num_running", "tokenbus_model_requests_running", "requests running in the engines"),
+    ("num_workers", "tokenbus_model_workers", "live workers serving the model"),
+)
+"""A model's load (``ModelLoad``) fields the job exposes as they are: (field, metric, help)."""
+
+_WORKER_GAUGES = (
+    ("kv_cache_usage", "KV cache in use (0-1)"),
+    ("num_running", "requests running"),
+    ("num_waiting", "requests waiting in vLLM"),
+    ("tokens_per_s", "tokens generated per second"),
+)
+"""A worker's heartbeat fields the job exposes as they are: ``tokenbus_job_worker_<field>``."""
 
 
 @dataclass

@@ -22,16 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenbus.config import Settings
+
+_SET = Settings.model_fields
+"""The defaults are the settings' (``route_*``, ``*_margin``): one set of numbers."""
+
 
 @dataclass(frozen=True)
 class RoutingWeights:
-    kv: float = 5.0
-    queue: float = 0.3
-    load: float = 0.2
-    kv_threshold: float = 0.9
-    priority_bonus: tuple[float, float, float] = (0.1, 0.05, 0.0)
-    affinity_margin: float = 0.25
-    adapter_margin: float = 0.25
+    kv: float = _SET["route_weight_kv"].default
+    queue: float = _SET["route_weight_queue"].default
+    load: float = _SET["route_weight_load"].default
+    kv_threshold: float = _SET["route_kv_threshold"].default
+    priority_bonus: tuple[float, float, float] = _SET["route_priority_bonus"].default
+    affinity_margin: float = _SET["affinity_margin"].default
+    adapter_margin: float = _SET["adapter_margin"].default
     """A worker holding a request's LoRA adapter wins within this of the best score
     (``adapter_routing``)."""
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from tokenbus.config import Settings
+
 
 class Tier(IntEnum):
     NORMAL = 0
@@ -27,12 +29,16 @@ class Tier(IntEnum):
     SHED = 2
 
 
+_SET = Settings.model_fields
+"""The defaults are the settings' (``tier_*``): one set of numbers."""
+
+
 @dataclass(frozen=True)
 class TierPolicy:
-    cap_above: float = 1.2
-    shed_above: float = 1.5
+    cap_above: float = _SET["tier_cap_above"].default
+    shed_above: float = _SET["tier_shed_above"].default
     release_margin: float = 0.05
-    capped_max_tokens: int = 256
+    capped_max_tokens: int = _SET["tier_capped_max_tokens"].default
 
     def next_tier(self, current: Tier, demand: float | None) -> Tier:
         if demand is None:

@@ -40,6 +40,7 @@ from typing import Any
 import jwt
 
 from schemas import TENANT_ID_PATTERN
+from tokenbus.errors import CodedError
 from tokenbus.tenants import TenantConfig, TenantDirectory
 from tokenbus.topics import Topics
 
@@ -50,13 +51,11 @@ _CACHE_SIZE = 10_000
 _NANO = Decimal("0.000000001")
 
 
-class AuthError(Exception):
+class AuthError(CodedError):
     """A credential that proves nothing; ``code`` is machine-readable."""
 
     def __init__(self, message: str, code: str = "invalid_credential") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)

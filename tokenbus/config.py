@@ -307,15 +307,15 @@ class Settings(BaseSettings):
     """The key of the bridge's admin API (``/admin/budgets``). Never a tenant's key.
     Unset: the admin API answers 404."""
     budget_webhook_url: str | None = None
-    """Where ``python -m alerts`` posts budget alerts; unset: alerts stay on the topic."""
+    """Where ``python -m billing.alerts`` posts budget alerts; unset: alerts stay on the topic."""
     budget_webhook_secret: str | None = None
     """Signs each alert's body (``X-Tokenbus-Signature: sha256=<HMAC-SHA256 hex>``)."""
     budget_webhook_max_backoff_s: float = 30.0
     """A failing webhook is retried with doubling waits up to this, until it answers."""
     alerts_port: int = 18125
-    """``python -m alerts`` serves ``/healthz`` and ``/metrics`` (reconciliation drift)."""
+    """``python -m billing.alerts`` serves ``/healthz`` and ``/metrics`` (reconciliation drift)."""
     budget_reconcile_interval_s: float = 86400.0
-    """How often ``python -m alerts`` reconciles the job's spend with ClickHouse (first
+    """How often ``python -m billing.alerts`` reconciles the job's spend with ClickHouse (first
     run one interval after its start); 0: never."""
     budget_reconcile_settle_s: float = 5.0
     """A bucket that drifts is read again after this, and reported only if it still does."""

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from schemas import WorkItem
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
 from tokenbus.topics import Topics
@@ -229,3 +230,20 @@ def span_attributes(
         (ATTR_BATCH, batch_id),
     )
     return {k: v for k, v in pairs if v is not None}
+
+
+def work_item_attributes(
+    item: WorkItem, *, attempt: int | None = None, worker: str | None = None
+) -> dict[str, str | int]:
+    """``span_attributes`` of a work item (tenant, request, session, class, model, batch),
+    with its attempt and worker where the span speaks of them."""
+    return span_attributes(
+        tenant=item.tenant_id,
+        request_id=item.request_id,
+        session_id=item.session_id,
+        attempt=attempt,
+        priority=item.priority,
+        model=item.requested_model,
+        worker=worker,
+        batch_id=item.batch_id,
+    )

@@ -1,7 +1,7 @@
 """``tokenbus batch``: the Kafka-native batch shape, for operators and programs beside the
 cluster (they share its store and its bus, like the bridge).
 
-# submit FILE --tenant T --> checked as the bridge checks it (batches.submit) --> store
+# submit FILE --tenant T --> checked as the bridge checks it (tokenbus.batch.submit) --> store
 #   --> BatchCommand create --> a progress bar over the batch's status document
 # status ID / results ID / cancel ID --> the store (and, for cancel, the commands topic)
 """
@@ -19,8 +19,8 @@ import click
 from tokenbus.config import Settings
 
 if TYPE_CHECKING:
-    from batches.store import BatchStore
     from schemas.batches import BatchDoc
+    from tokenbus.batch.store import BatchStore
 
 
 def _settings() -> Settings:
@@ -59,12 +59,12 @@ def submit(
     no_wait: bool,
 ) -> None:
     """Submit PATH (JSONL: custom_id, method, url, body per line) as one batch."""
-    from batches.store import BatchStore
-    from batches.submit import BatchRefused, create_batch, file_doc
     from bridge.admission import Planner
     from bridge.auth import Caller
     from bridge.batch_lines import BodyChecker
     from bridge.hygiene import PatternScreen
+    from tokenbus.batch.store import BatchStore
+    from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
     from tokenbus.prompt_tokens import PromptCounter
 
     settings = _settings()
@@ -127,7 +127,7 @@ def status(batch_id: str, tenant: str | None) -> None:
 @click.option("--errors", is_flag=True, help="The error file instead of the output file.")
 def results(batch_id: str, tenant: str | None, errors: bool) -> None:
     """Write the batch's output file (or its error file) to stdout, one line per result."""
-    from batches.store import BatchStore
+    from tokenbus.batch.store import BatchStore
 
     doc = _doc(batch_id, tenant)
     if not doc.is_terminal:
@@ -152,7 +152,7 @@ def cancel(batch_id: str, tenant: str | None) -> None:
 
 
 def _doc(batch_id: str, tenant: str | None) -> BatchDoc:
-    from batches.store import BatchStore, NotFound
+    from tokenbus.batch.store import BatchStore, NotFound
 
     store = BatchStore(_settings().batch_store)
     try:
@@ -179,7 +179,7 @@ def _first_url(data: bytes) -> str:
 async def _send(
     settings: Settings, kind: Literal["create", "cancel"], tenant: str, batch_id: str
 ) -> None:
-    from batches.commands import send_command
+    from tokenbus.batch.commands import send_command
     from tokenbus.kafka import make_producer, wait_for_broker
 
     await wait_for_broker(settings, timeout_s=10)

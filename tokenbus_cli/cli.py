@@ -409,7 +409,7 @@ def budget_show() -> None:
 def budget_reconcile(periods: tuple[str, ...], settle_s: float | None) -> None:
     """Compare the job's spend per budget and period with ClickHouse's billed_units;
     print any drift and exit 1 if there is some."""
-    from alerts.reconcile import reconcile
+    from billing.alerts.reconcile import reconcile
     from billing.reader import QueryError, open_reader
     from tokenbus.budget_admin import job_budgets
 

@@ -287,7 +287,7 @@ class Stack:
         job = self.spawn_http("stream_job", [sys.executable, "-m", "stream_jobs"], "faust_web_port")
         workers = [self._spawn_worker(f"worker-{i}") for i in range(self.num_workers)]
         self.on_progress("starting the alerts service")
-        alerts = self.spawn_http("alerts", [sys.executable, "-m", "alerts"], "alerts_port")
+        alerts = self.spawn_http("alerts", [sys.executable, "-m", "billing.alerts"], "alerts_port")
         self.on_progress("starting the batch runner")
         batches = self.spawn_http("batches", [sys.executable, "-m", "batches"], "batch_port")
         self.on_progress("starting the SSE bridge")

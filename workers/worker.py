@@ -72,6 +72,7 @@ from tokenbus.tracing import (
     extract,
     inject,
     span_attributes,
+    work_item_attributes,
 )
 from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
@@ -257,15 +258,8 @@ class Worker:
                     record, f"reply_to {request.reply_to!r} is not a reply topic"
                 )
                 return
-            attributes = span_attributes(
-                tenant=request.tenant_id,
-                request_id=request.request_id,
-                session_id=request.session_id,
-                attempt=request.attempt,
-                priority=request.priority,
-                model=request.requested_model,
-                worker=self.worker_id,
-                batch_id=request.batch_id,
+            attributes = work_item_attributes(
+                request, attempt=request.attempt, worker=self.worker_id
             )
             with (
                 self._tracer.start_as_current_span(

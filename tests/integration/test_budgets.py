@@ -21,8 +21,8 @@ from decimal import Decimal
 import httpx
 import jwt
 
-from alerts.reconcile import reconcile
-from alerts.webhook import verify
+from billing.alerts.reconcile import reconcile
+from billing.alerts.webhook import verify
 from billing.reader import open_reader
 from producers import TokenbusClient
 from schemas import SamplingParams, TokenChunk

@@ -5,10 +5,10 @@ clock the test moves."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from schemas import TokenChunk, TokenChunkBatch, decode
+from schemas import TokenChunk, TokenChunkBatch, WorkItem, decode
 from stream_jobs.ledger import Entry
 from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
@@ -160,3 +160,23 @@ async def cancel(dispatcher: Any, tenant_id: str, request_id: str, **fields: Any
     await dispatcher.handle_cancel(
         TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
     )
+
+
+def work_item(**update: object) -> WorkItem:
+    """A work item the job forwarded to ``w1``, with ``update`` applied."""
+    base = WorkItem(
+        request_id="r1",
+        session_id="s1",
+        tenant_id="t1",
+        model="m",
+        prompt="hello",
+        reply_to="replies.t1",
+        created_at=datetime(2024, 1, 1, tzinfo=UTC),
+        admitted_at=datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC),
+        cache_salt="t1",
+        worker_id="w1",
+        worker_incarnation="inc-1",
+        dispatched_at=datetime(2024, 1, 1, tzinfo=UTC),
+        flags=["max_tokens_capped"],
+    )
+    return base.model_copy(update=update)

@@ -5,8 +5,8 @@ from decimal import Decimal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.reconcile import Drift
-from alerts.reconciler import ReconcileMetrics, reconcile_forever
+from billing.alerts.reconcile import Drift
+from billing.alerts.reconciler import ReconcileMetrics, reconcile_forever
 from tokenbus.config import Settings
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import httpx
 
-from alerts.webhook import WebhookSender, sign, verify
+from billing.alerts.webhook import WebhookSender, sign, verify
 from tokenbus.retry import Backoff
 
 

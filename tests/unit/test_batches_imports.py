@@ -12,6 +12,6 @@ import pytest
     "module", ["batches.__main__", "bridge.batch_lines", "tokenbus_cli.batch", "bridge"]
 )
 def test_the_module_imports_first(module: str) -> None:
-    code = f"import {module}; import bridge.batch_lines, batches.run, batches.submit"
+    code = f"import {module}; import bridge.batch_lines, batches.run, tokenbus.batch.submit"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()

@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 
-from batches.store import BatchStore
 from bridge.admission import Planner
 from bridge.auth import Authenticator
 from bridge.batch_api import BatchApi
@@ -27,6 +26,7 @@ from bridge.sessions import SessionIssuer
 from bridge.throttle import KeyThrottle
 from schemas import decode
 from schemas.batches import BatchCommand
+from tokenbus.batch.store import BatchStore
 from tokenbus.config import Settings
 from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key

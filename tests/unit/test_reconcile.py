@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from alerts.reconcile import Drift, bucket_query, entity_filter, reconcile
+from billing.alerts.reconcile import Drift, bucket_query, entity_filter, reconcile
 from billing.dedup import write_usage
 from billing.reader import StoreReader
 from billing.storage import ClickHouseStore
@@ -125,7 +125,7 @@ def test_the_command_prints_drift_and_exits_non_zero(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(budget_admin, "job_budgets", lambda settings: {"buckets": buckets})
     monkeypatch.setattr("billing.reader.open_reader", lambda settings: Reader())
-    monkeypatch.setattr("alerts.reconcile.reconcile", fake_reconcile)
+    monkeypatch.setattr("billing.alerts.reconcile.reconcile", fake_reconcile)
     result = CliRunner().invoke(cli.main, ["budget", "reconcile", "--period", "2026-03-10"])
     assert result.exit_code == 1
     assert seen == [["2026-03-10"]]

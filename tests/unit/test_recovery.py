@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import FinishReason, TokenChunk, WorkItem
+from schemas import FinishReason, TokenChunk
 from stream_jobs.recovery import RESUMED, Delivered, delivered, resume
+from tests.unit.fakes import work_item as request
 
 
 def chunk(
@@ -25,25 +24,6 @@ def chunk(
         num_tokens=len(token_ids),
         finish_reason=finish,
     )
-
-
-def request(**update: object) -> WorkItem:
-    base = WorkItem(
-        request_id="r1",
-        session_id="s1",
-        tenant_id="t1",
-        model="m",
-        prompt="hello",
-        reply_to="replies.t1",
-        created_at=datetime(2024, 1, 1, tzinfo=UTC),
-        admitted_at=datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC),
-        cache_salt="t1",
-        worker_id="w1",
-        worker_incarnation="inc-1",
-        dispatched_at=datetime(2024, 1, 1, tzinfo=UTC),
-        flags=["max_tokens_capped"],
-    )
-    return base.model_copy(update=update)
 
 
 STREAM = [chunk(0, [1, 2]), chunk(1, [3]), chunk(2, [4, 5, 6])]

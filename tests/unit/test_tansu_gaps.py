@@ -11,7 +11,7 @@ from tokenbus.tansu import gaps
 from tokenbus.tansu.gaps import GapBook, refetching_unpack
 
 # aiokafka's own unpacking, whatever an earlier test installed.
-ORIGINAL_UNPACK = gaps._installed.get("original", PartitionRecords._unpack_records)
+ORIGINAL_UNPACK = gaps.PATCH.original() if gaps.PATCH.on else PartitionRecords._unpack_records
 
 
 class Clock:

@@ -9,6 +9,7 @@ from opentelemetry.trace import StatusCode, get_current_span
 
 from schemas import decode
 from schemas.spans import SpanBatch
+from tests.unit.fakes import work_item
 from tokenbus.config import Settings
 from tokenbus.tracing import (
     ATTR_TENANT,
@@ -16,6 +17,7 @@ from tokenbus.tracing import (
     extract,
     inject,
     span_attributes,
+    work_item_attributes,
 )
 
 
@@ -128,3 +130,15 @@ def test_with_an_exporter_spans_go_there_and_not_to_the_topic() -> None:
     (span,) = exporter.get_finished_spans()
     assert span.name == "bridge.request"
     assert span.resource.attributes["service.name"] == "tokenbus-bridge"
+
+
+def test_a_work_item_s_attributes_name_it_and_its_attempt_only_when_asked() -> None:
+    item = work_item(priority=2, batch_id="batch_01")
+    assert work_item_attributes(item) == span_attributes(
+        tenant="t1", request_id="r1", session_id="s1", priority=2, model="m", batch_id="batch_01"
+    )
+    assert work_item_attributes(item, attempt=0, worker="w1") == {
+        **work_item_attributes(item),
+        "tokenbus.attempt": 0,
+        "tokenbus.worker": "w1",
+    }

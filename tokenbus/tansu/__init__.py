@@ -3,8 +3,8 @@
 ``Settings.broker_profile`` is the one switch. ``tokenbus up`` sets ``tansu`` when it
 runs the bundled broker; everywhere else the default is ``kafka``, where none of this is
 installed and producers are idempotent with ``acks=all``. Each workaround patches a
-private method of aiokafka or Faust for the whole process, so each is installed here
-and nowhere else:
+private method of aiokafka or Faust for the whole process (``patch.Patch``: the shipped
+method kept, put back by ``uninstall``), so each is installed here and nowhere else:
 
 - ``gaps``: a consumer refetches across an offset gap before it accepts it (tansu can
   show a later batch before an earlier one);

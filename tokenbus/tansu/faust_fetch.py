@@ -13,28 +13,28 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from tokenbus.tansu.patch import Patch
+
+_patch = Patch(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer")
 _installed: dict[str, Any] = {}
 
 
 def bound_faust_fetch_wait(wait_ms: int) -> None:
     """Installs the wait in Faust's consumer factory for this process (idempotent)."""
     _installed["wait_ms"] = wait_ms
-    if "original" in _installed:
+    if _patch.on:
         return
-    original = _installed["original"] = (
-        faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
-    )
+    original = _patch.original()
 
     def create(self: Any, transport: Any) -> Any:
         consumer = original(self, transport)
         consumer._fetch_max_wait_ms = _installed["wait_ms"]
         return consumer
 
-    faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = create  # type: ignore[method-assign]
+    _patch.put(create)
 
 
 def uninstall() -> None:
     """Faust's consumer factory as it ships again."""
-    if "original" in _installed:
-        faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = _installed["original"]  # type: ignore[method-assign]
+    _patch.undo()
     _installed.clear()

@@ -28,6 +28,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.consumer import fetcher
 
+from tokenbus.tansu.patch import Patch
+
 log = logging.getLogger(__name__)
 
 STALLS_TO_RAISE = 5
@@ -36,6 +38,7 @@ two happen when the broker merely lost the CPU for a moment."""
 QUIET_S = 30.0
 """How long the raised wait is kept after the last stall before it is halved."""
 
+_patch = Patch(fetcher.Fetcher, "_proc_fetch_request")
 _installed: dict[str, Any] = {}
 
 
@@ -95,9 +98,9 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
     consumer starts from its own ``fetch_max_wait_ms`` and takes the cap given last
     before its first fetch; a cap at or below its wait (0) turns the rule off for it."""
     _installed["cap_ms"] = cap_ms
-    if "original" in _installed:
+    if _patch.on:
         return
-    original = _installed["original"] = fetcher.Fetcher._proc_fetch_request
+    original = _patch.original()
 
     async def proc_fetch_request(self: Any, assignment: Any, node_id: int, request: Any) -> Any:
         result = await original(self, assignment, node_id, request)
@@ -128,11 +131,10 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
             )
         return result
 
-    fetcher.Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+    _patch.put(proc_fetch_request)
 
 
 def uninstall() -> None:
     """aiokafka's fetcher as it ships again (consumers made before keep their wait)."""
-    if "original" in _installed:
-        fetcher.Fetcher._proc_fetch_request = _installed["original"]  # type: ignore[method-assign]
+    _patch.undo()
     _installed.clear()

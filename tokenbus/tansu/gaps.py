@@ -29,8 +29,11 @@ from typing import Any
 
 from aiokafka.consumer import fetcher
 
+from tokenbus.tansu.patch import Patch
+
 log = logging.getLogger(__name__)
 
+PATCH = Patch(fetcher.PartitionRecords, "_unpack_records")
 _installed: dict[str, Any] = {}
 
 
@@ -121,14 +124,11 @@ def refetch_across_gaps(topic_prefix: str, settle_s: float) -> None:
     """Installs the check in aiokafka's fetcher for this process (idempotent)."""
     if settle_s <= 0 or _installed.get("prefix") == topic_prefix:
         return
-    original = _installed.setdefault("original", fetcher.PartitionRecords._unpack_records)
-    unpack = refetching_unpack(original, GapBook(settle_s), topic_prefix)
-    fetcher.PartitionRecords._unpack_records = unpack  # type: ignore[method-assign]
+    PATCH.put(refetching_unpack(PATCH.original(), GapBook(settle_s), topic_prefix))
     _installed["prefix"] = topic_prefix
 
 
 def uninstall() -> None:
     """aiokafka's fetcher as it ships again."""
-    if "original" in _installed:
-        fetcher.PartitionRecords._unpack_records = _installed["original"]  # type: ignore[method-assign]
+    PATCH.undo()
     _installed.clear()

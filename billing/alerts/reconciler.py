@@ -1,6 +1,6 @@
 """The daily reconciliation, in the alerts service: drift --> log and ``/metrics``.
 
-# every budget_reconcile_interval_s: job /budgets + ClickHouse --> alerts.reconcile
+# every budget_reconcile_interval_s: job /budgets + ClickHouse --> billing.alerts.reconcile
 # --> a warning per drifting bucket, gauges for /metrics
 
 Reads ClickHouse through the billing sink's query server (or a server DSN), never by
@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from alerts.reconcile import Drift, reconcile
+from billing.alerts.reconcile import Drift, reconcile
 from billing.reader import open_reader
 from tokenbus.budget_admin import job_budgets
 from tokenbus.config import Settings

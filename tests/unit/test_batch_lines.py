@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from batches.lines import InputLine, InputRefused, parse_input, prepare
 from schemas import SamplingParams
 from schemas.batches import LineError, PreparedLine
+from tokenbus.batch.lines import InputLine, InputRefused, parse_input, prepare
 
 CHAT = "/v1/chat/completions"
 

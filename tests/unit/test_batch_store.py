@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from batches.store import BatchStore, NotFound
 from schemas import SamplingParams
 from schemas.batches import BatchDoc, FileDoc, LineError, PreparedLine
+from tokenbus.batch.store import BatchStore, NotFound
 
 FILE_ID = "file-01ABCDEFGHJKMNPQRSTVWXYZ01"
 BATCH_ID = "batch_01ABCDEFGHJKMNPQRSTVWXYZ01"

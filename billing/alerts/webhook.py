@@ -3,7 +3,7 @@
 The body is the alert's JSON as it sits on the topic. ``X-Tokenbus-Signature`` is
 ``sha256=`` and the hex HMAC-SHA256 of ``<X-Tokenbus-Timestamp>.<body>`` under
 ``Settings.budget_webhook_secret``; ``X-Tokenbus-Alert-Id`` repeats the alert's id, so
-a receiver drops the rare repeat (see ``alerts.__main__`` for when one happens).
+a receiver drops the rare repeat (see ``billing.alerts.__main__`` for when one happens).
 A 2xx answer is taken; anything else, or no answer, is retried after a doubling wait.
 """
 

@@ -1,7 +1,7 @@
-"""``python -m alerts``: budget alerts to the webhook, and the daily reconciliation.
+"""``python -m billing.alerts``: budget alerts to the webhook, and the daily reconciliation.
 
 # budget-alerts (group <prefix>-alerts) --> WebhookSender.deliver --> commit
-# every budget_reconcile_interval_s --> alerts.reconciler --> log, /metrics
+# every budget_reconcile_interval_s --> billing.alerts.reconciler --> log, /metrics
 # /healthz, /metrics on alerts_port
 
 Commits: an alert's offset is committed only after its webhook answered 2xx (the
@@ -23,8 +23,8 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
-from alerts.reconciler import ReconcileMetrics, reconcile_forever
-from alerts.webhook import WebhookSender
+from billing.alerts.reconciler import ReconcileMetrics, reconcile_forever
+from billing.alerts.webhook import WebhookSender
 from schemas import SchemaError, decode
 from schemas.budgets import BudgetAlert
 from tokenbus.config import Settings

@@ -2,7 +2,7 @@
 both do it: check everything the client set, record the batch, tell the runners.
 
 # input file (store) + endpoint + completion_window + metadata + BodyCheck
-# --> batches.lines (file refused, or lines + line errors) --> prepared lines, BatchDoc
+# --> tokenbus.batch.lines (file refused, or lines + line errors) --> prepared lines, BatchDoc
 # --> store (lines, errors, status document) --> BatchCommand create --> <prefix>.batches
 
 The status document is written before the command, so a runner that reads the command
@@ -12,9 +12,8 @@ line's reason in its ``errors``; the runner skips it.
 
 from __future__ import annotations
 
-from batches.control import parse_window
-from batches.lines import BodyCheck, InputRefused, parse_input, prepare
-from batches.store import BatchStore, NotFound
+import re
+
 from schemas.batches import (
     BatchDoc,
     BatchEndpoint,
@@ -24,7 +23,10 @@ from schemas.batches import (
     LineError,
     RequestCounts,
 )
+from tokenbus.batch.lines import BodyCheck, InputRefused, parse_input, prepare
+from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.config import Settings
+from tokenbus.errors import CodedError
 from tokenbus.ids import ulid
 
 MAX_METADATA_KEYS = 16
@@ -34,14 +36,29 @@ MAX_DOC_ERRORS = 1_000
 """Line errors listed in the status document; the error file has them all."""
 
 
-class BatchRefused(ValueError):
+WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_WINDOW = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
+
+
+def parse_window(text: str, *, min_s: float, max_s: float) -> float:
+    """``completion_window`` in seconds: OpenAI's ``24h``, or e.g. ``90s``, ``30m``."""
+    match = _WINDOW.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"completion_window {text[:32]!r} is not a duration such as '24h', '30m' or '90s'"
+        )
+    seconds = int(match.group(1)) * WINDOW_UNITS[match.group(2)]
+    if not min_s <= seconds <= max_s:
+        raise ValueError(f"completion_window {text!r} must be between {min_s:g} s and {max_s:g} s")
+    return float(seconds)
+
+
+class BatchRefused(CodedError, ValueError):
     """The batch cannot be created: ``status`` as the API answers it, a code, a message."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(code, message)
         self.status = status
-        self.code = code
-        self.message = message
         self.param = param
 
 

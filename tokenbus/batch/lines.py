@@ -21,19 +21,15 @@ from typing import Any
 import orjson
 
 from schemas.batches import BatchEndpoint, LineError, PreparedLine
+from tokenbus.errors import CodedError
 
 ENDPOINTS: tuple[BatchEndpoint, ...] = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID_CHARS = 512
 LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 
 
-class InputRefused(ValueError):
+class InputRefused(CodedError, ValueError):
     """The file as a whole is refused: ``code`` and a message a person can act on."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)

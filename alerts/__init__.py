@@ -1,1 +1,0 @@
-"""The budget alert sender: ``budget-alerts`` --> a signed HTTP webhook."""
