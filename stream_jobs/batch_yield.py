@@ -41,18 +41,15 @@ class YieldPolicy:
 class BatchYield:
     """When each model last saw interactive traffic, and what that leaves class 2."""
 
-    def __init__(self, policy: YieldPolicy | None) -> None:
+    def __init__(self, policy: YieldPolicy) -> None:
         self._policy = policy
         self._last_interactive: dict[str, float] = {}
 
     def note_interactive(self, model: str, now: float) -> None:
         """A class 0/1 request for ``model`` was queued."""
-        if self._policy is not None:
-            self._last_interactive[model] = now
+        self._last_interactive[model] = now
 
     def is_yielding(self, model: str, now: float, *, num_interactive_in_flight: int) -> bool:
-        if self._policy is None:
-            return False
         if num_interactive_in_flight > 0:
             return True
         last = self._last_interactive.get(model)
@@ -63,9 +60,7 @@ class BatchYield:
     ) -> int | None:
         """The most class 2 requests ``model`` may have in flight now; None: no cap
         beyond the seats' (``seats.has_room``)."""
-        if self._policy is None or not self.is_yielding(
-            model, now, num_interactive_in_flight=num_interactive_in_flight
-        ):
+        if not self.is_yielding(model, now, num_interactive_in_flight=num_interactive_in_flight):
             return None
         return self._policy.seats_per_worker * num_workers
 
@@ -75,8 +70,7 @@ def num_yielding(num_batch_in_flight: int, cap: int | None) -> int:
     return 0 if cap is None else max(0, num_batch_in_flight - cap)
 
 
-def create_batch_yield(seats_per_worker: int | None, hold_s: float) -> BatchYield:
-    """The yield the settings describe; ``seats_per_worker`` None turns it off."""
-    if seats_per_worker is None:
-        return BatchYield(None)
+def create_batch_yield(seats_per_worker: int, hold_s: float) -> BatchYield:
+    """The yield the settings describe. A cap at or above a worker's seats never binds:
+    that turns the yield off."""
     return BatchYield(YieldPolicy(seats_per_worker=seats_per_worker, hold_s=hold_s))

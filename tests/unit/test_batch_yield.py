@@ -50,14 +50,11 @@ def test_a_cap_of_zero_stops_class_2_while_interactive_runs() -> None:
     assert batch_yield.batch_cap("m", 0.5, num_workers=3, num_interactive_in_flight=0) == 0
 
 
-def test_turned_off_it_never_caps() -> None:
-    batch_yield = create_batch_yield(None, 3.0)
+def test_a_cap_above_the_seats_never_binds() -> None:
+    batch_yield = create_batch_yield(1000, 3.0)
     batch_yield.note_interactive("m", 10.0)
-    assert not batch_yield.is_yielding("m", 10.0, num_interactive_in_flight=5)
-    assert batch_yield.batch_cap("m", 10.0, num_workers=1, num_interactive_in_flight=5) is None
-    on = create_batch_yield(2, 1.0)
-    on.note_interactive("m", 10.0)
-    assert on.batch_cap("m", 10.5, num_workers=1, num_interactive_in_flight=0) == 2
+    cap = batch_yield.batch_cap("m", 10.0, num_workers=1, num_interactive_in_flight=5)
+    assert cap == 1000 and num_yielding(64, cap) == 0
 
 
 def test_lines_above_the_cap_are_the_ones_interactive_does_not_wait_for() -> None:

@@ -350,7 +350,7 @@ async def test_without_the_yield_an_interactive_request_waits_for_a_line_to_end(
         default_priority_class=0,
         tier_cap_above=9.0,
         tier_shed_above=10.0,
-        batch_yield_seats_per_worker=None,
+        batch_yield_seats_per_worker=1000,  # at or above the seats: off
     )
     dispatcher = dispatcher_for(settings, recorder)
     dispatcher.observe_heartbeat(heartbeat(capacity=10))
