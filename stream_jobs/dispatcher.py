@@ -86,6 +86,7 @@ from schemas.budgets import BudgetAlert
 from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity
+from stream_jobs.batch_yield import create_batch_yield, num_yielding
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
@@ -321,6 +322,9 @@ class Dispatcher:
             capped_max_tokens=settings.tier_capped_max_tokens,
         )
         self._tier = Tier.NORMAL
+        self._batch_yield = create_batch_yield(
+            settings.batch_yield_seats_per_worker, settings.batch_yield_hold_s
+        )
         self._peak_hours = PeakHours.parse(settings.peak_hours, settings.peak_hours_tz)
         # Budgets price requests as billing does (same prices, peak hours, charge shares).
         self._pricer = pricer or Pricer(load_price_book(settings), self._peak_hours)
@@ -1205,14 +1209,61 @@ class Dispatcher:
         )
 
     def _has_room(self, priority: int) -> bool:
+        """Whether the head of class ``priority`` may be forwarded: a seat for its class
+        (``seats``), and for class 2 room under its model's batch yield cap."""
+        now = self._clock.monotonic()
+        num_in_flight, capacity = len(self._in_flight), self._capacity()
+        since_start_s = now - self._started_at
+        learn_fleet_s = self._settings.worker_dead_after_s
+        reserve = self._settings.vip_reserve
+        if has_room(
+            priority,
+            num_in_flight,
+            capacity,
+            reserve,
+            since_start_s=since_start_s,
+            learn_fleet_s=learn_fleet_s,
+        ):
+            if priority < BATCH_CLASS:
+                return True
+            num_batch, cap = self._batch_cap(priority, now)
+            return cap is None or num_batch < cap
+        if priority == BATCH_CLASS or capacity == 0:
+            return False
+        # No seat by the count: do batch lines above the yield cap hold some? (Looked at
+        # only here, so the common case walks nothing.)
+        num_batch, cap = self._batch_cap(priority, now)
         return has_room(
             priority,
-            len(self._in_flight),
-            self._capacity(),
-            self._settings.vip_reserve,
-            since_start_s=self._clock.monotonic() - self._started_at,
-            learn_fleet_s=self._settings.worker_dead_after_s,
+            num_in_flight,
+            capacity,
+            reserve,
+            since_start_s=since_start_s,
+            learn_fleet_s=learn_fleet_s,
+            num_yielding=num_yielding(num_batch, cap),
         )
+
+    def _batch_cap(self, priority: int, now: float) -> tuple[int, int | None]:
+        """For the model of the head of class ``priority``: its class 2 requests in
+        flight, and the batch yield's cap on them (None: none now)."""
+        head = self._queue.peek(priority)
+        if head is None:
+            return 0, None
+        model = head.request.model
+        num_interactive = num_batch = 0
+        for flight in self._in_flight.values():
+            if flight.request.model == model:
+                if flight.request.priority == BATCH_CLASS:
+                    num_batch += 1
+                else:
+                    num_interactive += 1
+        cap = self._batch_yield.batch_cap(
+            model,
+            now,
+            num_workers=len(self._registry.live(model, now)),
+            num_interactive_in_flight=num_interactive,
+        )
+        return num_batch, cap
 
     async def _dispatch(self, waiting: _Waiting) -> Outcome:
         return await self._send(waiting, self._pick(waiting))
@@ -1409,6 +1460,10 @@ class Dispatcher:
         request = waiting.request
         ident = (request.tenant_id, request.request_id)
         self._waiting[ident] = waiting
+        if priority < BATCH_CLASS:
+            # Before the next turn: the request that starts a burst already finds class 2
+            # held to its cap, rather than a load report later.
+            self._batch_yield.note_interactive(request.model, self._clock.monotonic())
         self._queue.push(
             _queue_key(ident),
             waiting,

@@ -50,10 +50,15 @@ class _ClassQueue(Generic[T]):
             queue = self.backlog[tenant] = deque()
         queue.append(entry)
 
-    def pop(self, weights: dict[str, float]) -> tuple[str, _Entry[T]] | None:
+    def next_tenant(self) -> str | None:
         if not self.backlog:
             return None
-        tenant = min(self.backlog, key=lambda t: (self.counters[t], t))
+        return min(self.backlog, key=lambda t: (self.counters[t], t))
+
+    def pop(self, weights: dict[str, float]) -> tuple[str, _Entry[T]] | None:
+        tenant = self.next_tenant()
+        if tenant is None:
+            return None
         queue = self.backlog[tenant]
         entry = queue.popleft()
         if not queue:
@@ -102,6 +107,14 @@ class FairQueue(Generic[T]):
                 del self._where[entry.key]
                 return entry.item
         return None
+
+    def peek(self, priority: int) -> T | None:
+        """The request ``pop(priority)`` would return if the classes before it are empty,
+        left in place and uncharged."""
+        tenant = self._classes[priority].next_tenant()
+        if tenant is None:
+            return None
+        return self._classes[priority].backlog[tenant][0].item
 
     def peek_priority(self) -> int | None:
         for priority, queue in enumerate(self._classes):

@@ -5,6 +5,11 @@ waiting one of higher priority, so a class 0 request that found every seat taken
 wait for a batch request to finish. Classes 1 and 2 may therefore fill only the fleet's
 seats less ``vip_reserve`` of them (rounded up); class 0 may fill every seat. At least one
 request may always run, so a fleet of one small worker still serves every class.
+
+Class 2 lines that are finishing above the batch yield's cap (``stream_jobs.batch_yield``)
+are not waited for by classes 0 and 1: their seats count as free for them, as long as
+the fleet has a seat, so that an interactive request arriving at a fleet full of batch
+lines starts at once rather than after one of them ends.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ def has_room(
     *,
     since_start_s: float,
     learn_fleet_s: float,
+    num_yielding: int = 0,
 ) -> bool:
     """May a request of ``priority`` be forwarded now?
 
@@ -37,7 +43,13 @@ def has_room(
     that an interactive request is answered ``no_worker`` at once. Class 2 (batch) waits
     for a worker instead: batch lines wait, they do not fail (a client that gives up
     cancels, which drops the request from the queue).
+
+    ``num_yielding``: class 2 requests in flight that are finishing above the batch
+    yield's cap; a class 0/1 request does not count them, but still needs a free seat.
     """
     if capacity == 0:
         return priority < BATCH_CLASS and since_start_s >= learn_fleet_s
+    if priority < BATCH_CLASS and num_yielding > 0:
+        counted = num_in_flight - num_yielding
+        return counted < seats_for(priority, capacity, vip_reserve) and num_in_flight < capacity
     return num_in_flight < seats_for(priority, capacity, vip_reserve)

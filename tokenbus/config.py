@@ -183,6 +183,18 @@ class Settings(BaseSettings):
     request rate times how long one holds a seat, over the fleet's seats. (Measured:
     class 0 at 20 requests/s, each holding a seat 0.4 to 0.9 s on the loaded 2-core
     machine, needed 8 to 18 of 64 seats; at 0.2 it waited up to 0.8 s when slow.)"""
+    batch_yield_seats_per_worker: int = 4
+    """While a model has class 0/1 requests in flight, or queued one in the last
+    ``batch_yield_hold_s``, class 2 may hold at most this many seats per live worker of
+    that model; the class 2 lines above it finish, and class 0/1 requests do not wait for
+    their seats (``stream_jobs.batch_yield``). It acts on the first interactive request,
+    where the batch pacer acts a load report later. A value at or above the workers'
+    ``max_num_seqs`` never binds: the seats and the pacer alone. (Measured before it, on
+    the 2-core machine: with 44 batch lines seated, interactive TTFT p99 at c=1 was 5.9x
+    its value alone; BENCHMARKS.md, section 7.)"""
+    batch_yield_hold_s: float = 3.0
+    """How long the batch yield's cap outlives the last interactive request's arrival:
+    long enough to bridge the gaps within a burst, short against the batch's recovery."""
     tier_cap_above: float = 1.2
     tier_shed_above: float = 1.5
     tier_capped_max_tokens: int = 256

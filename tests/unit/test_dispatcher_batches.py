@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas import InferenceRequest, SamplingParams, UsageEvent, WorkItem, decode, encode
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from stream_jobs.metrics import job_registry
-from tests.unit.fakes import TOPICS, Recorder, reply_topic
+from tests.unit.fakes import TOPICS, ManualClock, Recorder, reply_topic
 from tests.unit.test_dispatcher import admit, dispatcher_for, heartbeat
 from tokenbus.config import Settings
 
@@ -262,4 +262,104 @@ async def test_load_reports_show_interactive_waits_and_batch_lines_per_model(
     assert later.num_interactive_dispatched == 0 and later.interactive_queue_ms_p99 is None
     for task in waiting:
         task.cancel()
+    loop.cancel()
+
+
+def line_done(n: int, tenant: str = "t", batch: str = "b1") -> bytes:
+    return encode(
+        UsageEvent(
+            request_id=f"{batch}.{n}",
+            session_id=f"{batch}.{n}",
+            tenant_id=tenant,
+            model="m",
+            status="ok",
+            priority=2,
+            num_prompt_tokens=2,
+            num_completion_tokens=22,
+            created_at=datetime.now(UTC),
+            batch_id=batch,
+        )
+    )
+
+
+async def test_the_first_interactive_request_seats_at_once_and_holds_class_2_to_its_cap(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    settings = Settings(
+        home=tmp_path,
+        vip_reserve=0.3,  # 10 seats: 7 for classes 1 and 2
+        default_priority_class=0,
+        tier_cap_above=9.0,  # nothing shed or capped: lines wait for a seat
+        tier_shed_above=10.0,
+        batch_yield_seats_per_worker=2,
+        batch_yield_hold_s=3.0,
+    )
+    dispatcher = dispatcher_for(settings, recorder, clock)
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
+    loop = asyncio.create_task(dispatcher.run())
+    # No interactive traffic: the batch fills every seat its class may.
+    assert await outcomes(dispatcher, [line(n, "t") for n in range(7)]) == [Outcome.FORWARDED] * 7
+
+    # The first interactive request does not wait for a line to end: five of the seven are
+    # above the cap of 2, and the fleet has seats.
+    assert await asyncio.wait_for(await admit(dispatcher, interactive(0, "t")), 1) is (
+        Outcome.FORWARDED
+    )
+    # No new line goes out while the batch holds more than its cap.
+    held = await admit(dispatcher, line(7, "t"))
+    for n in range(5):
+        dispatcher.observe_usage(line_done(n))
+        await asyncio.sleep(0.06)  # a turn of the loop
+    assert not held.done()  # two lines in flight: at the cap, not below it
+
+    # Past the hold, but the interactive request still runs: the cap holds.
+    clock.advance(5.0)
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))  # the worker stays live
+    await asyncio.sleep(0.1)
+    assert not held.done()
+
+    # It ends, and no other came within the hold: the batch has its seats back.
+    dispatcher.observe_usage(
+        encode(
+            UsageEvent(
+                request_id="i0",
+                session_id="i0",
+                tenant_id="t",
+                model="m",
+                status="ok",
+                priority=1,
+                num_prompt_tokens=2,
+                num_completion_tokens=22,
+                created_at=datetime.now(UTC),
+            )
+        )
+    )
+    assert await asyncio.wait_for(held, 1) is Outcome.FORWARDED
+    order = [decode(WorkItem, v).request_id for v in recorder.on("w-topic")]
+    assert order == [f"b1.{n}" for n in range(7)] + ["i0", "b1.7"]
+    loop.cancel()
+
+
+async def test_without_the_yield_an_interactive_request_waits_for_a_line_to_end(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    settings = Settings(
+        home=tmp_path,
+        vip_reserve=0.3,
+        default_priority_class=0,
+        tier_cap_above=9.0,
+        tier_shed_above=10.0,
+        batch_yield_seats_per_worker=1000,  # at or above the seats: off
+    )
+    dispatcher = dispatcher_for(settings, recorder)
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await outcomes(dispatcher, [line(n, "t") for n in range(7)]) == [Outcome.FORWARDED] * 7
+    waiting = await admit(dispatcher, interactive(0, "t"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    dispatcher.observe_heartbeat(heartbeat(capacity=10))
+    dispatcher.observe_usage(line_done(0))
+    assert await asyncio.wait_for(waiting, 1) is Outcome.FORWARDED
     loop.cancel()

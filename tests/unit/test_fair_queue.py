@@ -131,3 +131,18 @@ def test_every_pushed_request_comes_out_once_in_tenant_order(
     assert sorted(x for x in out if x) == sorted(f"{t}-{i}" for i, (t, _) in enumerate(pushes))
     priorities = [pushes[int(x.split("-")[1])][1] for x in out if x]
     assert priorities == sorted(priorities)
+
+
+def test_peek_shows_what_pop_returns_without_taking_or_charging_it() -> None:
+    queue: FairQueue[str] = FairQueue()
+    fill(queue, "a", 2, priority=2)
+    fill(queue, "b", 2, priority=2)
+    fill(queue, "v", 1, priority=0)
+    assert queue.peek(1) is None
+    before = queue.counter("a", 2), queue.counter("b", 2)
+    head = queue.peek(2)
+    assert head == queue.peek(2)  # twice: nothing moved
+    assert (queue.counter("a", 2), queue.counter("b", 2)) == before
+    assert len(queue) == 5
+    assert queue.pop(0) == "v-0"
+    assert queue.pop(2) == head

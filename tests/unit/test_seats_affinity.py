@@ -76,3 +76,15 @@ def test_a_lost_workers_sessions_are_forgotten() -> None:
 def test_the_bound_must_hold_at_least_one_session() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         SessionAffinity(0)
+
+
+def test_class_0_and_1_do_not_wait_for_batch_lines_above_the_yield_cap() -> None:
+    # 64 seats, 44 for classes 1 and 2, all held by batch lines of which 40 are above the
+    # yield's cap: class 1 goes beside them, as long as the fleet has a seat at all.
+    assert not has_room(1, 44, 64, 0.3, since_start_s=9, learn_fleet_s=3)
+    assert has_room(1, 44, 64, 0.3, since_start_s=9, learn_fleet_s=3, num_yielding=40)
+    assert not has_room(1, 48, 64, 0.3, since_start_s=9, learn_fleet_s=3, num_yielding=4)
+    assert not has_room(1, 64, 64, 0.3, since_start_s=9, learn_fleet_s=3, num_yielding=40)
+    assert has_room(0, 63, 64, 0.3, since_start_s=9, learn_fleet_s=3, num_yielding=40)
+    # Class 2 itself never counts them out: they are its own.
+    assert not has_room(2, 44, 64, 0.3, since_start_s=9, learn_fleet_s=3, num_yielding=40)
