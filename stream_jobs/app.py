@@ -50,6 +50,7 @@ from typing import Any, cast
 import faust
 import orjson
 from aiokafka import TopicPartition
+from faust.sensors import Sensor
 from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
@@ -380,12 +381,14 @@ def drop_faust_monitor(app: faust.App) -> None:
     every table read and write and every send (counters, timestamps, deques): a share
     of each request's CPU that only Faust's own stats pages read. tokenbus exports its
     own metrics (``stream_jobs.metrics``), so the job starts without it; ``app.monitor``
-    still exists (Faust's consumer writes offsets to it directly)."""
+    still exists (Faust's consumer writes offsets to it directly). A sensor that does
+    nothing takes its place: Faust warns at every rebalance when no sensor keeps state."""
     init_dependencies = app.on_init_dependencies
 
     def without_monitor() -> Any:
         dependencies = init_dependencies()  # adds the monitor to the sensors
         app.sensors.remove(app.monitor)
+        app.sensors.add(Sensor())
         return dependencies
 
     app.on_init_dependencies = without_monitor  # type: ignore[method-assign]

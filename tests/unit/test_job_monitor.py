@@ -18,6 +18,8 @@ def test_the_monitor_is_not_among_the_sensors_once_the_app_starts(tmp_path: Path
     drop_faust_monitor(app)
     list(app.on_init_dependencies())  # what starting the app runs first
     assert app.monitor not in set(app.sensors)
+    # A rebalance still finds a sensor's state (Faust warns when it finds none).
+    assert app.sensors.on_rebalance_start(app)
     # The sensors' hooks still run, for whatever other sensor there is.
     app.sensors.on_table_set(None, b"k", b"v")  # type: ignore[arg-type]
 
