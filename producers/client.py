@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -51,8 +52,9 @@ from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.replies import KafkaReplyLog
+from tokenbus.span_path import path_ns
 from tokenbus.topics import Topics, reply_batch_key
-from tokenbus.tracing import Tracing, inject, span_attributes
+from tokenbus.tracing import Tracing, inject, span_attributes, with_path
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,7 @@ class TokenbusClient:
         self._tracing = tracing
         self._request_spans = request_spans and tracing is not None
         self._spans: dict[StreamKey, Span] = {}
+        self._reply_sent: dict[StreamKey, int] = {}
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
 
@@ -239,9 +242,11 @@ class TokenbusClient:
         context = None
         if self._request_spans and self._reply_reader:
             assert self._tracing is not None
+            start_ns = time.time_ns()
             span = self._tracing.tracer.start_span(
                 "client.request",
                 kind=SpanKind.PRODUCER,
+                start_time=start_ns,
                 attributes=span_attributes(
                     tenant=tenant,
                     request_id=request.request_id,
@@ -252,12 +257,18 @@ class TokenbusClient:
                 ),
             )
             self._spans[key] = span
-            context = set_span_in_context(span)
+            context = with_path(start_ns, set_span_in_context(span))
         inject(headers, context)
         await self._producer.send_and_wait(
             self._topics.requests(priority), encode(request), key=tenant.encode(), headers=headers
         )
         return request
+
+    def reply_sent_ns(self, request: InferenceRequest) -> int | None:
+        """Where the request's path to its first token stood when the first reply record
+        read for it was sent (its ``tokenbus-path-ns`` header, ``tokenbus.span_path``);
+        None before that record, or if it carried none. Kept while the stream is read."""
+        return self._reply_sent.get((_tenant_of(request), request.request_id))
 
     async def cancel(self, request: InferenceRequest, reason: str = "client_cancelled") -> None:
         """Asks the job (if still queued) and every worker (if running) to stop the request.
@@ -343,6 +354,7 @@ class TokenbusClient:
             inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
+            self._reply_sent.pop(key, None)
             span = self._spans.pop(key, None)
             if span is not None:
                 # Returned right after the last chunk: ``chunk`` is it.
@@ -440,11 +452,15 @@ class TokenbusClient:
                         record.offset,
                         " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
                     )
+                sent_ns = path_ns(record.headers) if record.headers else None
                 for chunk in batch.chunks:
                     # The batch's tenant is every chunk's (the codec checks): a chunk that
                     # names another tenant's request id never reaches that stream.
-                    inbox = streams.get((tenant_id, chunk.request_id))
+                    key = (tenant_id, chunk.request_id)
+                    inbox = streams.get(key)
                     if inbox is not None:
+                        if sent_ns is not None and key not in self._reply_sent:
+                            self._reply_sent[key] = sent_ns
                         inbox.put(chunk)
 
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import orjson
-from opentelemetry.context import Context
+from opentelemetry.context import Context, create_key, get_value, set_value
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -35,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
+from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,23 @@ _SETTER = _HeaderSetter()
 _GETTER = _HeaderGetter()
 
 
+_PATH_KEY = create_key("tokenbus-path-ns")
+
+
+def with_path(ns: int, context: Context | None = None) -> Context:
+    """``context`` (or the current one) with where the request's path to its first
+    token stands (``tokenbus.span_path``): ``inject`` hands it on in the headers."""
+    return set_value(_PATH_KEY, ns, context)
+
+
 def inject(headers: Headers, context: Context | None = None) -> None:
     """Writes the current (or ``context``'s) span as ``traceparent``/``tracestate``
-    headers, replacing any already there. Nothing is written without a valid span."""
+    headers, replacing any already there, and the path's instant (``with_path``) as
+    ``tokenbus-path-ns``. Nothing is written without a valid span."""
     _PROPAGATOR.inject(headers, context, _SETTER)
+    ns = get_value(_PATH_KEY, context)
+    if isinstance(ns, int) and any(k == "traceparent" for k, _ in headers):
+        _SETTER.set(headers, PATH_HEADER, str(ns))
 
 
 def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:

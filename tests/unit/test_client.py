@@ -21,6 +21,7 @@ from schemas import (
 )
 from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
+from tokenbus.span_path import path_header
 from tokenbus.topics import Topics, reply_batch_key
 
 
@@ -31,6 +32,7 @@ class Record:
     topic: str = "replies"
     partition: int = 0
     offset: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Consumer:
@@ -201,3 +203,18 @@ async def test_a_quiet_stream_delivers_what_the_read_back_found_at_once(tmp_path
 
 async def _seqs(chunks: AsyncIterator[Chunk]) -> list[int]:
     return [c.seq async for c in chunks]
+
+
+async def test_a_streams_first_reply_record_tells_where_its_path_stood(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    client._producer = Producer()
+    first, later = batch(chunk("r1", 0)), batch(chunk("r1", 1, finish="stop"))
+    first.headers, later.headers = (path_header(111),), (path_header(222),)
+    client._consumer = Consumer([first, later])
+    r1 = request("r1")
+    client.watch("r1", "t")
+    assert client.reply_sent_ns(r1) is None  # nothing read yet
+    await client._route_replies()
+    assert client.reply_sent_ns(r1) == 111  # the first record's, not the later one's
+    assert [c.seq async for c in client.stream(r1)] == [0, 1]
+    assert client.reply_sent_ns(r1) is None  # forgotten with the stream
