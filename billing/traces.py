@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from billing.span_codec import SpanBatchRecord
 from schemas import REQUEST_ID_PATTERN, TENANT_ID_PATTERN
 from schemas.spans import SpanBatch
 from tokenbus.tracing import ATTR_ATTEMPT, ATTR_REQUEST
@@ -67,7 +68,7 @@ def lookup_problem(request_id: str, tenant: str) -> str | None:
     return None
 
 
-def span_rows(batch: SpanBatch) -> list[tuple[Any, ...]]:
+def span_rows(batch: SpanBatch | SpanBatchRecord) -> list[tuple[Any, ...]]:
     """One row per span, in ``SPAN_COLUMNS`` order, under the batch's tenant (the record
     key's, which the sink checked): attributes are kept as text."""
     rows = []
