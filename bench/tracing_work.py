@@ -37,7 +37,8 @@ from rich.table import Table
 from bench.common import run_benchmark
 from bench.report import uptime_load
 from billing.span_codec import decode_spans
-from billing.span_sink import SpanSink
+from billing.span_sink import GATHER_S, SpanStore
+from billing.traces import span_rows
 from tokenbus.config import Settings
 from tokenbus.span_path import SpanPath, hop_span, path_ns
 from tokenbus.tracing import Tracing, extract, extract_http, inject, span_attributes, with_path
@@ -64,6 +65,7 @@ class Services:
         self.worker = Tracing(settings, "worker")
         self.billing = Tracing(settings, "billing")
         self.all = (self.bridge, self.job, self.worker, self.billing)
+        self.flush_interval_s = settings.trace_flush_interval_s
 
     def bridge_request(self, http_headers: dict[str, str], n: int) -> list[tuple[str, bytes]]:
         tracer = self.bridge.tracer
@@ -222,47 +224,56 @@ async def flush_all(services: Services) -> list[tuple[bytes, bytes]]:
 
 def one_arm(
     services: Services,
-    sink: SpanSink,
+    store: SpanStore,
     sampled: bool,
     num_requests: int,
     loop: asyncio.AbstractEventLoop,
+    requests_per_s: int,
 ) -> tuple[dict[str, float], int]:
-    """CPU seconds of each stage over ``num_requests`` requests; the spans stored."""
+    """CPU seconds of each stage over ``num_requests`` requests; the spans stored. At
+    ``requests_per_s``, each service flushes every ``trace_flush_interval_s`` (1 s) and
+    the sink inserts what ``GATHER_S`` (3 s) brought, as on the stack."""
     cpu = dict.fromkeys(STAGES, 0.0)
     clock = time.process_time
-    batch = 50  # requests between flushes (a flush a second, as the services do)
+    flush_every = max(1, round(requests_per_s * services.flush_interval_s))
+    insert_every = max(1, round(requests_per_s * GATHER_S))
+    pending: list[tuple[Any, ...]] = []
     num_spans = 0
-    for first in range(0, num_requests, batch):
-        for n in range(first, min(first + batch, num_requests)):
-            t0 = clock()
-            to_job = services.bridge_request(caller_headers(sampled), n)
-            t1 = clock()
-            to_worker = services.job_request(to_job, n)
-            t2 = clock()
-            usage = services.worker_request(to_worker, n)
-            t3 = clock()
-            services.billing_insert(usage, n)
-            t4 = clock()
-            cpu["bridge"] += t1 - t0
-            cpu["job"] += t2 - t1
-            cpu["worker"] += t3 - t2
-            cpu["billing"] += t4 - t3
+    for n in range(num_requests):
         t0 = clock()
-        records = loop.run_until_complete(flush_all(services))
+        to_job = services.bridge_request(caller_headers(sampled), n)
         t1 = clock()
-        rows = [row for _, value in records for row in _rows(sink, value)]
-        if rows:
-            sink._store.insert_spans(rows)
+        to_worker = services.job_request(to_job, n)
         t2 = clock()
-        cpu["flush"] += t1 - t0
-        cpu["sink"] += t2 - t1
-        num_spans += len(rows)
+        usage = services.worker_request(to_worker, n)
+        t3 = clock()
+        services.billing_insert(usage, n)
+        t4 = clock()
+        cpu["bridge"] += t1 - t0
+        cpu["job"] += t2 - t1
+        cpu["worker"] += t3 - t2
+        cpu["billing"] += t4 - t3
+        last = n == num_requests - 1
+        if (n + 1) % flush_every == 0 or last:
+            t0 = clock()
+            records = loop.run_until_complete(flush_all(services))
+            t1 = clock()
+            pending += [row for _, value in records for row in _rows(value)]
+            t2 = clock()
+            cpu["flush"] += t1 - t0
+            cpu["sink"] += t2 - t1
+        if (n + 1) % insert_every == 0 or last:
+            t0 = clock()
+            if pending:
+                store.insert_spans(pending)
+            cpu["sink"] += clock() - t0
+            num_spans += len(pending)
+            pending = []
     return cpu, num_spans
 
 
-def _rows(sink: SpanSink, value: bytes) -> list[tuple[Any, ...]]:
-    from billing.traces import span_rows
-
+def _rows(value: bytes) -> list[tuple[Any, ...]]:
+    """The span sink's reading of one record (``billing.span_sink``)."""
     return span_rows(decode_spans(value))
 
 
@@ -273,16 +284,19 @@ def measure_sync(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(home=home, trace_flush_interval_s=1.0)
     services = Services(settings)
     store = ClickHouseStore("chdb://memory")
-    sink = SpanSink(settings, store)
     arms: dict[str, list[dict[str, float]]] = {"traced": [], "untraced": []}
     spans: dict[str, int] = {"traced": 0, "untraced": 0}
     loop = asyncio.new_event_loop()
-    one_arm(services, sink, True, 100, loop)  # warm-up: imports, caches, the table
-    one_arm(services, sink, False, 100, loop)
+    one_arm(
+        services, store, True, 300, loop, args.requests_per_s
+    )  # warm-up: imports, caches, the table
+    one_arm(services, store, False, 300, loop, args.requests_per_s)
     for round_index in range(args.rounds):
         order = ("traced", "untraced") if round_index % 2 == 0 else ("untraced", "traced")
         for arm in order:
-            cpu, num_spans = one_arm(services, sink, arm == "traced", args.requests, loop)
+            cpu, num_spans = one_arm(
+                services, store, arm == "traced", args.requests, loop, args.requests_per_s
+            )
             arms[arm].append({k: 1e6 * v / args.requests for k, v in cpu.items()})
             spans[arm] += num_spans
     loop.close()
@@ -335,6 +349,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "requests": args.requests,
             "rounds": args.rounds,
             "tokens": args.tokens,
+            "requests_per_s": args.requests_per_s,
             "per_token_us": args.per_token_us,
         },
         "load_start": load_start,
@@ -367,6 +382,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=2000, help="per arm and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
+    parser.add_argument(
+        "--requests-per-s",
+        type=int,
+        default=50,
+        help="the stack's request rate: how many requests a flush and an insert carry",
+    )
     parser.add_argument(
         "--per-token-us",
         type=float,

@@ -128,7 +128,7 @@ class SpanBuffer(SpanProcessor):
         if self._num_spans >= self.max_spans:
             self.num_dropped += 1
             return
-        attributes = {k: v for k, v in (span.attributes or {}).items() if _scalar(v)}
+        attributes = _scalars(span.attributes)
         tenant = str(attributes.get(ATTR_TENANT, NO_TENANT))
         self._by_tenant[tenant].append(
             {
@@ -161,8 +161,18 @@ class SpanBuffer(SpanProcessor):
 _STATUS = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
 
 
-def _scalar(value: object) -> bool:
-    return isinstance(value, str | bool | int | float)
+_SCALARS = frozenset({str, bool, int, float})
+
+
+def _scalars(attributes: Mapping[str, object] | None) -> dict[str, object]:
+    """The span's scalar attributes (a sequence is left out). A span's attributes are a
+    locked mapping, slow to walk key by key: its ``copy()`` is a plain dict at once."""
+    if not attributes:
+        return {}
+    copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
+    if all(type(v) in _SCALARS for v in copied.values()):
+        return copied  # type: ignore[no-any-return]
+    return {k: v for k, v in copied.items() if isinstance(v, str | bool | int | float)}
 
 
 class Tracing:
