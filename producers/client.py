@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -128,7 +129,7 @@ class TokenbusClient:
         self._tracing = tracing
         self._request_spans = request_spans and tracing is not None
         self._spans: dict[StreamKey, Span] = {}
-        self._reply_sent: dict[StreamKey, int] = {}
+        self._reply_sent: OrderedDict[StreamKey, int] = OrderedDict()
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
 
@@ -265,10 +266,11 @@ class TokenbusClient:
         return request
 
     def reply_sent_ns(self, request: InferenceRequest) -> int | None:
-        """Where the request's path to its first token stood when the first reply record
-        read for it was sent (its ``tokenbus-path-ns`` header, ``tokenbus.span_path``);
-        None before that record, or if it carried none. Kept while the stream is read."""
-        return self._reply_sent.get((_tenant_of(request), request.request_id))
+        """Where the request's path to its first token stood when the record of its first
+        chunk (seq 0) was sent (its ``tokenbus-path-ns`` header, ``tokenbus.span_path``);
+        None before that record, if it carried none, or once asked. Kept apart from the
+        stream, which may have ended by then; the newest ``MAX_REPLY_STAMPS`` are kept."""
+        return self._reply_sent.pop((_tenant_of(request), request.request_id), None)
 
     async def cancel(self, request: InferenceRequest, reason: str = "client_cancelled") -> None:
         """Asks the job (if still queued) and every worker (if running) to stop the request.
@@ -354,7 +356,6 @@ class TokenbusClient:
             inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
-            self._reply_sent.pop(key, None)
             span = self._spans.pop(key, None)
             if span is not None:
                 # Returned right after the last chunk: ``chunk`` is it.
@@ -362,6 +363,12 @@ class TokenbusClient:
                 if chunk is None or not chunk.is_last or chunk.error is not None:
                     span.set_status(StatusCode.ERROR)
                 span.end()
+
+    def _note_reply_sent(self, key: StreamKey, sent_ns: int) -> None:
+        stamps = self._reply_sent
+        stamps[key] = sent_ns
+        if len(stamps) > MAX_REPLY_STAMPS:
+            stamps.popitem(last=False)
 
     async def _read_back(
         self,
@@ -459,9 +466,13 @@ class TokenbusClient:
                     key = (tenant_id, chunk.request_id)
                     inbox = streams.get(key)
                     if inbox is not None:
-                        if sent_ns is not None and key not in self._reply_sent:
-                            self._reply_sent[key] = sent_ns
+                        if sent_ns is not None and chunk.seq == 0:
+                            self._note_reply_sent(key, sent_ns)
                         inbox.put(chunk)
+
+
+MAX_REPLY_STAMPS = 4096
+"""First-chunk stamps kept for ``reply_sent_ns`` (those nobody asks for are let go)."""
 
 
 def _tenant_of(request: InferenceRequest) -> str:
