@@ -77,11 +77,12 @@ class Services:
             start_time=received - 1000,
         )
         token = otel_context.attach(set_span_in_context(span))
-        path = SpanPath(tracer, received - 1000)
-        path.add("bridge.arrival", received)
+        path = SpanPath(tracer, received)
         tenant = {"tokenbus.tenant": TENANT}
         with path.step("bridge.auth") as auth:
             auth.set_attributes(tenant)
+        arrival = tracer.start_span("bridge.arrival", start_time=received - 1000, attributes=tenant)
+        arrival.end(end_time=received)
         span.set_attributes(span_attributes(tenant=TENANT, request_id=f"r{n}", session_id="s"))
         with path.step("bridge.hygiene", attributes=tenant):
             pass
@@ -89,15 +90,8 @@ class Services:
         headers: list[tuple[str, bytes]] = [("authorization", b"Bearer x")]
         inject(headers, with_path(path.at, set_span_in_context(waiting)))
         taken = path.end(waiting)
-        if waiting.is_recording():
-            hop_span(
-                tracer,
-                "bus.reply",
-                taken - 500,
-                taken,
-                tenant,
-                context=set_span_in_context(waiting),
-            )
+        context = set_span_in_context(waiting)
+        hop_span(tracer, "bus.reply", taken - 500, taken, tenant, context=context)
         relaying = tracer.start_span("bridge.relay", attributes=tenant)
         first_event = path.begin("bridge.first_event", attributes=tenant)
         first_event.end()

@@ -198,14 +198,16 @@ class Gateway:
         )
         # For the rest of this request's task, the streamed relay included.
         otel_context.attach(set_span_in_context(span))
-        path = SpanPath(tracer, arrived or received)
+        path = SpanPath(tracer, received)
         try:
-            if arrived is not None:
-                path.add("bridge.arrival", received)
             with path.step("bridge.auth") as auth:
                 caller = self.authenticate(http)
                 tenant = {ATTR_TENANT: caller.tenant.tenant_id}
                 auth.set_attributes(tenant)
+            if arrived is not None:
+                # Before auth on the path; made now, when its tenant (its filing) is known.
+                arrival = tracer.start_span("bridge.arrival", start_time=arrived, attributes=tenant)
+                arrival.end(end_time=received)
             ids = ids_of(http)
             span.set_attributes(
                 span_attributes(
@@ -325,7 +327,7 @@ class Gateway:
         """``bus.reply``: the first reply record's way from the worker to this handler,
         the last span of the admission wait's path."""
         sent = self._bus.reply_sent_ns(request)
-        if sent is not None and waiting.is_recording():
+        if sent is not None:  # (``waiting`` has ended: its context is the parent's)
             context = set_span_in_context(waiting)
             hop_span(self._tracer, "bus.reply", sent, taken_ns, tenant, context=context)
 
