@@ -1,6 +1,6 @@
 """What tracing costs: the same waves with every request traced and with none, in one run.
 
-    .venvs/stream/bin/python -m bench.tracing_cost --rounds 3 --concurrency 1 64
+    .venvs/stream/bin/python -m bench.tracing_cost --rounds 8 --concurrency 64 --direct
 
 One private ``Stack`` (as ``bench.overhead`` starts it). Each wave sends its requests
 with a W3C ``traceparent`` the client chose: sampled (every service records its spans,
@@ -9,11 +9,18 @@ parent-based samplers record nothing), alternating wave by wave and swapping ord
 round, so the machine's noise lands on both arms. Per arm: TTFT p50/p99 and the CPU per
 token of tokenbus's processes on the path (job, worker loop process, billing, client),
 and of the broker, from /proc.
+
+Each round's two waves of one concurrency are a pair, run back to back: the cost is the
+median over rounds of each pair's added CPU per token, with its min..max, so a machine
+whose load drifts during the run moves both sides of a pair together. ``--direct`` then
+measures tracing's own work per request in this process (``bench.tracing_work``) and sets
+it beside this run's untraced CPU per token.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import time
@@ -41,6 +48,7 @@ from bench.driver import WaveResult, run_wave
 from bench.overhead import stack_meter
 from bench.report import uptime_load
 from bench.stats import ratio, summarize
+from bench.tracing_work import STAGES
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
@@ -76,6 +84,42 @@ def arm_summary(waves: list[WaveResult], cpu: list[dict[str, float]]) -> dict[st
         "ttft_ms": summarize([t.ttft_s for t in done if t.ttft_s is not None], 1000),
         "us_cpu_per_token": {**per_token, "tokenbus": round(tokenbus, 2)},
     }
+
+
+def paired(
+    cpu: dict[tuple[str, int], list[dict[str, float]]],
+    waves: dict[tuple[str, int], list[WaveResult]],
+    concurrency: int,
+) -> dict[str, Any]:
+    """Tracing's added CPU per token, round by round (the traced wave over the untraced
+    one of the same round): median and min..max, in all and per process."""
+
+    def per_token(arm: str, index: int) -> dict[str, float]:
+        wave = waves[(arm, concurrency)][index]
+        tokens = max(1, sum(t.num_tokens for t in wave.traces if t.error is None))
+        used = cpu[(arm, concurrency)][index]
+        figures = {k: 1e6 * used.get(k, 0.0) / tokens for k in (*PROCESSES, "broker")}
+        figures["tokenbus"] = sum(figures[k] for k in PROCESSES)
+        return figures
+
+    rounds = range(len(cpu[("traced", concurrency)]))
+    pairs = [(per_token("traced", i), per_token("untraced", i)) for i in rounds]
+    out: dict[str, Any] = {"num_rounds": len(pairs)}
+    for key in (*PROCESSES, "tokenbus", "broker"):
+        added = [100 * (on[key] - off[key]) / off[key] for on, off in pairs if off[key]]
+        out[f"{key}_added_pct"] = _spread(added)
+    out["untraced_tokenbus_us_per_token"] = _spread([off["tokenbus"] for _, off in pairs])
+    out["traced_tokenbus_us_per_token"] = _spread([on["tokenbus"] for on, _ in pairs])
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"median": round(median, 2), "min": round(ordered[0], 2), "max": round(ordered[-1], 2)}
 
 
 def compare(traced: dict[str, Any], untraced: dict[str, Any]) -> dict[str, Any]:
@@ -150,8 +194,37 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             arm: arm_summary(waves[(arm, concurrency)], cpu[(arm, concurrency)]) for arm in ARMS
         }
         rows.append(
-            {"concurrency": concurrency, **arms, "cost": compare(arms["traced"], arms["untraced"])}
+            {
+                "concurrency": concurrency,
+                **arms,
+                "cost": compare(arms["traced"], arms["untraced"]),
+                "paired": paired(cpu, waves, concurrency),
+            }
         )
+    direct = None
+    if args.direct:
+        from bench import tracing_work
+
+        # Against the untraced CPU per token of the largest concurrency (where CPU per
+        # token is the engine's work, not idle polling).
+        base = rows[-1]["paired"]["untraced_tokenbus_us_per_token"]["median"]
+        direct = await asyncio.to_thread(
+            tracing_work.measure_sync,
+            argparse.Namespace(
+                requests=args.direct_requests,
+                rounds=5,
+                tokens=args.max_tokens,
+                per_token_us=base,
+                requests_per_s=50,
+            ),
+        )
+        # The bridge is not on this benchmark's path (the client produces to the job): its
+        # span work is left out of the share, and shown beside it.
+        on_path = {k: v for k, v in direct["per_request_us"]["traced"].items() if k in STAGES}
+        off = direct["per_request_us"]["untraced"]
+        added_on_path = sum(on_path[k] - off[k] for k in STAGES if k != "bridge")
+        direct["added_us_per_request_without_bridge"] = round(added_on_path, 1)
+        direct["share_without_bridge_pct"] = round(100 * added_on_path / args.max_tokens / base, 2)
     return {
         "command": "python -m bench.tracing_cost " + " ".join(args.argv),
         "parameters": {
@@ -162,7 +235,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         },
         "load_start": load_start,
         "load_end": load_end,
+        "load_after_direct": uptime_load() if direct is not None else None,
         "results": rows,
+        "direct": direct,
     }
 
 
@@ -190,7 +265,25 @@ def render(result: dict[str, Any], console: Console) -> None:
             f"{cost['cpu_per_token_added_pct']:+}%",
             "",
         )
+        added = row["paired"]["tokenbus_added_pct"]
+        table.add_row(
+            "",
+            "paired",
+            "",
+            "",
+            f"{added['median']:+}% ({added['min']}..{added['max']})",
+            "",
+        )
     console.print(table)
+    direct = result.get("direct")
+    if direct:
+        console.print(
+            f"direct: {direct['added_us_per_request']} µs/request added "
+            f"({direct['added_us_per_request_without_bridge']} without the bridge) = "
+            f"{direct['share_without_bridge_pct']}% of "
+            f"{direct['tokenbus_us_per_token']} µs/token without the bridge, "
+            f"{direct['share_of_tokenbus_cpu_pct']}% with it"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,6 +292,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--min-requests", type=int, default=32, help="per wave")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="then measure tracing's own work per request (bench.tracing_work)",
+    )
+    parser.add_argument("--direct-requests", type=int, default=2000)
     add_settings_args(parser)
     run_benchmark(parser, argv, measure, render, "tracing")
 

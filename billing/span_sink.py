@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError
 
+from billing.span_codec import decode_spans
 from billing.traces import span_rows
-from schemas import SchemaError, decode
-from schemas.spans import SpanBatch
+from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import make_consumer, make_producer, publisher
@@ -103,7 +103,7 @@ class SpanSink:
         rows: list[tuple[Any, ...]] = []
         for record in records:
             try:
-                spans = decode(SpanBatch, record.value)
+                spans = decode_spans(record.value)
                 if record.key != spans.tenant_id.encode():
                     raise SchemaError(f"a batch of tenant {spans.tenant_id!r} keyed {record.key!r}")
             except SchemaError as exc:

@@ -28,7 +28,6 @@ from opentelemetry.trace import (
     StatusCode,
     Tracer,
     set_span_in_context,
-    use_span,
 )
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -59,7 +58,8 @@ from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
 from tokenbus.logs import bind_request
-from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes
+from tokenbus.span_path import REQUEST_START_HEADER, SpanPath, hop_span, request_start_ns
+from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes, with_path
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
@@ -90,6 +90,10 @@ class Bus(Protocol):
     ) -> InferenceRequest: ...
 
     def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]: ...
+
+    def reply_sent_ns(self, request: InferenceRequest) -> int | None:
+        """Where the path of ``request`` stood when its first reply record was sent
+        (``tokenbus.span_path``), once that record was read; None if it carried none."""
 
     async def cancel(self, request: InferenceRequest, reason: str = ...) -> None: ...
 
@@ -178,21 +182,32 @@ class Gateway:
     async def _traced(self, http: Request, kind: Kind) -> Response:
         """One completion under a ``bridge.request`` span, the caller's ``traceparent``
         its parent, with auth, hygiene, the wait for admission and the relay as its
-        children. A streamed answer ends the span when its last event is out."""
+        children. A streamed answer ends the span when its last event is out.
+
+        Up to the first event the children tile the request's time (``SpanPath``):
+        [``bridge.arrival``, from a front end's ``X-Request-Start``,] ``bridge.auth``,
+        ``bridge.hygiene``, ``bridge.admission_wait``, ``bridge.first_event``."""
         tracer = self._tracer
+        received = getattr(http.state, "received_ns", None) or time.time_ns()
+        arrived = request_start_ns(http.headers.get(REQUEST_START_HEADER), received)
         span = tracer.start_span(
             "bridge.request",
             context=extract_http(http.headers),
             kind=SpanKind.SERVER,
-            start_time=getattr(http.state, "received_ns", None),  # as the server had it
+            start_time=arrived or received,  # as the front end, or the server, had it
         )
         # For the rest of this request's task, the streamed relay included.
         otel_context.attach(set_span_in_context(span))
+        path = SpanPath(tracer, received)
         try:
-            with tracer.start_as_current_span("bridge.auth") as auth:
+            with path.step("bridge.auth") as auth:
                 caller = self.authenticate(http)
                 tenant = {ATTR_TENANT: caller.tenant.tenant_id}
                 auth.set_attributes(tenant)
+            if arrived is not None:
+                # Before auth on the path; made now, when its tenant (its filing) is known.
+                arrival = tracer.start_span("bridge.arrival", start_time=arrived, attributes=tenant)
+                arrival.end(end_time=received)
             ids = ids_of(http)
             span.set_attributes(
                 span_attributes(
@@ -201,14 +216,14 @@ class Gateway:
                     session_id=ids["X-Session-ID"],
                 )
             )
-            with tracer.start_as_current_span("bridge.hygiene", attributes=tenant):
+            with path.step("bridge.hygiene", attributes=tenant):
                 if kind == "chat":
                     chat = await self.read_body(http, ChatCompletionRequest)
                     plan = self._planner.plan_chat(chat, caller)
                 else:
                     text = await self.read_body(http, CompletionRequest)
                     plan = self._planner.plan_completion(text, caller)
-            response = await self._complete(http, caller, plan, kind, span)
+            response = await self._complete(http, caller, plan, kind, span, path)
         except BaseException as exc:
             span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
             span.end()
@@ -217,7 +232,7 @@ class Gateway:
 
     # -- one completion -------------------------------------------------------------------
     async def _complete(
-        self, http: Request, caller: Caller, plan: Plan, kind: Kind, span: Span
+        self, http: Request, caller: Caller, plan: Plan, kind: Kind, span: Span, path: SpanPath
     ) -> Response:
         ids = ids_of(http)
         for flag in plan.flags:
@@ -236,10 +251,12 @@ class Gateway:
         )
         tenant = {ATTR_TENANT: caller.tenant.tenant_id}
         # From submit to the first chunk: the bus, the job's admission and queue, the
-        # engine's prefill. The request carries this span to the job.
-        waiting = self._tracer.start_span("bridge.admission_wait", attributes=tenant)
+        # engine's prefill. The request carries this span, and where the path stands, to
+        # the job: the spans of the bus, the job and the worker tile this one.
+        waiting = path.begin("bridge.admission_wait", attributes=tenant)
+        submitting = otel_context.attach(with_path(path.at, set_span_in_context(waiting)))
         try:
-            with use_span(waiting):
+            try:
                 request = await self._bus.submit(
                     tenant_id=caller.tenant.tenant_id,
                     prompt=plan.prompt,
@@ -251,8 +268,10 @@ class Gateway:
                     request_id=ids["X-Request-ID"],
                     credential=credential,
                 )
+            finally:
+                otel_context.detach(submitting)
         except BaseException:
-            waiting.end()
+            path.end(waiting)
             raise
         bind_request(
             tenant=caller.tenant.tenant_id,
@@ -266,9 +285,9 @@ class Gateway:
             first = await self._next_chunk(http, feed, request, wait, labels)
         except BaseException:
             feed.close()
+            path.end(waiting)
             raise
-        finally:
-            waiting.end()
+        self._reply_hop(request, waiting, path.end(waiting), tenant)
         if first is not None:
             self._metrics.ttft.labels(*labels).observe(time.monotonic() - received)
             if first.error is not None:
@@ -278,7 +297,7 @@ class Gateway:
         relaying = self._tracer.start_span("bridge.relay", attributes=tenant)
         if plan.stream:
             # The first chunk is here: until its event is written to the client.
-            first_event = self._tracer.start_span("bridge.first_event", attributes=tenant)
+            first_event = path.begin("bridge.first_event", attributes=tenant)
             return EventStreamResponse(
                 self._events(
                     feed,
@@ -301,6 +320,16 @@ class Gateway:
             relaying.end()
         span.end()
         return JSONResponse(body, headers=ids)
+
+    def _reply_hop(
+        self, request: InferenceRequest, waiting: Span, taken_ns: int, tenant: dict[str, str]
+    ) -> None:
+        """``bus.reply``: the first reply record's way from the worker to this handler,
+        the last span of the admission wait's path."""
+        sent = self._bus.reply_sent_ns(request)
+        if sent is not None:  # (``waiting`` has ended: its context is the parent's)
+            context = set_span_in_context(waiting)
+            hop_span(self._tracer, "bus.reply", sent, taken_ns, tenant, context=context)
 
     async def _next_chunk(
         self,

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
@@ -51,8 +53,9 @@ from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.replies import KafkaReplyLog
+from tokenbus.span_path import path_ns
 from tokenbus.topics import Topics, reply_batch_key
-from tokenbus.tracing import Tracing, inject, span_attributes
+from tokenbus.tracing import Tracing, inject, span_attributes, with_path
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,7 @@ class TokenbusClient:
         self._tracing = tracing
         self._request_spans = request_spans and tracing is not None
         self._spans: dict[StreamKey, Span] = {}
+        self._reply_sent: OrderedDict[StreamKey, int] = OrderedDict()
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
 
@@ -239,9 +243,11 @@ class TokenbusClient:
         context = None
         if self._request_spans and self._reply_reader:
             assert self._tracing is not None
+            start_ns = time.time_ns()
             span = self._tracing.tracer.start_span(
                 "client.request",
                 kind=SpanKind.PRODUCER,
+                start_time=start_ns,
                 attributes=span_attributes(
                     tenant=tenant,
                     request_id=request.request_id,
@@ -252,12 +258,19 @@ class TokenbusClient:
                 ),
             )
             self._spans[key] = span
-            context = set_span_in_context(span)
+            context = with_path(start_ns, set_span_in_context(span))
         inject(headers, context)
         await self._producer.send_and_wait(
             self._topics.requests(priority), encode(request), key=tenant.encode(), headers=headers
         )
         return request
+
+    def reply_sent_ns(self, request: InferenceRequest) -> int | None:
+        """Where the request's path to its first token stood when the record of its first
+        chunk (seq 0) was sent (its ``tokenbus-path-ns`` header, ``tokenbus.span_path``);
+        None before that record, if it carried none, or once asked. Kept apart from the
+        stream, which may have ended by then; the newest ``MAX_REPLY_STAMPS`` are kept."""
+        return self._reply_sent.pop((_tenant_of(request), request.request_id), None)
 
     async def cancel(self, request: InferenceRequest, reason: str = "client_cancelled") -> None:
         """Asks the job (if still queued) and every worker (if running) to stop the request.
@@ -351,6 +364,12 @@ class TokenbusClient:
                     span.set_status(StatusCode.ERROR)
                 span.end()
 
+    def _note_reply_sent(self, key: StreamKey, sent_ns: int) -> None:
+        stamps = self._reply_sent
+        stamps[key] = sent_ns
+        if len(stamps) > MAX_REPLY_STAMPS:
+            stamps.popitem(last=False)
+
     async def _read_back(
         self,
         request: InferenceRequest,
@@ -440,12 +459,20 @@ class TokenbusClient:
                         record.offset,
                         " ".join(f"{c.request_id}#{c.seq}" for c in batch.chunks),
                     )
+                sent_ns = path_ns(record.headers) if record.headers else None
                 for chunk in batch.chunks:
                     # The batch's tenant is every chunk's (the codec checks): a chunk that
                     # names another tenant's request id never reaches that stream.
-                    inbox = streams.get((tenant_id, chunk.request_id))
+                    key = (tenant_id, chunk.request_id)
+                    inbox = streams.get(key)
                     if inbox is not None:
+                        if sent_ns is not None and chunk.seq == 0:
+                            self._note_reply_sent(key, sent_ns)
                         inbox.put(chunk)
+
+
+MAX_REPLY_STAMPS = 4096
+"""First-chunk stamps kept for ``reply_sent_ns`` (those nobody asks for are let go)."""
 
 
 def _tenant_of(request: InferenceRequest) -> str:

@@ -109,9 +109,18 @@ from tokenbus.kafka import Publish
 from tokenbus.logs import bind_request
 from tokenbus.price_file import load_price_book
 from tokenbus.pricing import Pricer
+from tokenbus.span_path import hop_span, path_ns
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
-from tokenbus.tracing import ATTR_OUTCOME, extract, inject, span_attributes, work_item_attributes
+from tokenbus.tracing import (
+    ATTR_OUTCOME,
+    ATTR_TENANT,
+    extract,
+    inject,
+    span_attributes,
+    with_path,
+    work_item_attributes,
+)
 from tokenbus.usage import usage_of
 
 Headers = Any
@@ -374,9 +383,15 @@ class Dispatcher:
         caller runs before the request's record may be acked.
 
         Traced as ``job.admit``, under the trace context the record carries; its
-        ``tokenbus.outcome`` says what became of the request."""
+        ``tokenbus.outcome`` says what became of the request. An admitted request's path
+        to its first token (``tokenbus.span_path``) goes on here: ``bus.request`` from
+        where the sender's path stood to now, ``job.admit``, then ``job.queue`` from the
+        instant admission ended."""
+        pairs = _header_pairs(headers)
+        parent = extract(pairs)
+        taken_ns = self._wall_ns()
         span = self._tracer.start_span(
-            "job.admit", context=extract(_header_pairs(headers)), kind=SpanKind.CONSUMER
+            "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken_ns
         )
         try:
             result = await self._admit(span, topic, partition, offset, key, value, headers)
@@ -386,9 +401,18 @@ class Dispatcher:
             raise
         if isinstance(result, Admitted):
             span.set_attribute(ATTR_OUTCOME, "admitted")
-            result.waiting.trace = set_span_in_context(span)
-        else:
-            span.set_attribute(ATTR_OUTCOME, result.value)
+            waiting = result.waiting
+            waiting.trace = set_span_in_context(span)
+            if span.is_recording():
+                # Filed under the proven tenant, like job.admit (known only now).
+                tenant = {ATTR_TENANT: waiting.request.tenant_id}
+                hop_span(
+                    self._tracer, "bus.request", path_ns(pairs), taken_ns, tenant, context=parent
+                )
+            waiting.queued_ns = max(taken_ns, self._wall_ns())
+            span.end(end_time=waiting.queued_ns)
+            return result
+        span.set_attribute(ATTR_OUTCOME, result.value)
         span.end()
         return result
 
@@ -1315,20 +1339,21 @@ class Dispatcher:
                 worker=forwarded.worker_id,
             ),
         )
-        trace = set_span_in_context(queued)
         flight = self._in_flight.get((forwarded.tenant_id, forwarded.request_id))
         if flight is not None:
             flight.trace = waiting.trace
+        # The path goes on from the send: the acknowledgement's wait is the bus's.
+        sent_ns = max(waiting.queued_ns, self._wall_ns())
         headers: list[tuple[str, bytes]] = []
-        inject(headers, trace)
+        inject(headers, with_path(sent_ns, set_span_in_context(queued)))
         try:
             await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded), headers)
         except Exception:
             self._in_flight.pop((forwarded.tenant_id, forwarded.request_id), None)
             queued.set_status(StatusCode.ERROR, "not forwarded")
-            raise
-        finally:
             queued.end()
+            raise
+        queued.end(end_time=sent_ns)
         self.metrics.num_dispatched += 1
         return Outcome.FORWARDED
 
@@ -1457,8 +1482,11 @@ class Dispatcher:
     def _new_waiting(self, request: WorkItem, trace: Context | None = None) -> _Waiting:
         """A request about to be queued, stamped on both readings of the clock."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        queued_ns = round(self._clock.time() * 1e9)
+        queued_ns = self._wall_ns()
         return _Waiting(request, future, self._clock.monotonic(), queued_ns, trace)
+
+    def _wall_ns(self) -> int:
+        return round(self._clock.time() * 1e9)
 
     def _requeue(self, waiting: _Waiting) -> None:
         """A request sent again after a worker loss, back in the fair queue."""

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import orjson
-from opentelemetry.context import Context
+from opentelemetry.context import Context, create_key, get_value, set_value
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -36,6 +36,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from schemas import WorkItem
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
+from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,23 @@ _SETTER = _HeaderSetter()
 _GETTER = _HeaderGetter()
 
 
+_PATH_KEY = create_key("tokenbus-path-ns")
+
+
+def with_path(ns: int, context: Context | None = None) -> Context:
+    """``context`` (or the current one) with where the request's path to its first
+    token stands (``tokenbus.span_path``): ``inject`` hands it on in the headers."""
+    return set_value(_PATH_KEY, ns, context)
+
+
 def inject(headers: Headers, context: Context | None = None) -> None:
     """Writes the current (or ``context``'s) span as ``traceparent``/``tracestate``
-    headers, replacing any already there. Nothing is written without a valid span."""
+    headers, replacing any already there, and the path's instant (``with_path``) as
+    ``tokenbus-path-ns``. Nothing is written without a valid span."""
     _PROPAGATOR.inject(headers, context, _SETTER)
+    ns = get_value(_PATH_KEY, context)
+    if isinstance(ns, int) and any(k == "traceparent" for k, _ in headers):
+        _SETTER.set(headers, PATH_HEADER, str(ns))
 
 
 def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
@@ -115,7 +129,7 @@ class SpanBuffer(SpanProcessor):
         if self._num_spans >= self.max_spans:
             self.num_dropped += 1
             return
-        attributes = {k: v for k, v in (span.attributes or {}).items() if _scalar(v)}
+        attributes = _scalars(span.attributes)
         tenant = str(attributes.get(ATTR_TENANT, NO_TENANT))
         self._by_tenant[tenant].append(
             {
@@ -148,8 +162,18 @@ class SpanBuffer(SpanProcessor):
 _STATUS = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
 
 
-def _scalar(value: object) -> bool:
-    return isinstance(value, str | bool | int | float)
+_SCALARS = frozenset({str, bool, int, float})
+
+
+def _scalars(attributes: Mapping[str, object] | None) -> dict[str, object]:
+    """The span's scalar attributes (a sequence is left out). A span's attributes are a
+    locked mapping, slow to walk key by key: its ``copy()`` is a plain dict at once."""
+    if not attributes:
+        return {}
+    copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
+    if all(type(v) in _SCALARS for v in copied.values()):
+        return copied  # type: ignore[no-any-return]
+    return {k: v for k, v in copied.items() if isinstance(v, str | bool | int | float)}
 
 
 class Tracing:

@@ -3,7 +3,9 @@
 # Chunk --> the group of its (reply topic, tenant) for this loop iteration
 # next loop iteration --> one TokenChunkBatch record per group (at most max_chunks each),
 #   encoded by tokenbus.chunks
-# the record's acknowledgement --> the one future ``add`` returned for each of its chunks
+# the record's acknowledgement --> the one future ``add`` returned for each of its chunks,
+#   resolved to the instant the record was handed to the producer (its ``tokenbus-path-ns``
+#   header: where the path to a first token carried by it stands, ``tokenbus.span_path``)
 
 Why one loop iteration: vLLM's output handler wakes the ``generate()`` streams of all
 requests of one engine step together, so they all run (and add their chunks) in the
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tokenbus.chunks import Chunk, encode_batch
+from tokenbus.span_path import path_header
 from tokenbus.topics import reply_batch_key
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,9 @@ MAX_CHUNKS_PER_RECORD = 256
 class Producer(Protocol):
     """The part of ``AIOKafkaProducer`` the batcher uses."""
 
-    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+    async def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[Any]:
         """Queues one record; the returned future resolves when the broker acks it."""
 
 
@@ -50,8 +56,9 @@ class Producer(Protocol):
 class _Record:
     topic: str
     tenant_id: str
-    delivered: asyncio.Future[None]
+    delivered: asyncio.Future[int]
     chunks: list[Chunk] = field(default_factory=list)
+    sent_ns: int = 0
 
     def settle(self, sent: asyncio.Future[Any]) -> None:
         if log.isEnabledFor(logging.DEBUG) and not sent.cancelled() and not sent.exception():
@@ -66,7 +73,7 @@ class _Record:
         elif (exc := sent.exception()) is not None:
             self.fail(exc)
         elif not self.delivered.done():
-            self.delivered.set_result(None)
+            self.delivered.set_result(self.sent_ns)
 
     def fail(self, exc: BaseException) -> None:
         if self.delivered.done():
@@ -88,9 +95,10 @@ class ReplyBatcher:
         self._outbox: deque[_Record] = deque()
         self._sender: asyncio.Task[None] | None = None
 
-    def add(self, topic: str, chunk: Chunk) -> asyncio.Future[None]:
+    def add(self, topic: str, chunk: Chunk) -> asyncio.Future[int]:
         """Queues ``chunk`` for ``topic``; the future resolves once it was delivered
-        (it is the future of every chunk in the same record)."""
+        (it is the future of every chunk in the same record), to the wall-clock ns at
+        which the record went to the producer."""
         group = (topic, chunk.tenant_id)
         record = self._pending.get(group)
         if record is None or len(record.chunks) >= self._max_chunks:
@@ -122,11 +130,13 @@ class ReplyBatcher:
         # and no later record may overtake it.
         while self._outbox:
             record = self._outbox.popleft()
+            record.sent_ns = time.time_ns()
             try:
                 sent = await self._producer.send(
                     record.topic,
                     encode_batch(record.tenant_id, record.chunks),
                     key=reply_batch_key(record.tenant_id),
+                    headers=[path_header(record.sent_ns)],
                 )
             except Exception as exc:
                 record.fail(exc)
@@ -143,9 +153,9 @@ class Deliveries:
     are added, so a long stream holds a few futures, not one per step."""
 
     def __init__(self) -> None:
-        self._futures: deque[asyncio.Future[None]] = deque()
+        self._futures: deque[asyncio.Future[int]] = deque()
 
-    def track(self, delivered: asyncio.Future[None]) -> None:
+    def track(self, delivered: asyncio.Future[int]) -> None:
         futures = self._futures
         if futures and futures[-1] is delivered:
             return  # the same record

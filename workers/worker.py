@@ -41,6 +41,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,10 +65,13 @@ from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.logs import request_context
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
+from tokenbus.span_path import hop_span, path_ns
 from tokenbus.topics import Topics
 from tokenbus.tracing import (
+    ATTR_ATTEMPT,
     ATTR_COMPLETION_TOKENS,
     ATTR_PROMPT_TOKENS,
+    ATTR_TENANT,
     Tracing,
     extract,
     inject,
@@ -117,6 +121,25 @@ def finish_of(engine_reason: str | None) -> tuple[FinishReason | None, ErrorInfo
 ENGINE_PHASES = ("worker.engine_queue", "worker.prefill", "worker.decode")
 """Spans of a request inside vLLM, from its own timestamps: queued to first scheduled,
 to first token, to last token."""
+
+
+PATH_PHASES = ("worker.intake", "worker.engine_queue", "worker.prefill", "worker.emit")
+"""A request's path to its first token through the worker: record taken to engine queue
+(decode, prompt rendering, tokenizing), the engine's queue, prefill, first token to its
+reply record sent (vLLM's output processing, this loop, the reply batcher)."""
+
+
+def path_edges(taken_ns: int, engine_ns: Sequence[int], sent_ns: int) -> list[int]:
+    """The five edges of ``PATH_PHASES``: taken, the engine's queued, scheduled and
+    first-token stamps, the first reply's send; each engine stamp held within its
+    neighbours (a clock step between the processes shortens a phase to nothing, never
+    makes one negative), so the phases tile taken..sent exactly."""
+    end = max(taken_ns, sent_ns)
+    edges = [taken_ns]
+    for ns in engine_ns:
+        edges.append(min(max(edges[-1], ns), end))
+    edges.append(end)
+    return edges
 
 
 def attributes_of(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
@@ -240,6 +263,7 @@ class Worker:
 
     # -- one request -----------------------------------------------------------------
     async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        taken_ns = time.time_ns()  # the bus's hop ends, this worker's path begins
         try:
             try:
                 request = decode(WorkItem, record.value)
@@ -261,12 +285,22 @@ class Worker:
             attributes = work_item_attributes(
                 request, attempt=request.attempt, worker=self.worker_id
             )
+            parent = extract(record.headers)
+            hop_span(
+                self._tracer,
+                "bus.dispatch",
+                path_ns(record.headers),
+                taken_ns,
+                {ATTR_TENANT: request.tenant_id, ATTR_ATTEMPT: request.attempt},
+                context=parent,
+            )
             with (
                 self._tracer.start_as_current_span(
                     "worker.request",
-                    context=extract(record.headers),
+                    context=parent,
                     kind=SpanKind.CONSUMER,
                     attributes=attributes,
+                    start_time=taken_ns,
                 ) as span,
                 request_context(
                     tenant=request.tenant_id,
@@ -277,7 +311,7 @@ class Worker:
                     trace_id=f"{span.get_span_context().trace_id:032x}",
                 ),
             ):
-                await self._serve(request)
+                await self._serve(request, taken_ns)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
             # the dispatcher still holds it; it is resent if this run is lost.
@@ -291,7 +325,9 @@ class Worker:
             publisher(self._producer), self._topics, record, consumer=self.worker_id, reason=reason
         )
 
-    async def _serve(self, request: WorkItem) -> None:
+    async def _serve(self, request: WorkItem, taken_ns: int | None = None) -> None:
+        """Runs one request; ``taken_ns``: when this worker took its record (the start of
+        its part of the path to the first token, ``tokenbus.span_path``)."""
         assert self._replies is not None
         replies = self._replies
         started = datetime.now(UTC)
@@ -306,6 +342,7 @@ class Worker:
         finish = FinishReason.ERROR
         error: ErrorInfo | None = None
         deliveries = Deliveries()  # the records of this request's chunks in flight
+        first_reply: asyncio.Future[int] | None = None  # the record of its first chunk
         reply_to = request.reply_to
         tenant_id, request_id, attempt = request.tenant_id, request.request_id, request.attempt
 
@@ -411,9 +448,12 @@ class Worker:
                     continue
                 # Not awaited: the batcher sends this step's chunks of every request
                 # together, in the next loop iteration.
-                deliveries.track(
-                    replies.add(reply_to, chunk(delta.text, delta.token_ids, reason, problem))
+                delivered = replies.add(
+                    reply_to, chunk(delta.text, delta.token_ids, reason, problem)
                 )
+                deliveries.track(delivered)
+                if first_reply is None:
+                    first_reply = delivered
                 seq += 1
                 if reason is not None:
                     finish = reason
@@ -439,7 +479,16 @@ class Worker:
             decode_s = (datetime.now(UTC) - first_token_at).total_seconds()
             itl_s = decode_s / (num_completion - num_at_first)
         await deliveries.wait()
-        self._engine_spans(request, timings, attributes_of(num_prompt, num_completion, num_cached))
+        first_sent_ns = None
+        if first_reply is not None and first_reply.done() and not first_reply.cancelled():
+            first_sent_ns = None if first_reply.exception() else first_reply.result()
+        self._engine_spans(
+            request,
+            timings,
+            attributes_of(num_prompt, num_completion, num_cached),
+            taken_ns,
+            first_sent_ns,
+        )
         await self._report(
             request,
             finish,
@@ -511,25 +560,43 @@ class Worker:
         )
 
     def _engine_spans(
-        self, request: WorkItem, timings: EngineTimings | None, counts: dict[str, int]
+        self,
+        request: WorkItem,
+        timings: EngineTimings | None,
+        counts: dict[str, int],
+        taken_ns: int | None = None,
+        first_sent_ns: int | None = None,
     ) -> None:
         """The engine's queue, prefill and decode, as children of the request's span,
         at the times vLLM's engine core stamped (moved from its monotonic clock to the
-        wall clock spans use)."""
+        wall clock spans use). With ``taken_ns`` and the first reply's send, the path to
+        the first token through this worker (``path_edges``): ``worker.intake``, the
+        engine's queue and prefill, ``worker.emit``."""
         current = get_current_span()
         current.set_attributes(counts)
         if timings is None or not current.is_recording():
             return
         to_wall_ns = time.time_ns() - time.monotonic_ns()
-        edges = (timings.queued, timings.scheduled, timings.first_token, timings.last_token)
+        stamps = [
+            round(t * 1e9) + to_wall_ns
+            for t in (timings.queued, timings.scheduled, timings.first_token, timings.last_token)
+        ]
         attributes = span_attributes(
             tenant=request.tenant_id, request_id=request.request_id, attempt=request.attempt
         )
-        for name, start, end in zip(ENGINE_PHASES, edges, edges[1:], strict=False):
-            span = self._tracer.start_span(
-                name, start_time=int(start * 1e9) + to_wall_ns, attributes=attributes
-            )
-            span.end(end_time=int(max(end, start) * 1e9) + to_wall_ns)
+        phases: list[tuple[str, int, int]]
+        if taken_ns is not None and first_sent_ns is not None:
+            edges = path_edges(taken_ns, stamps[:3], first_sent_ns)
+            phases = list(zip(PATH_PHASES, edges, edges[1:], strict=False))
+            phases.append(("worker.decode", edges[3], max(edges[3], stamps[3])))
+        else:
+            phases = [
+                (name, start, max(start, end))
+                for name, start, end in zip(ENGINE_PHASES, stamps, stamps[1:], strict=False)
+            ]
+        for name, start, end in phases:
+            span = self._tracer.start_span(name, start_time=start, attributes=attributes)
+            span.end(end_time=end)
 
     # -- cancels ---------------------------------------------------------------------------
     async def _follow_cancels(self) -> AIOKafkaConsumer:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pytest
 
 from producers import TokenbusClient
 from schemas import (
@@ -21,6 +22,7 @@ from schemas import (
 )
 from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
+from tokenbus.span_path import path_header
 from tokenbus.topics import Topics, reply_batch_key
 
 
@@ -31,6 +33,7 @@ class Record:
     topic: str = "replies"
     partition: int = 0
     offset: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Consumer:
@@ -201,3 +204,37 @@ async def test_a_quiet_stream_delivers_what_the_read_back_found_at_once(tmp_path
 
 async def _seqs(chunks: AsyncIterator[Chunk]) -> list[int]:
     return [c.seq async for c in chunks]
+
+
+async def test_a_streams_first_reply_record_tells_where_its_path_stood(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    client._producer = Producer()
+    first, later = batch(chunk("r1", 0)), batch(chunk("r1", 1, finish="stop"))
+    first.headers, later.headers = (path_header(111),), (path_header(222),)
+    client._consumer = Consumer([first, later])
+    r1 = request("r1")
+    client.watch("r1", "t")
+    assert client.reply_sent_ns(r1) is None  # nothing read yet
+    await client._route_replies()
+    # The first chunk's record's, not a later one's, and kept past the stream's end (a
+    # short stream may be read to its end before its first chunk is looked at).
+    assert [c.seq async for c in client.stream(r1)] == [0, 1]
+    assert client.reply_sent_ns(r1) == 111
+    assert client.reply_sent_ns(r1) is None  # taken
+
+
+async def test_first_chunk_stamps_nobody_asks_for_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("producers.client.MAX_REPLY_STAMPS", 2)
+    client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
+    client._producer = Producer()
+    records = []
+    for n, request_id in enumerate(("r1", "r2", "r3")):
+        record = batch(chunk(request_id, 0))
+        record.headers = (path_header(100 + n),)
+        records.append(record)
+        client.watch(request_id, "t")
+    client._consumer = Consumer(records)
+    await client._route_replies()
+    assert [client.reply_sent_ns(request(r)) for r in ("r1", "r2", "r3")] == [None, 101, 102]

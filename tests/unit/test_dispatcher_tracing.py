@@ -5,6 +5,7 @@ span under no tenant."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from schemas import WorkItem, decode, encode
@@ -19,7 +20,8 @@ from tests.unit.fakes import (
 )
 from tests.unit.test_dispatcher import heartbeat, request
 from tokenbus.config import Settings
-from tokenbus.tracing import NO_TENANT, Tracing, inject
+from tokenbus.span_path import path_ns
+from tokenbus.tracing import NO_TENANT, Tracing, inject, with_path
 
 
 def traced_dispatcher(tmp_path: Path, recorder: Recorder) -> tuple[Dispatcher, Tracing]:
@@ -42,8 +44,9 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
     dispatcher, tracing = traced_dispatcher(tmp_path, recorder)
     client = Tracing(Settings(), "client")
     headers = service_headers("t")
+    sent_ns = time.time_ns() - 2_000_000  # where the sender's path stood: 2 ms ago
     with client.tracer.start_as_current_span("client.request") as sent:
-        inject(headers)
+        inject(headers, with_path(sent_ns))
     dispatcher.observe_heartbeat(heartbeat())
     loop = asyncio.create_task(dispatcher.run())
     outcome = await dispatcher.handle_request("p", 0, 0, b"t", encode(request(1)), headers)
@@ -60,6 +63,14 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
     assert admit["attributes"]["tokenbus.request_id"] == "r1"
     assert queued["attributes"]["tokenbus.worker"] == "w"
     assert int(queued["start_ns"]) <= int(queued["end_ns"])
+    # The path to the first token: the bus's hop from the sender's stamp to the take,
+    # job.admit, job.queue from admission's end to the forward's send, each from where
+    # the one before ended.
+    hop = spans["bus.request"]
+    assert hop["parent_span_id"] == admit["parent_span_id"]
+    assert hop["attributes"] == {"tokenbus.tenant": "t"}
+    assert (int(hop["start_ns"]), hop["end_ns"]) == (sent_ns, admit["start_ns"])
+    assert admit["end_ns"] == queued["start_ns"]
     # The forward carries job.queue's context: the worker's span is its child.
     (forwarded,) = [
         (decode(WorkItem, value), headers)
@@ -68,6 +79,7 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
     ]
     (traceparent,) = [v.decode() for k, v in forwarded[1] if k == "traceparent"]
     assert traceparent.split("-")[1:3] == [trace_id, queued["span_id"]]
+    assert path_ns(forwarded[1]) == queued["end_ns"]  # the worker's hop starts there
 
 
 async def test_a_refused_request_ends_its_span_with_the_outcome(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ producer: what one request makes on the reply and usage topics, and how it ends.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,10 +27,17 @@ from schemas import (
 )
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
-from tokenbus.tracing import Tracing, inject
+from tokenbus.tracing import Tracing, inject, with_path
 from workers.interface import AdapterRef, EngineDelta, EngineTimings, GenerateParams
 from workers.replies import ReplyBatcher
-from workers.worker import ENGINE_PHASES, Worker, finish_of, ids_digest
+from workers.worker import (
+    ENGINE_PHASES,
+    PATH_PHASES,
+    Worker,
+    finish_of,
+    ids_digest,
+    path_edges,
+)
 
 REPLY_TO = "tokenbus.replies.acme.c1"
 
@@ -46,7 +54,9 @@ class RecordingProducer:
         self.records: list[tuple[str, bytes, bytes]] = []
         self.headers: list[list[tuple[str, bytes]]] = []
 
-    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+    async def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any]:
         self.records.append((topic, key, value))
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(Sent(len(self.records)))
@@ -238,7 +248,8 @@ def test_finish_of_maps_every_reason() -> None:
 
 
 class TimedEngine(ScriptedEngine):
-    """Ends each request with the engine's own times, as vLLM's stats give them."""
+    """Ends each request with the engine's own times, as vLLM's stats give them: queued
+    as the worker hands it over, its first token 2 ms before it reaches the worker."""
 
     async def generate(
         self,
@@ -250,9 +261,10 @@ class TimedEngine(ScriptedEngine):
         cache_salt: str | None = None,
         adapter: AdapterRef | None = None,
     ) -> AsyncIterator[EngineDelta]:
-        now = time.monotonic()
+        start = time.monotonic()
+        await asyncio.sleep(0.020)
         yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=1)
-        timings = EngineTimings(now - 0.030, now - 0.020, now - 0.012, now - 0.002)
+        timings = EngineTimings(start, start + 0.010, start + 0.018, start + 0.028)
         yield EngineDelta(" b", [6], "stop", timings=timings)
 
 
@@ -265,8 +277,9 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     worker._replies = ReplyBatcher(producer)
     job = Tracing(Settings(), "job")
     headers: list[tuple[str, bytes]] = []
+    sent_ns = time.time_ns() - 3_000_000  # the job sent it 3 ms before the worker took it
     with job.tracer.start_as_current_span("job.dispatch") as dispatch:
-        inject(headers)
+        inject(headers, with_path(sent_ns))
     record = ConsumerRecord(
         "tokenbus.worker.w1",
         0,
@@ -304,7 +317,17 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     assert all(p["parent_span_id"] == request["span_id"] for p in phases)
     durations_ms = [(int(p["end_ns"]) - int(p["start_ns"])) / 1e6 for p in phases]
     assert [round(d) for d in durations_ms] == [10, 8, 10]
-    assert int(phases[0]["start_ns"]) >= int(request["start_ns"]) - 40_000_000
+    assert int(phases[0]["start_ns"]) >= int(request["start_ns"])
+    # The path to the first token through the worker: from the bus's hop, whose end is
+    # the request's start, the phases tile up to the first reply record's send.
+    hop = spans["bus.dispatch"]
+    assert hop["parent_span_id"] == request["parent_span_id"]
+    assert int(hop["start_ns"]) == sent_ns and hop["end_ns"] == request["start_ns"]
+    path = [spans[name] for name in PATH_PHASES]
+    assert path[0]["start_ns"] == request["start_ns"]
+    assert all(a["end_ns"] == b["start_ns"] for a, b in itertools.pairwise(path))
+    assert spans["worker.prefill"]["end_ns"] == spans["worker.decode"]["start_ns"]
+    assert int(path[-1]["end_ns"]) >= int(spans["worker.prefill"]["end_ns"])
     # The usage record carries the request's span: billing's row joins the trace.
     (usage_headers,) = [h for h in producer.headers if h]
     (traceparent,) = [v.decode() for k, v in usage_headers if k == "traceparent"]
@@ -338,3 +361,12 @@ async def test_a_request_ends_in_the_metrics_with_its_ttft_and_mean_gap(tmp_path
     assert got[("tokenbus_worker_max_num_seqs", engine)] == 4
     assert ("tokenbus_worker_kv_cache_usage", engine) in got
     assert health == {"status": "ok"}
+
+
+def test_the_workers_path_edges_stay_between_its_take_and_its_first_send() -> None:
+    # In order: the engine's stamps as they are.
+    assert path_edges(100, [110, 120, 130], 140) == [100, 110, 120, 130, 140]
+    # A stamp before the take, or after the send (a clock step between processes):
+    # held at the neighbour, so the phases still tile 100..140 with none negative.
+    assert path_edges(100, [90, 150, 130], 140) == [100, 100, 140, 140, 140]
+    assert path_edges(100, [110, 105, 130], 140) == [100, 110, 110, 130, 140]

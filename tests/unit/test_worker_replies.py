@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from schemas import TokenChunkBatch, decode
 from tokenbus.chunks import Chunk
+from tokenbus.span_path import path_ns
 from workers.replies import ReplyBatcher
 
 
@@ -19,12 +21,16 @@ class FakeProducer:
         self.gate = asyncio.Event()
         self.gate.set()
         self.error: Exception | None = None
+        self.headers: list[list[tuple[str, bytes]]] = []
 
-    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+    async def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any]:
         await self.gate.wait()
         if self.error is not None:
             raise self.error
         self.sent.append((topic, key, decode(TokenChunkBatch, value)))
+        self.headers.append(list(headers or []))
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.acks.append(ack)
         return ack
@@ -58,7 +64,7 @@ async def test_one_engine_step_makes_one_record_per_topic_and_tenant() -> None:
     batcher = ReplyBatcher(producer)
     step = asyncio.Event()  # vLLM's output handler wakes every stream of a step at once
 
-    async def stream(topic: str, request_id: str, tenant: str) -> asyncio.Future[None]:
+    async def stream(topic: str, request_id: str, tenant: str) -> asyncio.Future[int]:
         await step.wait()
         return batcher.add(topic, chunk(request_id, 0, tenant))
 
@@ -176,3 +182,17 @@ async def test_drain_hands_pending_chunks_to_the_producer_at_once() -> None:
     assert producer.layout() == [("c1", b"t", [("r1", 0)])]
     await next_iterations()
     assert len(producer.sent) == 1  # the scheduled flush finds nothing left
+
+
+async def test_a_record_carries_its_send_instant_and_its_chunks_futures_resolve_to_it() -> None:
+    producer = FakeProducer()
+    batcher = ReplyBatcher(producer)
+    before = time.time_ns()
+    first, second = batcher.add("c1", chunk("r1", 0)), batcher.add("c1", chunk("r2", 0))
+    await next_iterations()
+    producer.ack_all()
+    await next_iterations()
+    (headers,) = producer.headers
+    sent_ns = path_ns(headers)
+    assert sent_ns is not None and before <= sent_ns <= time.time_ns()
+    assert first.result() == second.result() == sent_ns  # where the bridge's hop starts
