@@ -36,6 +36,12 @@ nginx, Heroku and the APM agents that read it do: ``t=<epoch>`` in s, ms, µs or
 MAX_REQUEST_START_AGE_NS = 60 * 10**9
 """An ``X-Request-Start`` older than this (or in the future) is not believed."""
 
+MAX_HOP_NS = 3600 * 10**9
+"""A record's ``PATH_HEADER`` more than this before its take is not believed: a producer
+writes that header, so a request topic's record may carry any number; a stamp an hour
+old makes no hop span (the trace shows the record as unstamped) rather than a bar
+reaching back to whatever the producer wrote."""
+
 Clock = Callable[[], int]
 
 
@@ -104,8 +110,9 @@ def hop_span(
     context: Context | None = None,
 ) -> None:
     """A record's way between two services, ``sent_ns`` (its ``PATH_HEADER``) to
-    ``taken_ns`` (its handler's start); nothing when the sender stamped no path."""
-    if sent_ns is None:
+    ``taken_ns`` (its handler's start); nothing when the sender stamped no path or a
+    stamp more than ``MAX_HOP_NS`` old."""
+    if sent_ns is None or taken_ns - sent_ns > MAX_HOP_NS:
         return
     span = tracer.start_span(
         name,

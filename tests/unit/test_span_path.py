@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode, Tracer, set_span_in_context
 
 from tokenbus.span_path import (
+    MAX_HOP_NS,
     MAX_REQUEST_START_AGE_NS,
     PATH_HEADER,
     SpanPath,
@@ -84,6 +85,7 @@ def test_a_hop_spans_the_senders_stamp_to_the_receivers_take() -> None:
     hop_span(tracer, "bus.request", 100, 140, {"tokenbus.tenant": "t"}, context=context)
     hop_span(tracer, "bus.skewed", 150, 140, context=context)
     hop_span(tracer, "bus.unstamped", None, 140, context=context)
+    hop_span(tracer, "bus.ancient", 140 - MAX_HOP_NS - 1, 140, context=context)
     _, hop, skewed = exporter.get_finished_spans()
     assert (hop.name, hop.start_time, hop.end_time) == ("bus.request", 100, 140)
     assert hop.parent is not None and hop.parent.span_id == sender.get_span_context().span_id
