@@ -468,12 +468,7 @@ class Dispatcher:
             return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
         entry = self._ledger.get(*ident)
-        held = self._held(ident)
-        in_memory = held is not None
-        if entry is None and held is not None:
-            # Admitted here and not yet forwarded: its ADMITTED entry is the request this
-            # instance holds (the table gets one record per request, at its forward).
-            entry = Entry(State.ADMITTED, held.reply_to, now + self._settings.request_dedupe_s)
+        in_memory = ident in self._waiting or ident in self._in_flight
         verdict = judge(entry, item.reply_to, now, in_memory=in_memory)
         if verdict in (Verdict.SAME_STREAM, Verdict.DUPLICATE):
             # The id has its run (or its answer): this copy changes nothing, and writes
@@ -608,9 +603,7 @@ class Dispatcher:
             await self._answer_duplicate(item, 0, False)
             return Outcome.DUPLICATE
         self._store.save(window, state)
-        # No ADMITTED record: until its forward, the request is held here (``_held``),
-        # and after a restart its redelivery is admitted again as new, its reservation
-        # already in the window (so not charged twice), as an ADMITTED entry's would be.
+        self._remember(item, State.ADMITTED, now)
         self.metrics.num_admitted += 1
         if item.batch_id is not None:
             self.metrics.num_batch_admitted += 1
@@ -887,14 +880,6 @@ class Dispatcher:
         entry = Entry(state, item.reply_to, expires_at, last_seq)
         self._ledger.put(item.tenant_id, item.request_id, entry)
 
-    def _held(self, ident: Key) -> WorkItem | None:
-        """The request this instance holds under ``ident``, waiting or in flight."""
-        waiting = self._waiting.get(ident)
-        if waiting is not None:
-            return waiting.request
-        flight = self._in_flight.get(ident)
-        return flight.request if flight is not None else None
-
     def _known(self, tenant_id: str, request_id: str) -> bool:
         """Whether the job holds this request, or remembers it: nobody else may answer it."""
         ident = (tenant_id, request_id)
@@ -1070,10 +1055,9 @@ class Dispatcher:
             # job marks its own refusals itself: a refusal of a producer it could not
             # identify must not mark the id of the tenant that producer named.)
             entry = self._ledger.get(*ident)
-            held = self._held(ident)
             done = Entry(
                 State.DONE,
-                entry.reply_to if entry else held.reply_to if held else "",
+                entry.reply_to if entry else "",
                 self._clock.time() + self._settings.request_dedupe_s,
                 usage.last_seq or 0,
             )

@@ -1,6 +1,6 @@
 """One request id, one run: what the job remembers of each request id, per tenant. Pure.
 
-# admitted --> ADMITTED (held in memory) --> forwarded to a worker --> FORWARDED
+# admitted --> ADMITTED --> forwarded to a worker --> FORWARDED
 # its UsageEvent (ok, cancelled, failed; never a refusal) --> DONE, with its last seq
 # the same (tenant, request_id) produced again --> judge() --> Verdict
 
@@ -12,12 +12,6 @@ producer sends a retry under a new id, and billing's key (tenant, session, reque
 attempt) never holds a refusal and a run of one id. A producer the job could not
 identify marks nothing. An entry is forgotten ``request_dedupe_s`` after its last
 change.
-
-The table gets one record per admitted request, at its forward: an ADMITTED request
-is the one the job holds (waiting or in flight), and the job judges it from there. A
-job restarted before the forward admits its redelivery again as new, which is what
-an ADMITTED entry asks for too (``Verdict.RUN``): its reservation is still in the
-window, so it is not charged twice. Tables written before keep ADMITTED entries.
 """
 
 from __future__ import annotations
