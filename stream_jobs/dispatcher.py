@@ -1237,17 +1237,19 @@ class Dispatcher:
         (``seats``), and for class 2 room under its model's batch yield cap."""
         now = self._clock.monotonic()
         num_in_flight, capacity = len(self._in_flight), self._capacity()
-        since_start_s = now - self._started_at
-        learn_fleet_s = self._settings.worker_dead_after_s
-        reserve = self._settings.vip_reserve
-        if has_room(
-            priority,
-            num_in_flight,
-            capacity,
-            reserve,
-            since_start_s=since_start_s,
-            learn_fleet_s=learn_fleet_s,
-        ):
+
+        def seat(num_yielding: int = 0) -> bool:
+            return has_room(
+                priority,
+                num_in_flight,
+                capacity,
+                self._settings.vip_reserve,
+                since_start_s=now - self._started_at,
+                learn_fleet_s=self._settings.worker_dead_after_s,
+                num_yielding=num_yielding,
+            )
+
+        if seat():
             if priority < BATCH_CLASS:
                 return True
             num_batch, cap = self._batch_cap(priority, now)
@@ -1257,15 +1259,7 @@ class Dispatcher:
         # No seat by the count: do batch lines above the yield cap hold some? (Looked at
         # only here, so the common case walks nothing.)
         num_batch, cap = self._batch_cap(priority, now)
-        return has_room(
-            priority,
-            num_in_flight,
-            capacity,
-            reserve,
-            since_start_s=since_start_s,
-            learn_fleet_s=learn_fleet_s,
-            num_yielding=num_yielding(num_batch, cap),
-        )
+        return seat(num_yielding(num_batch, cap))
 
     def _batch_cap(self, priority: int, now: float) -> tuple[int, int | None]:
         """For the model of the head of class ``priority``: its class 2 requests in
