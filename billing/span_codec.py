@@ -16,7 +16,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from schemas import SCHEMA_VERSION, decode
+from billing.strict_codec import decode_strict_first
+from schemas import SCHEMA_VERSION
 from schemas.spans import SpanBatch
 
 # The length bound too: Python's ``$`` (msgspec's) also matches before a final newline.
@@ -55,9 +56,4 @@ _DECODER = msgspec.json.Decoder(SpanBatchRecord)
 
 def decode_spans(raw: bytes | None) -> Spans:
     """One span batch; raises ``schemas.SchemaError`` with the reason if it is not one."""
-    if raw is not None:
-        try:
-            return _DECODER.decode(raw)
-        except msgspec.MsgspecError:
-            pass  # refused by the strict reading: pydantic decides, and says why
-    return decode(SpanBatch, raw)
+    return decode_strict_first(_DECODER, SpanBatch, raw)

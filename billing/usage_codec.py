@@ -26,7 +26,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from schemas import SCHEMA_VERSION, FinishReason, UsageEvent, UsageStatus, decode
+from billing.strict_codec import decode_strict_first
+from schemas import SCHEMA_VERSION, FinishReason, UsageEvent, UsageStatus
 
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """Within what orjson reads as an integer (``schemas.decode`` refuses larger ones)."""
@@ -78,12 +79,7 @@ _DECODER = msgspec.json.Decoder(UsageRecord)
 
 def decode_usage(raw: bytes | None) -> Usage:
     """One usage record; raises ``schemas.SchemaError`` with the reason if it is not one."""
-    if raw is not None:
-        try:
-            return _DECODER.decode(raw)
-        except msgspec.MsgspecError:
-            pass  # refused by the strict reading: pydantic decides, and says why
-    return decode(UsageEvent, raw)
+    return decode_strict_first(_DECODER, UsageEvent, raw)
 
 
 def decode_usages(raws: Sequence[bytes | None]) -> list[UsageRecord] | None:
