@@ -57,13 +57,14 @@ from prometheus_client import generate_latest
 from schemas import encode
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
-from stream_jobs.ledger import Entry
+from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import faust_offsets, job_registry
 from stream_jobs.scaling import create_scaling_policy
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
 from tokenbus.clock import SYSTEM_CLOCK, Clock, OffsetClock
 from tokenbus.config import Settings
+from tokenbus.forwards import KafkaForwardLog
 from tokenbus.kafka import make_consumer
 from tokenbus.metadata import keep_known_topics
 from tokenbus.replies import KafkaReplyLog
@@ -71,6 +72,8 @@ from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
 
 log = logging.getLogger(__name__)
+ADOPT_POLL_S = 0.5
+"""How often the adoption of requests in flight looks whether the tables are recovered."""
 
 
 def _acks(value: int | str) -> int:
@@ -185,13 +188,39 @@ class TableLedger:
 
     def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         self._table[f"{tenant_id}/{request_id}".encode()] = orjson.dumps(entry.to_json())
+        self._note_expiry(tenant_id, request_id, entry)
+
+    def _note_expiry(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         expiries = self._indexed().setdefault(tenant_id, {})
         expiries.pop(request_id, None)  # to the end: the index stays in expiry order
         expiries[request_id] = entry.expires_at
 
+    def put_at(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> None:
+        # Table.__setitem__ without its event: into the store, and to the changelog
+        # partition of the tenant's requests, as a write under their event would go.
+        key, value = f"{tenant_id}/{request_id}".encode(), orjson.dumps(entry.to_json())
+        self._table.data[key] = value
+        self._table.send_changelog(home, key, value)
+        self._note_expiry(tenant_id, request_id, entry)
+
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)
         self._indexed().get(tenant_id, {}).pop(request_id, None)
+
+    def forwarded(self, homes: set[int], now: float) -> list[tuple[str, str, Entry]]:
+        found: list[tuple[str, str, Entry]] = []
+        for key, value in list(self._table.items()):
+            entry = Entry.from_json(orjson.loads(value))
+            forward = entry.forward
+            if (
+                entry.state is State.FORWARDED
+                and forward is not None
+                and forward.home in homes
+                and entry.expires_at > now
+            ):
+                tenant, _, request_id = key.decode().partition("/")
+                found.append((tenant, request_id, entry))
+        return found
 
     def sweep(self, tenant_id: str, now: float) -> None:
         expiries = self._indexed().get(tenant_id)
@@ -423,6 +452,7 @@ def create_app(settings: Settings) -> faust.App:
         *(table(name) for name in ("budget-spend", "budget-reservations", "budget-fired"))
     )
     assigned: list[bool] = []
+    to_adopt = asyncio.Event()
 
     def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         store.forget()
@@ -432,6 +462,7 @@ def create_app(settings: Settings) -> faust.App:
     def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         on_partitions_moved(sender, *args, signal=signal, **kwargs)
         assigned[:] = [True]
+        to_adopt.set()
 
     # mode's handler type (mypy_extensions' NamedArg) matches no plain def.
     app.on_partitions_revoked.connect(on_partitions_moved)  # type: ignore[arg-type]
@@ -465,6 +496,7 @@ def create_app(settings: Settings) -> faust.App:
                 clock=clock,
                 spend=spend,
                 tracer=tracing.tracer,
+                forwards=KafkaForwardLog(settings),
             )
         return state["dispatcher"]
 
@@ -580,6 +612,34 @@ def create_app(settings: Settings) -> faust.App:
     async def dispatch_loop() -> None:
         await dispatcher().run()
 
+    def recovered() -> bool:
+        return (
+            not app.rebalancing
+            and not app.in_recovery
+            and getattr(app.tables, "recovery").completed.is_set()  # noqa: B009 (untyped)
+        )
+
+    @app.task
+    async def adopt_in_flight() -> None:
+        # After each assignment, once its tables are recovered: the requests forwarded
+        # for these partitions (by an earlier run, or the instance that held them) are
+        # this instance's to watch (``Dispatcher.take_partitions``). A failed try is
+        # logged and made again.
+        requests = set(topics.all_requests)
+        while True:
+            await to_adopt.wait()
+            if not recovered():
+                await asyncio.sleep(ADOPT_POLL_S)
+                continue
+            to_adopt.clear()
+            homes = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic in requests}
+            try:
+                await dispatcher().take_partitions(homes)
+            except Exception:
+                log.exception("could not adopt the requests in flight; trying again")
+                await asyncio.sleep(ADOPT_POLL_S)
+                to_adopt.set()
+
     @app.task
     async def publish_load() -> None:
         # Every instance reports what it holds, keyed by model; a lost report is
@@ -658,12 +718,7 @@ def create_app(settings: Settings) -> faust.App:
     async def healthz(web: Any, request: Any) -> Any:
         """200 once this instance holds its share of the group's partitions and has
         recovered its tables; 503 while it joins, rebalances or recovers."""
-        ready = (
-            bool(assigned)
-            and not app.rebalancing
-            and not app.in_recovery
-            and getattr(app.tables, "recovery").completed.is_set()  # noqa: B009 (untyped)
-        )
+        ready = bool(assigned) and recovered()
         return web.json({"ready": ready}, status=200 if ready else 503)
 
     registry = job_registry(

@@ -89,7 +89,7 @@ from stream_jobs.affinity import SessionAffinity
 from stream_jobs.batch_yield import create_batch_yield, num_yielding
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
-from stream_jobs.ledger import Entry, Ledger, State, Verdict, judge
+from stream_jobs.ledger import Entry, Forward, Ledger, State, Verdict, judge
 from stream_jobs.load import LoadTracker, load_report
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
@@ -157,6 +157,15 @@ class ReplyLog(Protocol):
     ) -> Awaitable[list[Chunk]]: ...
 
 
+class ForwardLog(Protocol):
+    """Reads back records the job forwarded to workers (see ``tokenbus.forwards``): the
+    value at each (topic, partition, offset) that still holds one."""
+
+    def read(
+        self, places: list[tuple[str, int, int]]
+    ) -> Awaitable[dict[tuple[str, int, int], bytes]]: ...
+
+
 def _header_pairs(headers: Headers) -> list[tuple[str, bytes]]:
     if not headers:
         return []
@@ -199,6 +208,8 @@ class _Waiting:
     """The same instant on the wall clock, in ns: its ``job.queue`` span starts here."""
     trace: Context | None = None
     """The request's ``job.admit`` span (or, resent, its previous attempt's trace)."""
+    home: int | None = None
+    """The partition of the tenant's requests it came in on: its ledger entry's."""
 
 
 @dataclass
@@ -219,6 +230,8 @@ class _InFlight:
     cancelled: bool = False
     trace: Context | None = None
     """Its trace, so that an attempt sent again after a worker loss joins it."""
+    home: int | None = None
+    """The partition of the tenant's requests (its ledger entry's)."""
 
     @property
     def worker(self) -> tuple[str | None, str | None]:
@@ -251,6 +264,10 @@ class DispatchMetrics:
     num_redispatched: int = 0
     num_resumed: int = 0
     num_recovered_finished: int = 0
+    num_adopted: int = 0
+    """Requests in flight that an earlier run of the job (or another instance) forwarded."""
+    num_adoptions_failed: int = 0
+    """FORWARDED ledger entries whose forwarded copy could not be read back."""
     num_affine: int = 0
     num_adapter_affine: int = 0
     """Adapter requests sent to a worker that already held their adapter."""
@@ -297,7 +314,9 @@ class Dispatcher:
         spend: SpendStore | None = None,
         pricer: Pricer | None = None,
         tracer: Tracer | None = None,
+        forwards: ForwardLog | None = None,
     ) -> None:
+        """``forwards``: reads back forwarded requests, for ``adopt``."""
         self._settings = settings
         self._publish = publish
         self._tracer = tracer or NoOpTracer()
@@ -313,6 +332,9 @@ class Dispatcher:
         self._queue: FairQueue[_Waiting] = FairQueue()
         self._waiting: dict[Key, _Waiting] = {}
         self._in_flight: dict[Key, _InFlight] = {}
+        self._forwards = forwards
+        self._orphans: dict[Key, float] = {}
+        """Adopted requests whose worker run was not seen live yet: since when."""
         self._routing = RoutingWeights(
             kv=settings.route_weight_kv,
             queue=settings.route_weight_queue,
@@ -608,7 +630,7 @@ class Dispatcher:
         if item.batch_id is not None:
             self.metrics.num_batch_admitted += 1
 
-        waiting = self._new_waiting(item)
+        waiting = self._new_waiting(item, home=partition)
         self._enqueue(waiting, priority, tenant.weight, num_prompt)
         return Admitted(waiting)
 
@@ -618,11 +640,9 @@ class Dispatcher:
         tenant's partition."""
         item = admitted.waiting.request
         outcome = await admitted.waiting.done
-        if outcome is Outcome.FORWARDED:
-            self._remember(item, State.FORWARDED, self._clock.time())
-        else:  # cancelled while waiting, or refused (no worker): answered
+        # A forward is in the ledger already (``_send``), with where it runs.
+        if outcome is not Outcome.FORWARDED:  # cancelled while waiting, or refused: answered
             self._remember(item, State.DONE, self._clock.time(), last_seq=item.resume_seq)
-        if outcome is not Outcome.FORWARDED:
             # Never ran: give the tenant its reservation back (in this agent's context).
             window = window_key(item.tenant_id, item.batch_id)
             state = self._store.load(window)
@@ -1175,6 +1195,8 @@ class Dispatcher:
         now = self._clock.monotonic()
         for run in self._registry.reap(now):
             self._recover_from(run)
+        if self._orphans:
+            self._watch_orphans(now)
         while (priority := self._queue.peek_priority()) is not None:
             if not self._has_room(priority):
                 break
@@ -1325,15 +1347,35 @@ class Dispatcher:
         headers: list[tuple[str, bytes]] = []
         inject(headers, with_path(sent_ns, set_span_in_context(queued)))
         try:
-            await self._publish(topic, forwarded.tenant_id.encode(), encode(forwarded), headers)
+            sent = await self._publish(
+                topic, forwarded.tenant_id.encode(), encode(forwarded), headers
+            )
         except Exception:
             self._in_flight.pop((forwarded.tenant_id, forwarded.request_id), None)
             queued.set_status(StatusCode.ERROR, "not forwarded")
             queued.end()
             raise
         queued.end(end_time=sent_ns)
+        self._note_forward(forwarded, waiting.home, sent)
         self.metrics.num_dispatched += 1
         return Outcome.FORWARDED
+
+    def _note_forward(self, forwarded: WorkItem, home: int | None, sent: Any) -> None:
+        """FORWARDED in the ledger, with where it runs (the record's place, from the
+        broker's acknowledgement), before its event may be acked: so a job started later
+        adopts it. Written to the tenant's partition, as this runs outside its event."""
+        offset = getattr(sent, "offset", None)
+        forward = (
+            Forward(home, sent.topic, sent.partition, offset)
+            if home is not None and isinstance(offset, int)
+            else None
+        )
+        expires_at = self._clock.time() + self._settings.request_dedupe_s
+        entry = Entry(State.FORWARDED, forwarded.reply_to, expires_at, 0, forward)
+        if home is None:
+            self._ledger.put(forwarded.tenant_id, forwarded.request_id, entry)
+        else:
+            self._ledger.put_at(home, forwarded.tenant_id, forwarded.request_id, entry)
 
     def _pick(self, waiting: _Waiting) -> _Picked | None:
         """Chooses the worker and counts the request in flight there, without awaiting,
@@ -1362,7 +1404,9 @@ class Dispatcher:
                 "dispatched_at": datetime.fromtimestamp(self._clock.time(), UTC),
             }
         )
-        self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(forwarded)
+        self._in_flight[(request.tenant_id, request.request_id)] = _InFlight(
+            forwarded, home=waiting.home
+        )
         self._registry.note_dispatch(worker.status.worker_id, adapter, now)
         self._affinity.note(session, worker.status.worker_id)
         samples = self.metrics.queue_ms_by_class[request.priority]
@@ -1379,9 +1423,102 @@ class Dispatcher:
         log.warning("worker %s (run %s) is gone with %d requests", run[0], run[1], len(lost))
         self._affinity.forget_worker(run[0])
         for flight in lost:
-            task = asyncio.create_task(self._recover(flight))
-            self._recoveries.add(task)
-            task.add_done_callback(self._recoveries.discard)
+            self._start_recovery(flight)
+
+    def _start_recovery(self, flight: _InFlight) -> None:
+        self._orphans.pop((flight.request.tenant_id, flight.request.request_id), None)
+        task = asyncio.create_task(self._recover(flight))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    # -- adoption -------------------------------------------------------------------------
+    async def take_partitions(self, homes: set[int]) -> int:
+        """This instance now holds partitions ``homes`` of the request topics (after a
+        start or a rebalance, once their tables are recovered). Requests in flight for
+        other partitions are forgotten: their new holder adopts them, and their usage
+        no longer comes here. Requests forwarded for ``homes`` that this instance does
+        not hold are adopted (``adopt``). Returns how many were adopted."""
+        given_away = [
+            ident
+            for ident, flight in self._in_flight.items()
+            if flight.home is not None and flight.home not in homes
+        ]
+        for ident in given_away:
+            del self._in_flight[ident]
+            self._orphans.pop(ident, None)
+        if given_away:
+            log.info("%d requests in flight are another instance's now", len(given_away))
+            self._update_tier()
+            self._wake.set()
+        return await self.adopt(homes)
+
+    async def adopt(self, homes: set[int]) -> int:
+        """Takes over the requests the ledger says were forwarded for partitions
+        ``homes``, and that this instance does not hold: those of an earlier run of the
+        job, or of the instance that held these partitions. Each is read back from its
+        worker's topic and is in flight here again, on the run it was sent to. A run not
+        seen live within ``worker_dead_after_s`` of the adoption is gone, and its
+        requests are sent again as after any worker loss (``_watch_orphans``)."""
+        if self._forwards is None:
+            return 0
+        found = [
+            (ident, entry.forward)
+            for tenant, request_id, entry in self._ledger.forwarded(homes, self._clock.time())
+            if entry.forward is not None
+            and (ident := (tenant, request_id)) not in self._in_flight
+            and ident not in self._waiting
+        ]
+        if not found:
+            return 0
+        values = await self._forwards.read([fw.place for _, fw in found])
+        since = self._clock.monotonic()
+        num_adopted = 0
+        for ident, forward in found:
+            entry = self._ledger.get(*ident)
+            if (
+                entry is None
+                or entry.state is not State.FORWARDED
+                or entry.forward != forward
+                or ident in self._in_flight
+                or ident in self._waiting
+            ):
+                continue  # it finished, or was sent again, while the records were read
+            item = _forwarded_copy(values.get(forward.place), ident)
+            if item is None:
+                self.metrics.num_adoptions_failed += 1
+                log.error(
+                    "cannot adopt %s/%s: %s[%d] holds no forwarded copy of it at offset %d",
+                    *ident, forward.topic, forward.partition, forward.offset,
+                )  # fmt: skip
+                continue
+            self._in_flight[ident] = _InFlight(item, home=forward.home)
+            self._orphans[ident] = since
+            num_adopted += 1
+        self.metrics.num_adopted += num_adopted
+        if num_adopted:
+            log.info("adopted %d requests in flight for partitions %s", num_adopted, sorted(homes))
+            self._update_tier()
+            self._wake.set()
+        return num_adopted
+
+    def _watch_orphans(self, now: float) -> None:
+        """Each adopted request whose worker run is seen live is the registry's to
+        watch from then on; one whose run is not seen within ``worker_dead_after_s`` of
+        its adoption is on a run that is gone (it died while nobody held the request)."""
+        for ident, since in list(self._orphans.items()):
+            flight = self._in_flight.get(ident)
+            if flight is None:
+                del self._orphans[ident]
+                continue
+            worker_id, incarnation = flight.worker
+            view = self._registry.get(worker_id) if worker_id is not None else None
+            if view is not None and view.key == (worker_id, incarnation):
+                del self._orphans[ident]
+            elif now - since >= self._settings.worker_dead_after_s:
+                log.warning(
+                    "adopted %s/%s: its worker %s (run %s) is gone", *ident, worker_id, incarnation
+                )
+                self._start_recovery(flight)
 
     async def _recover(self, flight: _InFlight) -> None:
         request = flight.request
@@ -1438,7 +1575,7 @@ class Dispatcher:
             progress.next_seq,
             len(progress.token_ids),
         )
-        waiting = self._new_waiting(again, flight.trace)
+        waiting = self._new_waiting(again, flight.trace, home=flight.home)
         if again.priority == BATCH_CLASS and not self._capacity():
             # A batch line with no live worker left waits in the queue for one, and its
             # stream resumes there (one stream, billed once), rather than fail.
@@ -1457,11 +1594,13 @@ class Dispatcher:
             )
         self._wake.set()
 
-    def _new_waiting(self, request: WorkItem, trace: Context | None = None) -> _Waiting:
+    def _new_waiting(
+        self, request: WorkItem, trace: Context | None = None, *, home: int | None
+    ) -> _Waiting:
         """A request about to be queued, stamped on both readings of the clock."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         queued_ns = self._wall_ns()
-        return _Waiting(request, future, self._clock.monotonic(), queued_ns, trace)
+        return _Waiting(request, future, self._clock.monotonic(), queued_ns, trace, home)
 
     def _wall_ns(self) -> int:
         return round(self._clock.time() * 1e9)
@@ -1565,6 +1704,17 @@ class Dispatcher:
             self._publish(request.reply_to, reply_batch_key(request.tenant_id), encode(batch)),
             self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage)),
         )
+
+
+def _forwarded_copy(value: bytes | None, ident: Key) -> WorkItem | None:
+    """The WorkItem a worker topic's record holds, if it is the one of ``ident``."""
+    if value is None:
+        return None
+    try:
+        item = decode(WorkItem, value)
+    except SchemaError:
+        return None
+    return item if (item.tenant_id, item.request_id) == ident else None
 
 
 def _retrieved(done: asyncio.Future[Outcome]) -> None:

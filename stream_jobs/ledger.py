@@ -3,6 +3,7 @@
 # admitted --> ADMITTED --> forwarded to a worker --> FORWARDED
 # its UsageEvent (ok, cancelled, failed; never a refusal) --> DONE, with its last seq
 # the same (tenant, request_id) produced again --> judge() --> Verdict
+# a job (re)started, or given partitions --> FORWARDED entries --> adopted (Forward)
 
 Producers retry, and the bundled broker has no idempotent producers, so the same
 request can arrive twice. Entries live in a changelog-backed table keyed
@@ -12,6 +13,13 @@ producer sends a retry under a new id, and billing's key (tenant, session, reque
 attempt) never holds a refusal and a run of one id. A producer the job could not
 identify marks nothing. An entry is forgotten ``request_dedupe_s`` after its last
 change.
+
+A FORWARDED entry says where the request runs (``Forward``): the record the job
+forwarded, on its worker's topic, which holds the copy the worker runs. The job keeps
+its requests in flight in memory, and a job that restarts (or that is given another
+instance's partitions) would otherwise not know them: were their worker lost later, no
+one would send them again. So the job adopts every FORWARDED entry of the partitions it
+is given, reading the forwarded copies back, and watches their worker runs as its own.
 """
 
 from __future__ import annotations
@@ -29,19 +37,48 @@ class State(StrEnum):
 
 
 @dataclass(frozen=True)
+class Forward:
+    """Where a forwarded request runs: the record the job produced on its worker's topic
+    (``topic``, ``partition``, ``offset``), and ``home``, the partition of the tenant's
+    requests, whose changelog partition holds the entry."""
+
+    home: int
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def place(self) -> tuple[str, int, int]:
+        """The forwarded record's (topic, partition, offset)."""
+        return (self.topic, self.partition, self.offset)
+
+    def to_json(self) -> list[Any]:
+        return [self.home, self.topic, self.partition, self.offset]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> Forward:
+        home, topic, partition, offset = data
+        return cls(int(home), str(topic), int(partition), int(offset))
+
+
+@dataclass(frozen=True)
 class Entry:
     state: State
     reply_to: str
     expires_at: float
     last_seq: int = 0
+    forward: Forward | None = None
+    """Set while FORWARDED: where the request runs."""
 
     def to_json(self) -> list[Any]:
-        return [self.state.value, self.reply_to, self.expires_at, self.last_seq]
+        data = [self.state.value, self.reply_to, self.expires_at, self.last_seq]
+        return data if self.forward is None else [*data, self.forward.to_json()]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> Entry:
-        state, reply_to, expires_at, last_seq = data
-        return cls(State(state), reply_to, float(expires_at), int(last_seq))
+        state, reply_to, expires_at, last_seq, *rest = data
+        forward = Forward.from_json(rest[0]) if rest and rest[0] is not None else None
+        return cls(State(state), reply_to, float(expires_at), int(last_seq), forward)
 
 
 class Verdict(Enum):
@@ -75,10 +112,21 @@ class Ledger(Protocol):
 
     def get(self, tenant_id: str, request_id: str) -> Entry | None: ...
 
-    def put(self, tenant_id: str, request_id: str, entry: Entry) -> None: ...
+    def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
+        """Written on the partition of the event being handled (the tenant's)."""
+        ...
+
+    def put_at(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> None:
+        """Written on partition ``home`` (the tenant's): for writes outside its events."""
+        ...
 
     def drop(self, tenant_id: str, request_id: str) -> None: ...
 
     def sweep(self, tenant_id: str, now: float) -> None:
         """Forgets the tenant's expired entries."""
+        ...
+
+    def forwarded(self, homes: set[int], now: float) -> list[tuple[str, str, Entry]]:
+        """(tenant, request_id, entry) of each live FORWARDED entry whose ``home`` is
+        one of ``homes``: the requests running for those partitions."""
         ...

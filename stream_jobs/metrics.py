@@ -54,6 +54,8 @@ _COUNTERS = {
     "num_redispatched": "requests sent again after a lost worker",
     "num_resumed": "streams resumed on another worker",
     "num_recovered_finished": "finished requests whose UsageEvent the job wrote on recovery",
+    "num_adopted": "requests in flight adopted from an earlier run or another instance",
+    "num_adoptions_failed": "forwarded requests whose copy could not be read back to adopt",
     "num_affine": "requests sent to their session's last worker",
     "num_adapter_affine": "adapter requests sent to a worker holding their adapter",
     "num_batch_admitted": "batch lines admitted by their tenant's batch budget",

@@ -213,6 +213,57 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
         await fleet.revive(victim)
 
 
+async def test_a_worker_lost_while_the_job_is_down_resumes_its_stream_once_the_job_is_back(
+    fleet_client: TokenbusClient, fleet: Stack
+) -> None:
+    # The job forgets what it holds in memory when it dies; the ledger says where each
+    # forwarded request runs, so the restarted job adopts the stream, sees its worker
+    # gone, and sends it on from the tokens delivered.
+    settings = fleet.settings
+    greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+    opener = await fleet_client.submit(tenant_id="adopt", prompt="hello")
+    await _drain(fleet_client, opener)
+    rows = await eventually(
+        lambda: _usage(settings, request_ids=[opener.request_id]), until=lambda r: len(r) == 1
+    )
+    victim = rows[0]["worker_id"]
+    request = await fleet_client.submit(
+        tenant_id="adopt",
+        prompt="Go on after the job comes back. " * 8,
+        sampling=greedy,
+        session_id=opener.session_id,
+    )
+    chunks: list[TokenChunk] = []
+    revived: asyncio.Task[None] | None = None
+    try:
+        async for chunk in fleet_client.stream(request):
+            chunks.append(chunk)
+            if revived is None and sum(c.num_tokens for c in chunks) >= 40:
+                await fleet.kill("stream_job")
+                await fleet.kill(victim)  # dies while no job holds its request
+                revived = asyncio.create_task(fleet.revive("stream_job", timeout_s=180))
+        assert revived is not None, "the stream ended before the kills"
+        await revived
+        assert [c.seq for c in chunks] == list(range(len(chunks)))  # gapless, no repeats
+        assert chunks[-1].error is None and chunks[-1].finish_reason == "length"
+        assert sum(c.num_tokens for c in chunks) == greedy.max_tokens
+        resumed = await eventually(lambda: _resume_line(fleet, request.request_id), timeout_s=10)
+        assert resumed is not None and resumed[0] != victim
+        rows = await eventually(
+            lambda: _usage(settings, request_ids=[request.request_id]),
+            until=lambda r: len(r) == 1,
+        )
+        (row,) = rows
+        assert row["attempt"] == 1 and "resumed" in row["flags"]
+        assert row["completion_tokens"] == greedy.max_tokens  # billed once, all of it
+        job_log = fleet.service("stream_job").log_path.read_text(errors="replace")
+        assert re.search(r"adopted \d+ requests in flight", job_log), "no adoption logged"
+    finally:
+        if revived is not None and not revived.done():
+            await revived
+        await fleet.revive(victim)
+
+
 def _resume_line(fleet: Stack, request_id: str) -> tuple[str, int, str, int, str] | None:
     """The worker that resumed the request, and the counts and digests it logged of the
     prompt ids and the delivered ids it resumed from."""

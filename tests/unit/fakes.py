@@ -5,11 +5,12 @@ clock the test moves."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from schemas import TokenChunk, TokenChunkBatch, WorkItem, decode
-from stream_jobs.ledger import Entry
+from stream_jobs.ledger import Entry, State
 from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
 from tokenbus.tenants import TenantDirectory
@@ -53,8 +54,18 @@ class MemoryWindowStore:
         pass
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A broker's acknowledgement of one record: where it was written."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
 class Recorder:
-    """The publisher: every (topic, key, value) produced, in order."""
+    """The publisher: every (topic, key, value) produced, in order. Each record is
+    acknowledged at partition 0, its offset its place in that order."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes]] = []
@@ -66,9 +77,10 @@ class Recorder:
         key: bytes,
         value: bytes,
         headers: Sequence[tuple[str, bytes]] | None = None,
-    ) -> None:
+    ) -> Sent:
         self.sent.append((topic, key, value))
         self.headers.append(list(headers or ()))
+        return Sent(topic, 0, len(self.sent) - 1)
 
     def on(self, topic: str) -> list[bytes]:
         return [value for t, _, value in self.sent if t == topic]
@@ -100,6 +112,24 @@ class Replies:
         ]
 
 
+class Forwards:
+    """The workers' topics, as a job adopting requests reads them back (``ForwardLog``):
+    the recorded records, at the offsets ``Recorder`` acknowledged."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.reads: list[list[tuple[str, int, int]]] = []
+
+    async def read(self, places: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
+        self.reads.append(list(places))
+        sent = self._recorder.sent
+        return {
+            (topic, partition, offset): sent[offset][2]
+            for topic, partition, offset in places
+            if partition == 0 and offset < len(sent) and sent[offset][0] == topic
+        }
+
+
 class MemoryLedger:
     """``stream_jobs.ledger.Ledger`` in a dict keyed (tenant, request_id)."""
 
@@ -112,8 +142,21 @@ class MemoryLedger:
     def put(self, tenant_id: str, request_id: str, entry: Entry) -> None:
         self.entries[(tenant_id, request_id)] = entry
 
+    def put_at(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> None:
+        self.entries[(tenant_id, request_id)] = entry
+
     def drop(self, tenant_id: str, request_id: str) -> None:
         self.entries.pop((tenant_id, request_id), None)
+
+    def forwarded(self, homes: set[int], now: float) -> list[tuple[str, str, Entry]]:
+        return [
+            (tenant, request_id, entry)
+            for (tenant, request_id), entry in self.entries.items()
+            if entry.state is State.FORWARDED
+            and entry.forward is not None
+            and entry.forward.home in homes
+            and entry.expires_at > now
+        ]
 
     def sweep(self, tenant_id: str, now: float) -> None:
         for key, entry in list(self.entries.items()):

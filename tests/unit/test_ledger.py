@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from stream_jobs.ledger import Entry, State, Verdict, judge
+from stream_jobs.ledger import Entry, Forward, State, Verdict, judge
 
 NOW = 1_000.0
 MINE = "tokenbus.replies.t.c1"
@@ -68,3 +68,12 @@ def test_no_entry(in_memory: bool, expected: Verdict, reply_to: str) -> None:
 def test_an_entry_round_trips_through_its_table_form(state: State) -> None:
     entry = Entry(state, MINE, expires_at=NOW + 0.5, last_seq=12)
     assert Entry.from_json(entry.to_json()) == entry
+
+
+def test_a_forwarded_entry_keeps_where_it_runs_and_older_entries_still_read() -> None:
+    forward = Forward(home=3, topic="tokenbus.worker.w", partition=1, offset=42)
+    entry = Entry(State.FORWARDED, "r", 1.5, 0, forward)
+    assert Entry.from_json(entry.to_json()) == entry
+    assert entry.forward is not None and entry.forward.place == ("tokenbus.worker.w", 1, 42)
+    # An entry written before entries said where they run: no forward, not adopted.
+    assert Entry.from_json(["forwarded", "r", 1.5, 0]) == Entry(State.FORWARDED, "r", 1.5, 0)
