@@ -1370,12 +1370,23 @@ class Dispatcher:
             if home is not None and isinstance(offset, int)
             else None
         )
+        self._put_entry(forwarded, home, State.FORWARDED, forward=forward)
+
+    def _put_entry(
+        self,
+        request: WorkItem,
+        home: int | None,
+        state: State,
+        last_seq: int = 0,
+        forward: Forward | None = None,
+    ) -> None:
+        """A ledger write outside the request's event: on its tenant's partition."""
         expires_at = self._clock.time() + self._settings.request_dedupe_s
-        entry = Entry(State.FORWARDED, forwarded.reply_to, expires_at, 0, forward)
+        entry = Entry(state, request.reply_to, expires_at, last_seq, forward)
         if home is None:
-            self._ledger.put(forwarded.tenant_id, forwarded.request_id, entry)
+            self._ledger.put(request.tenant_id, request.request_id, entry)
         else:
-            self._ledger.put_at(home, forwarded.tenant_id, forwarded.request_id, entry)
+            self._ledger.put_at(home, request.tenant_id, request.request_id, entry)
 
     def _pick(self, waiting: _Waiting) -> _Picked | None:
         """Chooses the worker and counts the request in flight there, without awaiting,
@@ -1582,7 +1593,11 @@ class Dispatcher:
             self._requeue(waiting)
             return
         try:
-            await self._dispatch(waiting)
+            if await self._dispatch(waiting) is Outcome.REFUSED:
+                # Answered no_worker: a refusal marks no ledger entry on its way back
+                # (``observe_usage``), so the job marks it, or a later job would adopt
+                # and run it.
+                self._put_entry(again, flight.home, State.DONE, again.resume_seq)
         except Exception:
             log.exception("could not send %s again", request.request_id)
             self._in_flight.pop(ident, None)

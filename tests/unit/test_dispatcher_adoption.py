@@ -194,3 +194,21 @@ async def test_requests_of_partitions_given_away_are_forgotten(
     assert await first.take_partitions({1}) == 0
     assert not first._in_flight and first.metrics.num_in_flight == 0
     loop.cancel()
+
+
+async def test_a_request_refused_when_sent_again_is_done_and_never_adopted(
+    settings: Settings, clock: ManualClock
+) -> None:
+    recorder, ledger = Recorder(), MemoryLedger()
+    first = job(settings, recorder, ledger, clock)
+    first.observe_heartbeat(heartbeat(capacity=8))
+    loop = asyncio.create_task(first.run())
+    assert await (await admit(first, request(1))) is Outcome.FORWARDED
+    clock.advance(0.31)  # its only worker is lost: an interactive request is refused
+    await until(lambda: any(c.error for c in recorder.chunks_on(REPLIES)))
+    (refusal,) = [c for c in recorder.chunks_on(REPLIES) if c.error]
+    assert refusal.error is not None and refusal.error.code == "no_worker"
+    entry = ledger.get("t", "r1")
+    assert entry is not None and entry.state is State.DONE
+    loop.cancel()
+    assert await job(settings, recorder, ledger, clock).adopt({0}) == 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import orjson
+
 from stream_jobs.app import TableLedger, TableSpendStore, _expired
 from stream_jobs.budgets import Reservation
-from stream_jobs.ledger import Entry, State
+from stream_jobs.ledger import Entry, Forward, State
 
 
 def test_expired_takes_the_expired_head_of_an_index_in_expiry_order() -> None:
@@ -74,3 +76,35 @@ def test_the_spend_store_forgets_settled_reservations_in_expiry_order() -> None:
     assert store.reservation("acme", "a") is not None
     assert store.reservation("acme", "b") is None
     assert store.reservation("acme", "c") is not None  # not settled: never swept
+
+
+class ChangelogTable(dict[bytes, bytes]):
+    """A Faust table's store, and the changelog records sent to explicit partitions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, bytes, bytes]] = []
+
+    @property
+    def data(self) -> ChangelogTable:
+        return self
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes) -> None:
+        self.sent.append((partition, key, value))
+
+
+def test_a_forward_is_written_to_its_tenant_s_partition_and_found_again_by_it() -> None:
+    table = ChangelogTable()
+    ledger = TableLedger(cast(Any, table))
+    on_3 = Entry(State.FORWARDED, "replies", 50.0, 0, Forward(3, "tokenbus.worker.w", 0, 7))
+    on_1 = Entry(State.FORWARDED, "replies", 50.0, 0, Forward(1, "tokenbus.worker.w", 0, 8))
+    ledger.put_at(3, "acme", "a", on_3)
+    ledger.put_at(1, "globex", "g", on_1)
+    assert [(p, k) for p, k, _ in table.sent] == [(3, b"acme/a"), (1, b"globex/g")]
+    assert ledger.get("acme", "a") == on_3
+    table[b"acme/done"] = orjson.dumps(entry(50.0).to_json())
+    table[b"acme/old"] = orjson.dumps(Entry(State.FORWARDED, "replies", 50.0).to_json())
+    assert TableLedger(cast(Any, table)).forwarded({3}, now=10.0) == [("acme", "a", on_3)]
+    assert ledger.forwarded({1, 3}, now=60.0) == []  # expired
+    ledger.sweep("acme", now=60.0)
+    assert ledger.get("acme", "a") is None  # put_at entries are swept like any other
