@@ -8,8 +8,9 @@
 # aborts topic (every partition, no group): checked cancels --> CancelBook --> Engine.abort
 
 Delivery: the dispatcher, not this consumer's offsets, owns every request until its
-UsageEvent arrives (across its own restarts too: its ledger says where each runs). Each run of a worker has its own incarnation id, sent in every
-heartbeat and stamped by the dispatcher on what it forwards. A run starts reading its
+UsageEvent arrives (across its own restarts too: its ledger says where each runs).
+Each run of a worker has its own incarnation id, sent in every heartbeat and stamped
+by the dispatcher on what it forwards. A run starts reading its
 topic at the end and skips requests addressed to another run: when a run is lost, the
 dispatcher sends its unfinished requests again (resuming their streams), so replaying
 them here would run them twice. Nothing is committed, and a crash loses nothing the
