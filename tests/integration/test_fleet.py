@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from billing.reader import open_reader
 from billing.traces import TRACE_SQL
 from producers import TokenbusClient
-from schemas import ChatMessage, SamplingParams, TokenChunk
+from schemas import ChatMessage, InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.conftest import eventually
 from tests.integration.fleet import (
     EXTRA_SEATS,
@@ -142,17 +142,7 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
     settings = fleet.settings
     prompt = "Resume this stream where it stopped. " * 8
     greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
-
-    # Which worker will serve the long request: its session's earlier turn tells.
-    opener = await fleet_client.submit(tenant_id="resume", prompt="hello")
-    await _drain(fleet_client, opener)
-    rows = await eventually(
-        lambda: _usage(settings, request_ids=[opener.request_id]), until=lambda r: len(r) == 1
-    )
-    victim = rows[0]["worker_id"]
-    request = await fleet_client.submit(
-        tenant_id="resume", prompt=prompt, sampling=greedy, session_id=opener.session_id
-    )
+    request, victim = await _long_turn(fleet_client, settings, "resume", prompt, greedy)
     chunks: list[TokenChunk] = []
     killed_after = 0
     async for chunk in fleet_client.stream(request):
@@ -221,18 +211,8 @@ async def test_a_worker_lost_while_the_job_is_down_resumes_its_stream_once_the_j
     # gone, and sends it on from the tokens delivered.
     settings = fleet.settings
     greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
-    opener = await fleet_client.submit(tenant_id="adopt", prompt="hello")
-    await _drain(fleet_client, opener)
-    rows = await eventually(
-        lambda: _usage(settings, request_ids=[opener.request_id]), until=lambda r: len(r) == 1
-    )
-    victim = rows[0]["worker_id"]
-    request = await fleet_client.submit(
-        tenant_id="adopt",
-        prompt="Go on after the job comes back. " * 8,
-        sampling=greedy,
-        session_id=opener.session_id,
-    )
+    prompt = "Go on after the job comes back. " * 8
+    request, victim = await _long_turn(fleet_client, settings, "adopt", prompt, greedy)
     chunks: list[TokenChunk] = []
     revived: asyncio.Task[None] | None = None
     try:
@@ -262,6 +242,27 @@ async def test_a_worker_lost_while_the_job_is_down_resumes_its_stream_once_the_j
         if revived is not None and not revived.done():
             await revived
         await fleet.revive(victim)
+
+
+async def _long_turn(
+    client: TokenbusClient,
+    settings: Settings,
+    tenant_id: str,
+    prompt: str,
+    sampling: SamplingParams,
+) -> tuple[InferenceRequest, str]:
+    """A long request, sent as the second turn of a session, and the worker that serves
+    it: the session's first turn tells which (its worker keeps the session)."""
+    opener = await client.submit(tenant_id=tenant_id, prompt="hello")
+    await _drain(client, opener)
+    rows = await eventually(
+        lambda: _usage(settings, request_ids=[opener.request_id]),
+        until=lambda r: len(r) == 1,
+    )
+    request = await client.submit(
+        tenant_id=tenant_id, prompt=prompt, sampling=sampling, session_id=opener.session_id
+    )
+    return request, rows[0]["worker_id"]
 
 
 def _resume_line(fleet: Stack, request_id: str) -> tuple[str, int, str, int, str] | None:

@@ -27,6 +27,7 @@ from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome
 from stream_jobs.metrics import job_registry
 from tests.unit.fakes import (
     TOPICS,
+    Forwards,
     ManualClock,
     MemoryLedger,
     MemoryWindowStore,
@@ -57,16 +58,22 @@ def request(n: int, tenant: str = "t", priority: int = 1, max_tokens: int = 10) 
 
 
 def dispatcher_for(
-    settings: Settings, recorder: Recorder, clock: Clock = SYSTEM_CLOCK
+    settings: Settings,
+    recorder: Recorder,
+    clock: Clock = SYSTEM_CLOCK,
+    ledger: MemoryLedger | None = None,
 ) -> Dispatcher:
+    """One run of the job: its memory is its own; the topics (``recorder``) and, when
+    given, the ledger are shared with other runs."""
     return Dispatcher(
         settings,
         recorder,
         MemoryWindowStore(),
         Replies(recorder),
-        MemoryLedger(),
+        ledger if ledger is not None else MemoryLedger(),
         authenticator=bus_authenticator(settings.tenant_directory()),
         clock=clock,
+        forwards=Forwards(recorder),
     )
 
 

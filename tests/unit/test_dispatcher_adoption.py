@@ -4,6 +4,7 @@ forwarded: it watches their worker runs, and sends them again when a run is gone
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -12,17 +13,17 @@ import pytest
 from schemas import REASSIGNED, CancelRequest, WorkItem, decode
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from stream_jobs.ledger import State
-from tests.unit.fakes import (
-    TOPICS,
-    Forwards,
-    ManualClock,
-    MemoryLedger,
-    MemoryWindowStore,
-    Recorder,
-    Replies,
-    bus_authenticator,
+from tests.unit.fakes import TOPICS, ManualClock, MemoryLedger, Recorder
+from tests.unit.test_dispatcher import (
+    REPLIES,
+    admit,
+    chunk,
+    dispatcher_for,
+    heartbeat,
+    request,
+    until,
+    usage_of,
 )
-from tests.unit.test_dispatcher import REPLIES, admit, chunk, heartbeat, request, until, usage_of
 from tokenbus.config import Settings
 
 
@@ -36,48 +37,39 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path, default_priority_class=0, worker_dead_after_s=0.3)
 
 
-def job(
-    settings: Settings, recorder: Recorder, ledger: MemoryLedger, clock: ManualClock
-) -> Dispatcher:
-    """One run of the job: its memory is its own; the topics and the ledger are shared."""
-    return Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        ledger,
-        authenticator=bus_authenticator(settings.tenant_directory()),
-        clock=clock,
-        forwards=Forwards(recorder),
-    )
+@dataclass
+class Restart:
+    """A first run of the job forwarded batch requests 1..n to run-1 of worker w, then
+    died; ``second`` is the next run, over the same topics and ledger."""
+
+    recorder: Recorder
+    ledger: MemoryLedger
+    second: Dispatcher
+
+    def forwarded(self) -> list[WorkItem]:
+        return [decode(WorkItem, v) for v in self.recorder.on("w-topic")]
 
 
-async def forwarded_by_a_first_run(
-    settings: Settings, recorder: Recorder, ledger: MemoryLedger, clock: ManualClock, n: int
-) -> None:
-    """A first run of the job forwards requests 1..n to run-1 of worker w, then dies."""
-    first = job(settings, recorder, ledger, clock)
+async def restart_after(settings: Settings, clock: ManualClock, n: int) -> Restart:
+    recorder, ledger = Recorder(), MemoryLedger()
+    first = dispatcher_for(settings, recorder, clock, ledger)
     first.observe_heartbeat(heartbeat(capacity=8))
     loop = asyncio.create_task(first.run())
     for i in range(1, n + 1):
         assert await (await admit(first, request(i, priority=2))) is Outcome.FORWARDED
     loop.cancel()
-
-
-def forwarded(recorder: Recorder) -> list[WorkItem]:
-    return [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    return Restart(recorder, ledger, dispatcher_for(settings, recorder, clock, ledger))
 
 
 async def test_the_ledger_says_where_each_forwarded_request_runs(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 2)
+    restart = await restart_after(settings, clock, 2)
     for n in (1, 2):
-        entry = ledger.get("t", f"r{n}")
+        entry = restart.ledger.get("t", f"r{n}")
         assert entry is not None and entry.state is State.FORWARDED
         assert entry.forward is not None and entry.forward.home == 0
-        topic, key, value = recorder.sent[entry.forward.offset]
+        topic, key, value = restart.recorder.sent[entry.forward.offset]
         assert (topic, key) == ("w-topic", b"t")
         assert decode(WorkItem, value).request_id == f"r{n}"
 
@@ -85,21 +77,20 @@ async def test_the_ledger_says_where_each_forwarded_request_runs(
 async def test_a_restarted_job_sends_again_what_a_run_lost_while_it_was_down(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 2)
+    restart = await restart_after(settings, clock, 2)
+    recorder, second = restart.recorder, restart.second
     await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))  # r1 had streamed two tokens
-    # The job restarts; the worker restarted too while it was down (a new run, run-2).
-    second = job(settings, recorder, ledger, clock)
+    # The worker restarted too while the job was down (a new run, run-2).
     assert await second.adopt({0}) == 2
     assert second.metrics.num_adopted == 2
     loop = asyncio.create_task(second.run())
     second.observe_heartbeat(heartbeat(capacity=8, incarnation="run-2"))
     await asyncio.sleep(0.1)  # two turns: run-1 is not yet overdue
-    assert len(forwarded(recorder)) == 2
+    assert len(restart.forwarded()) == 2
     clock.advance(0.31)  # run-1 not seen for worker_dead_after_s: gone
     second.observe_heartbeat(heartbeat(capacity=8, incarnation="run-2"))
-    await until(lambda: len(forwarded(recorder)) == 4)
-    again = {item.request_id: item for item in forwarded(recorder)[2:]}
+    await until(lambda: len(restart.forwarded()) == 4)
+    again = {item.request_id: item for item in restart.forwarded()[2:]}
     assert {item.worker_incarnation for item in again.values()} == {"run-2"}
     assert again["r1"].attempt == 1 and again["r1"].resume_token_ids == [11, 12]
     assert again["r2"].attempt == 1 and again["r2"].resume_seq == 0
@@ -115,18 +106,16 @@ async def test_a_restarted_job_sends_again_what_a_run_lost_while_it_was_down(
 async def test_an_adopted_request_on_a_live_run_is_left_to_finish(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 1)
-    second = job(settings, recorder, ledger, clock)
+    restart = await restart_after(settings, clock, 1)
+    second = restart.second
     second.observe_heartbeat(heartbeat(capacity=8))  # run-1 still beats
     assert await second.adopt({0}) == 1
     loop = asyncio.create_task(second.run())
-    clock.advance(0.2)
-    second.observe_heartbeat(heartbeat(capacity=8))
-    clock.advance(0.2)
-    second.observe_heartbeat(heartbeat(capacity=8))
+    for _ in range(2):  # past worker_dead_after_s since the adoption, beating
+        clock.advance(0.2)
+        second.observe_heartbeat(heartbeat(capacity=8))
     await asyncio.sleep(0.1)
-    assert len(forwarded(recorder)) == 1 and not recorder.on(TOPICS.aborts)
+    assert len(restart.forwarded()) == 1 and not restart.recorder.on(TOPICS.aborts)
     assert second.metrics.num_in_flight == 1  # it holds one of run-1's seats here too
     second.observe_usage(usage_of(1))
     assert not second._in_flight
@@ -136,16 +125,15 @@ async def test_an_adopted_request_on_a_live_run_is_left_to_finish(
 async def test_an_adopted_request_is_sent_again_when_its_live_run_dies_later(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 1)
-    second = job(settings, recorder, ledger, clock)
+    restart = await restart_after(settings, clock, 1)
+    second = restart.second
     second.observe_heartbeat(heartbeat(capacity=8))
     assert await second.adopt({0}) == 1
     loop = asyncio.create_task(second.run())
     await asyncio.sleep(0.1)  # seen live: from now on the registry watches its run
     second.observe_heartbeat(heartbeat(capacity=8, incarnation="run-2"))
-    await until(lambda: len(forwarded(recorder)) == 2)
-    assert forwarded(recorder)[1].attempt == 1
+    await until(lambda: len(restart.forwarded()) == 2)
+    assert restart.forwarded()[1].attempt == 1
     assert second.metrics.num_workers_lost == 1
     loop.cancel()
 
@@ -153,11 +141,10 @@ async def test_an_adopted_request_is_sent_again_when_its_live_run_dies_later(
 async def test_what_finished_or_runs_here_already_is_not_adopted(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 2)
-    second = job(settings, recorder, ledger, clock)
+    restart = await restart_after(settings, clock, 2)
+    second = restart.second
     second.observe_usage(usage_of(1))  # r1's usage: DONE in the ledger
-    entry = ledger.get("t", "r1")
+    entry = restart.ledger.get("t", "r1")
     assert entry is not None and entry.state is State.DONE
     assert await second.adopt({0}) == 1
     assert set(second._in_flight) == {("t", "r2")}
@@ -168,31 +155,29 @@ async def test_what_finished_or_runs_here_already_is_not_adopted(
 async def test_a_forwarded_copy_that_cannot_be_read_back_is_reported(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    await forwarded_by_a_first_run(settings, recorder, ledger, clock, 1)
+    restart = await restart_after(settings, clock, 1)
     # The worker topic's record is gone (retention), or holds another request.
-    entry = ledger.get("t", "r1")
+    entry = restart.ledger.get("t", "r1")
     assert entry is not None and entry.forward is not None
-    other = orjson.loads(recorder.sent[entry.forward.offset][2]) | {"request_id": "r9"}
-    recorder.sent[entry.forward.offset] = ("w-topic", b"t", orjson.dumps(other))
-    second = job(settings, recorder, ledger, clock)
-    assert await second.adopt({0}) == 0
-    assert second.metrics.num_adoptions_failed == 1 and not second._in_flight
+    sent = restart.recorder.sent
+    other = orjson.loads(sent[entry.forward.offset][2]) | {"request_id": "r9"}
+    sent[entry.forward.offset] = ("w-topic", b"t", orjson.dumps(other))
+    assert await restart.second.adopt({0}) == 0
+    assert restart.second.metrics.num_adoptions_failed == 1 and not restart.second._in_flight
 
 
 async def test_requests_of_partitions_given_away_are_forgotten(
     settings: Settings, clock: ManualClock
 ) -> None:
-    recorder, ledger = Recorder(), MemoryLedger()
-    first = job(settings, recorder, ledger, clock)
-    first.observe_heartbeat(heartbeat(capacity=8))
-    loop = asyncio.create_task(first.run())
-    assert await (await admit(first, request(1))) is Outcome.FORWARDED
-    assert await first.take_partitions({0, 1}) == 0  # held already
-    assert set(first._in_flight) == {("t", "r1")}
+    job = dispatcher_for(settings, Recorder(), clock)
+    job.observe_heartbeat(heartbeat(capacity=8))
+    loop = asyncio.create_task(job.run())
+    assert await (await admit(job, request(1))) is Outcome.FORWARDED
+    assert await job.take_partitions({0, 1}) == 0  # held already
+    assert set(job._in_flight) == {("t", "r1")}
     # Partition 0 went to another instance, which adopts r1 (and gets its usage).
-    assert await first.take_partitions({1}) == 0
-    assert not first._in_flight and first.metrics.num_in_flight == 0
+    assert await job.take_partitions({1}) == 0
+    assert not job._in_flight and job.metrics.num_in_flight == 0
     loop.cancel()
 
 
@@ -200,7 +185,7 @@ async def test_a_request_refused_when_sent_again_is_done_and_never_adopted(
     settings: Settings, clock: ManualClock
 ) -> None:
     recorder, ledger = Recorder(), MemoryLedger()
-    first = job(settings, recorder, ledger, clock)
+    first = dispatcher_for(settings, recorder, clock, ledger)
     first.observe_heartbeat(heartbeat(capacity=8))
     loop = asyncio.create_task(first.run())
     assert await (await admit(first, request(1))) is Outcome.FORWARDED
@@ -211,4 +196,4 @@ async def test_a_request_refused_when_sent_again_is_done_and_never_adopted(
     entry = ledger.get("t", "r1")
     assert entry is not None and entry.state is State.DONE
     loop.cancel()
-    assert await job(settings, recorder, ledger, clock).adopt({0}) == 0
+    assert await dispatcher_for(settings, recorder, clock, ledger).adopt({0}) == 0
