@@ -40,6 +40,7 @@ from billing.span_codec import decode_spans
 from billing.span_sink import GATHER_S, SpanStore
 from billing.traces import span_rows
 from tokenbus.config import Settings
+from tokenbus.finished_span import end_span
 from tokenbus.span_path import SpanPath, hop_span, path_ns
 from tokenbus.tracing import Tracing, extract, extract_http, inject, span_attributes, with_path
 from workers.worker import path_edges
@@ -81,8 +82,7 @@ class Services:
         tenant = {"tokenbus.tenant": TENANT}
         with path.step("bridge.auth") as auth:
             auth.set_attributes(tenant)
-        arrival = tracer.start_span("bridge.arrival", start_time=received - 1000, attributes=tenant)
-        arrival.end(end_time=received)
+        end_span(tracer, "bridge.arrival", received - 1000, received, tenant)
         span.set_attributes(span_attributes(tenant=TENANT, request_id=f"r{n}", session_id="s"))
         with path.step("bridge.hygiene", attributes=tenant):
             pass
@@ -184,25 +184,24 @@ class Services:
                     ("worker.decode", edges[3], edges[3] + 50),
                 ]
                 for name, start, end in phases:
-                    tracer.start_span(name, start_time=start, attributes=phase_attributes).end(
-                        end_time=end
-                    )
+                    end_span(tracer, name, start, end, phase_attributes)
             inject(usage)
         return usage
 
     def billing_insert(self, headers: list[tuple[str, bytes]], n: int) -> None:
         started = time.time_ns()
-        span = self.billing.tracer.start_span(
+        end_span(
+            self.billing.tracer,
             "billing.insert",
-            context=extract(headers),
-            kind=SpanKind.CONSUMER,
-            start_time=started,
-            attributes={
+            started,
+            started + 1000,
+            {
                 **span_attributes(tenant=TENANT, request_id=f"r{n}", attempt=0),
                 "tokenbus.num_rows": 100,
             },
+            context=extract(headers),
+            kind=SpanKind.CONSUMER,
         )
-        span.end(end_time=started + 1000)
 
 
 async def flush_all(services: Services) -> list[tuple[bytes, bytes]]:

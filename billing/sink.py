@@ -86,6 +86,7 @@ from billing.usage_codec import Usage, decode_usage, decode_usages
 from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
+from tokenbus.finished_span import end_span
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.pricing import Pricer
 from tokenbus.retry import Backoff, until_done
@@ -372,19 +373,20 @@ class BillingSink:
         tracer = self._tracing.tracer
         ended_ns = time.time_ns()
         for headers, event in traced:
-            span = tracer.start_span(
+            end_span(
+                tracer,
                 "billing.insert",
-                context=extract(headers),
-                kind=SpanKind.CONSUMER,
-                start_time=started_ns,
-                attributes={
+                started_ns,
+                ended_ns,
+                {
                     **span_attributes(
                         tenant=event.tenant_id, request_id=event.request_id, attempt=event.attempt
                     ),
                     "tokenbus.num_rows": num_rows,
                 },
+                context=extract(headers),
+                kind=SpanKind.CONSUMER,
             )
-            span.end(end_time=ended_ns)
 
     async def _plan(self, events: list[Usage], stop: asyncio.Event) -> ColumnPlan | None:
         if self._recent is None and not await self._until_done(

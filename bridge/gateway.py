@@ -56,6 +56,7 @@ from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
+from tokenbus.finished_span import end_span
 from tokenbus.ids import new_request_id
 from tokenbus.logs import bind_request
 from tokenbus.span_path import REQUEST_START_HEADER, SpanPath, hop_span, request_start_ns
@@ -206,8 +207,7 @@ class Gateway:
                 auth.set_attributes(tenant)
             if arrived is not None:
                 # Before auth on the path; made now, when its tenant (its filing) is known.
-                arrival = tracer.start_span("bridge.arrival", start_time=arrived, attributes=tenant)
-                arrival.end(end_time=received)
+                end_span(tracer, "bridge.arrival", arrived, received, tenant)
             ids = ids_of(http)
             span.set_attributes(
                 span_attributes(

@@ -25,6 +25,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer, use_span
 from opentelemetry.util.types import AttributeValue
 
+from tokenbus.finished_span import end_span
+
 PATH_HEADER = "tokenbus-path-ns"
 """Record header: the wall-clock ns at which the sender's path to the first token stands
 when it hands the record on (decimal ASCII)."""
@@ -83,8 +85,11 @@ class SpanPath:
         *,
         context: Context | None = None,
     ) -> int:
-        """A span already over: from ``at`` to ``end_ns``."""
-        return self.end(self.begin(name, attributes, context=context), end_ns)
+        """A span already over: from ``at`` to ``end_ns`` (never before ``at``)."""
+        end = max(self.at, end_ns)
+        end_span(self._tracer, name, self.at, end, attributes, context=context)
+        self.at = end
+        return end
 
     @contextmanager
     def step(
@@ -114,16 +119,10 @@ def hop_span(
     stamp more than ``MAX_HOP_NS`` old."""
     if sent_ns is None or taken_ns - sent_ns > MAX_HOP_NS:
         return
-    span = tracer.start_span(
-        name,
-        context=context,
-        kind=SpanKind.CONSUMER,
-        attributes=attributes,
-        start_time=min(sent_ns, taken_ns),
-    )
     if sent_ns > taken_ns:
-        span.set_attribute("tokenbus.clock_skew_ns", sent_ns - taken_ns)
-    span.end(end_time=taken_ns)
+        attributes = {**(attributes or {}), "tokenbus.clock_skew_ns": sent_ns - taken_ns}
+    start = min(sent_ns, taken_ns)
+    end_span(tracer, name, start, taken_ns, attributes, context=context, kind=SpanKind.CONSUMER)
 
 
 def path_header(ns: int) -> tuple[str, bytes]:

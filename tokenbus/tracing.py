@@ -29,13 +29,13 @@ from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import StatusCode, Tracer
+from opentelemetry.trace import StatusCode, TraceFlags, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from schemas import WorkItem
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
+from tokenbus.sampling import ParentBasedRatio
 from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
 
@@ -124,18 +124,19 @@ class SpanBuffer(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context
-        if context is None or not context.trace_flags.sampled:
+        if context is None or not context.trace_flags & TraceFlags.SAMPLED:
             return
         if self._num_spans >= self.max_spans:
             self.num_dropped += 1
             return
         attributes = _scalars(span.attributes)
-        tenant = str(attributes.get(ATTR_TENANT, NO_TENANT))
-        self._by_tenant[tenant].append(
+        tenant = attributes.get(ATTR_TENANT, NO_TENANT)
+        parent = span.parent
+        self._by_tenant[tenant if type(tenant) is str else str(tenant)].append(
             {
                 "trace_id": f"{context.trace_id:032x}",
                 "span_id": f"{context.span_id:016x}",
-                "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                "parent_span_id": f"{parent.span_id:016x}" if parent else None,
                 "name": span.name[:256],
                 "service": self.service,
                 "start_ns": span.start_time or 0,
@@ -171,7 +172,7 @@ def _scalars(attributes: Mapping[str, object] | None) -> dict[str, object]:
     if not attributes:
         return {}
     copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
-    if all(type(v) in _SCALARS for v in copied.values()):
+    if _SCALARS.issuperset(map(type, copied.values())):
         return copied  # type: ignore[no-any-return]
     return {k: v for k, v in copied.items() if isinstance(v, str | bool | int | float)}
 
@@ -187,7 +188,7 @@ class Tracing:
         self._interval_s = settings.trace_flush_interval_s
         self.provider = TracerProvider(
             resource=Resource.create({"service.name": self.service}),
-            sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+            sampler=ParentBasedRatio(settings.trace_sample_ratio),
         )
         if exporter is None and settings.otlp_endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

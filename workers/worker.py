@@ -63,6 +63,7 @@ from schemas import (
 from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
+from tokenbus.finished_span import end_span
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.logs import request_context
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
@@ -596,8 +597,7 @@ class Worker:
                 for name, start, end in zip(ENGINE_PHASES, stamps, stamps[1:], strict=False)
             ]
         for name, start, end in phases:
-            span = self._tracer.start_span(name, start_time=start, attributes=attributes)
-            span.end(end_time=end)
+            end_span(self._tracer, name, start, end, attributes)
 
     # -- cancels ---------------------------------------------------------------------------
     async def _follow_cancels(self) -> AIOKafkaConsumer:
