@@ -58,6 +58,9 @@ REFUSED_BY_BOTH = [
     _raw({**_SPAN, "trace_id": "A" * 32}),
     _raw({**_SPAN, "trace_id": "a" * 31 + "\n"}),
     _raw({**_SPAN, "span_id": "b" * 16 + "\n"}),
+    _raw(_SPAN, {**_SPAN, "parent_span_id": "c" * 15 + "g"}),  # in a later span
+    _raw(_SPAN, {**_SPAN, "span_id": "b" * 15 + "B"}),
+    _raw({**_SPAN, "trace_id": "a" * 33}),
     _raw({**_SPAN, "name": ""}),
     _raw({**_SPAN, "start_ns": -1}),
     _raw({**_SPAN, "status": "fine"}),
