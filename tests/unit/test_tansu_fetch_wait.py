@@ -121,6 +121,11 @@ def test_partitions_the_answer_left_out_or_refused_count_as_stalled() -> None:
     request = Request([("t", [(p, 500 if p == 2 else 10, 1 << 20) for p in range(5)])])
     fetcher = Fetcher(_records={got_records: object()})
     assert stalled_partitions(fetcher, assignment, request, since_ms) == [never, stale]
+    # A fetch that failed as a whole (nothing answered: the broker unreachable) is no
+    # stall: the rule is for a broker that answers slowly.
+    for state in assignment.states.values():
+        state.timestamp = None
+    assert stalled_partitions(fetcher, assignment, request, since_ms) == []
     # Without the time the fetch was sent, only what the states say: no mark, no stall.
     assert stalled_partitions(fetcher, assignment, request) == []
 

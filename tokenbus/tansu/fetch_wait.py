@@ -93,26 +93,31 @@ def stalled_partitions(
     fetcher_: Any, assignment: Any, request: Any, since_ms: int | None = None
 ) -> list[TopicPartition]:
     """The partitions of ``request`` that got no records while behind the high-water mark,
-    and, given ``since_ms`` (wall-clock ms when the fetch was sent), those the answer
-    left out or answered with an error: aiokafka stamps a partition's state with the
-    time of each answer without error, so one stamped before ``since_ms`` got none.
-    A partition whose position moved meanwhile (a seek) has not stalled."""
-    stalled = []
+    and, given ``since_ms`` (wall-clock ms when the fetch was sent), those an answer left
+    out or answered with an error: aiokafka stamps a partition's state with the time of
+    each answer without error, so one stamped before ``since_ms`` got none. A fetch that
+    failed as a whole (no partition stamped: the broker unreachable) stalls nothing. A
+    partition whose position moved meanwhile (a seek) has not stalled."""
+    behind, unanswered, answered = [], [], False
     for topic, partitions in request.topics:
         for partition, offset, _ in partitions:
             tp = TopicPartition(topic, partition)
+            state = assignment.state_value(tp)
+            stamped = state is not None and since_ms is not None and _stamped(state, since_ms)
+            answered = answered or stamped
             if tp in fetcher_._records:
                 continue
-            state = assignment.state_value(tp)
             if state is None or not state.has_valid_position or state.position != offset:
                 continue
-            unanswered = since_ms is not None and (
-                state.timestamp is None or state.timestamp < since_ms
-            )
-            behind = state.highwater is not None and state.highwater > offset
-            if unanswered or behind:
-                stalled.append(tp)
-    return stalled
+            if state.highwater is not None and state.highwater > offset:
+                behind.append(tp)
+            elif since_ms is not None and not stamped:
+                unanswered.append(tp)
+    return behind + unanswered if answered else behind
+
+
+def _stamped(state: Any, since_ms: int) -> bool:
+    return state.timestamp is not None and state.timestamp >= since_ms
 
 
 def lengthen_stalled_fetches(cap_ms: int) -> None:
