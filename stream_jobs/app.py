@@ -57,6 +57,8 @@ from prometheus_client import generate_latest
 from schemas import encode
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
+from stream_jobs.faust_recovery import resume_streams_after_the_clear
+from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
 from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import faust_offsets, job_registry
 from stream_jobs.scaling import create_scaling_policy
@@ -406,6 +408,7 @@ def keep_producer_topics(app: faust.App) -> None:
 
 def create_app(settings: Settings) -> faust.App:
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
+    resume_streams_after_the_clear()  # Faust's recovery loses records otherwise, on any broker
     topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
@@ -714,6 +717,21 @@ def create_app(settings: Settings) -> faust.App:
             budgets_read.set()  # a broken budgets topic must not stop admission for good
             await consumer.stop()
 
+    if settings.job_intake_stall_s > 0:
+        watch = IntakeWatch(settings.job_intake_stall_s)
+        request_topics = set(topics.all_requests)
+
+        @app.timer(interval=min(5.0, settings.job_intake_stall_s / 3))
+        async def watch_intake() -> None:
+            # Logging only: what no other warning covers (stream_jobs.intake_watch).
+            for intake in watch.observe(request_intakes(app, request_topics)):
+                log.warning(
+                    "the job has taken nothing of %s for %.0f s while behind it (flow %s)",
+                    intake.describe(),
+                    settings.job_intake_stall_s,
+                    "on" if getattr(app.consumer, "flow_active", None) else "off",
+                )
+
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         """200 once this instance holds its share of the group's partitions and has
@@ -746,6 +764,40 @@ def create_app(settings: Settings) -> faust.App:
         )
 
     return app
+
+
+def request_intakes(app: faust.App, topics: set[str]) -> list[PartitionIntake]:
+    """Where the Faust consumer stands on each partition of ``topics``: Faust's read
+    offsets, and the position, high-water mark and held records of the aiokafka consumer
+    under it. Looks only; that consumer runs in a thread of its own, so a look that
+    races a change is dropped (the next one comes in seconds)."""
+    try:
+        consumer = cast(Any, app.consumer)
+        inner = consumer._thread._consumer
+        assignment = inner._subscription.subscription.assignment
+        held = set(inner._fetcher._records)
+        active = consumer._active_partitions
+        paused = set(consumer._paused_partitions)
+        read_offsets = consumer._read_offset
+        intakes = []
+        for tp in list(assignment.tps):
+            if tp.topic not in topics:
+                continue
+            state = assignment.state_value(tp)
+            intakes.append(
+                PartitionIntake(
+                    tp.topic,
+                    tp.partition,
+                    read_offsets.get(tp),
+                    state.position if state.has_valid_position else None,
+                    state.highwater,
+                    held=tp in held,
+                    paused=tp in paused or (active is not None and tp not in active),
+                )
+            )
+        return intakes
+    except Exception:  # not started, between assignments, or a racing change
+        return []
 
 
 def _record(message: Any) -> tuple[str, int, int, bytes | None, bytes | None, Any]:

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     (``tokenbus_recommended_workers``, stream_jobs.scaling)."""
     scaling_min_workers: int = Field(default=1, ge=0)
     scaling_max_workers: int = Field(default=16, ge=0)
+    job_intake_stall_s: float = 15.0
+    """A request partition the job is behind on and has taken nothing of for this long is
+    logged with where its consumer stands (stream_jobs.intake_watch); 0 turns it off."""
     admit_concurrency: int = 256
     """Requests per priority topic the job holds at once, waiting for capacity."""
     admit_batch_max: int = 256

@@ -64,6 +64,7 @@ class State:
     position: int
     highwater: int | None
     has_valid_position: bool = True
+    timestamp: int | None = None  # ms of the last answer without error
 
 
 @dataclass
@@ -99,3 +100,49 @@ def test_stalled_partitions_are_those_behind_the_high_water_mark_without_records
     )
     fetcher = Fetcher(_records={got_records: object()})
     assert stalled_partitions(fetcher, assignment, request) == [behind]
+
+
+def test_partitions_the_answer_left_out_or_refused_count_as_stalled() -> None:
+    """A restarted consumer knows no high-water mark before a partition's first answer:
+    a partition left out of every answer (or answered with an error) stalls unseen
+    unless the missing answer itself counts."""
+    since_ms = 1_000
+    tps = [TopicPartition("t", p) for p in range(5)]
+    never, stale, caught_up, moved, got_records = tps
+    assignment = Assignment(
+        {
+            never: State(position=10, highwater=None, timestamp=None),
+            stale: State(position=10, highwater=10, timestamp=since_ms - 1),
+            caught_up: State(position=500, highwater=500, timestamp=since_ms + 3),
+            moved: State(position=20, highwater=None, timestamp=None),  # seeked meanwhile
+            got_records: State(position=10, highwater=None, timestamp=since_ms + 3),
+        }
+    )
+    request = Request([("t", [(p, 500 if p == 2 else 10, 1 << 20) for p in range(5)])])
+    fetcher = Fetcher(_records={got_records: object()})
+    assert stalled_partitions(fetcher, assignment, request, since_ms) == [never, stale]
+    # A fetch that failed as a whole (nothing answered: the broker unreachable) is no
+    # stall: the rule is for a broker that answers slowly.
+    for state in assignment.states.values():
+        state.timestamp = None
+    assert stalled_partitions(fetcher, assignment, request, since_ms) == []
+    # Without the time the fetch was sent, only what the states say: no mark, no stall.
+    assert stalled_partitions(fetcher, assignment, request) == []
+
+
+def test_stalls_at_the_cap_are_told_once_per_quiet_period() -> None:
+    clock = Clock()
+    rule = FetchWait(base_ms=5, cap_ms=20, clock=clock)
+    stall(rule, 2 * STALLS_TO_RAISE)
+    assert rule.wait_ms == 20
+    assert not rule.stuck()  # the stalls in a row were spent raising the wait
+    stall(rule, STALLS_TO_RAISE)
+    assert rule.stuck()
+    stall(rule, STALLS_TO_RAISE)
+    assert not rule.stuck()  # said already
+    clock.now += QUIET_S
+    stall(rule, 1)
+    assert rule.stuck()
+    rule.after_fetch(stalled=False)
+    clock.now += QUIET_S
+    assert not rule.stuck()  # moving again

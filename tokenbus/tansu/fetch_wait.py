@@ -12,7 +12,11 @@ there first, in minutes under load.
 The rule (``FetchWait``): after ``STALLS_TO_RAISE`` such fetches in a row, the consumer
 doubles its wait, up to ``cap_ms``; after ``QUIET_S`` without one, it halves it again,
 down to the configured wait, which is kept short because the bundled broker answers a
-parked fetch later the longer its wait (``Settings.fetch_max_wait_ms``).
+parked fetch later the longer its wait (``Settings.fetch_max_wait_ms``). A partition the
+answer leaves out, or answers with an error, counts as stalled too: its high-water mark
+is then the last one seen, and none at all on a consumer's first fetches (a restarted
+job's), so it would otherwise never count. Stalls that go on at the cap are logged once
+per ``QUIET_S``, rather than not at all.
 
 On Apache Kafka a fetch behind the high-water mark returns records, and the ``kafka``
 profile never installs this.
@@ -54,6 +58,7 @@ class FetchWait:
         self._clock = clock
         self._stalls = 0
         self._last_stall = clock()
+        self._stuck_said_at: float | None = None
 
     def after_fetch(self, stalled: bool) -> int:
         """``stalled``: a partition of the fetch came back without records although
@@ -72,25 +77,47 @@ class FetchWait:
                 self._last_stall = now  # one halving per quiet period
         return self.wait_ms
 
+    def stuck(self) -> bool:
+        """Whether fetches still stall with the wait at the cap: true once per
+        ``QUIET_S`` while they do, so that a consumer that stopped moving says so."""
+        if self.wait_ms < self.cap_ms or self._stalls < STALLS_TO_RAISE:
+            return False
+        now = self._clock()
+        if self._stuck_said_at is not None and now - self._stuck_said_at < QUIET_S:
+            return False
+        self._stuck_said_at = now
+        return True
 
-def stalled_partitions(fetcher_: Any, assignment: Any, request: Any) -> list[TopicPartition]:
-    """The partitions of ``request`` that got no records while behind the high-water mark."""
-    stalled = []
+
+def stalled_partitions(
+    fetcher_: Any, assignment: Any, request: Any, since_ms: int | None = None
+) -> list[TopicPartition]:
+    """The partitions of ``request`` that got no records while behind the high-water mark,
+    and, given ``since_ms`` (wall-clock ms when the fetch was sent), those an answer left
+    out or answered with an error: aiokafka stamps a partition's state with the time of
+    each answer without error, so one stamped before ``since_ms`` got none. A fetch that
+    failed as a whole (no partition stamped: the broker unreachable) stalls nothing. A
+    partition whose position moved meanwhile (a seek) has not stalled."""
+    behind, unanswered, answered = [], [], False
     for topic, partitions in request.topics:
         for partition, offset, _ in partitions:
             tp = TopicPartition(topic, partition)
+            state = assignment.state_value(tp)
+            stamped = state is not None and since_ms is not None and _stamped(state, since_ms)
+            answered = answered or stamped
             if tp in fetcher_._records:
                 continue
-            state = assignment.state_value(tp)
-            if (
-                state is not None
-                and state.has_valid_position
-                and state.position == offset
-                and state.highwater is not None
-                and state.highwater > offset
-            ):
-                stalled.append(tp)
-    return stalled
+            if state is None or not state.has_valid_position or state.position != offset:
+                continue
+            if state.highwater is not None and state.highwater > offset:
+                behind.append(tp)
+            elif since_ms is not None and not stamped:
+                unanswered.append(tp)
+    return behind + unanswered if answered else behind
+
+
+def _stamped(state: Any, since_ms: int) -> bool:
+    return state.timestamp is not None and state.timestamp >= since_ms
 
 
 def lengthen_stalled_fetches(cap_ms: int) -> None:
@@ -103,6 +130,7 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
     original = _patch.original()
 
     async def proc_fetch_request(self: Any, assignment: Any, node_id: int, request: Any) -> Any:
+        since_ms = int(1000 * time.time())  # aiokafka's clock for an answer's stamp
         result = await original(self, assignment, node_id, request)
         rule = getattr(self, "_tokenbus_fetch_wait", None)
         if rule is None:
@@ -111,7 +139,7 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
             )
         if not assignment.active or rule.cap_ms <= rule.base_ms:
             return result
-        stalled = stalled_partitions(self, assignment, request)
+        stalled = stalled_partitions(self, assignment, request, since_ms)
         before = rule.wait_ms
         self._fetch_max_wait_ms = rule.after_fetch(bool(stalled))
         if rule.wait_ms > before:
@@ -120,6 +148,13 @@ def lengthen_stalled_fetches(cap_ms: int) -> None:
                 "fetch wait %d -> %d ms (the broker needs longer per fetch)",
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in stalled),
                 before,
+                rule.wait_ms,
+            )
+        elif rule.stuck():
+            log.warning(
+                "fetches of %s still come back empty behind the high-water mark (or "
+                "unanswered) at the longest fetch wait, %d ms: the consumer is not moving",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in stalled),
                 rule.wait_ms,
             )
         elif rule.wait_ms < before:
