@@ -61,6 +61,16 @@ async def restart_after(settings: Settings, clock: ManualClock, n: int) -> Resta
     return Restart(recorder, ledger, dispatcher_for(settings, recorder, clock, ledger))
 
 
+async def adopted_on_a_live_run(
+    settings: Settings, clock: ManualClock
+) -> tuple[Restart, asyncio.Task[None]]:
+    """The next run adopts request 1 while run-1 still beats, and starts its loop."""
+    restart = await restart_after(settings, clock, 1)
+    restart.second.observe_heartbeat(heartbeat(capacity=8))  # run-1 still beats
+    assert await restart.second.adopt({0}) == 1
+    return restart, asyncio.create_task(restart.second.run())
+
+
 async def test_the_ledger_says_where_each_forwarded_request_runs(
     settings: Settings, clock: ManualClock
 ) -> None:
@@ -106,11 +116,8 @@ async def test_a_restarted_job_sends_again_what_a_run_lost_while_it_was_down(
 async def test_an_adopted_request_on_a_live_run_is_left_to_finish(
     settings: Settings, clock: ManualClock
 ) -> None:
-    restart = await restart_after(settings, clock, 1)
+    restart, loop = await adopted_on_a_live_run(settings, clock)
     second = restart.second
-    second.observe_heartbeat(heartbeat(capacity=8))  # run-1 still beats
-    assert await second.adopt({0}) == 1
-    loop = asyncio.create_task(second.run())
     for _ in range(2):  # past worker_dead_after_s since the adoption, beating
         clock.advance(0.2)
         second.observe_heartbeat(heartbeat(capacity=8))
@@ -125,11 +132,8 @@ async def test_an_adopted_request_on_a_live_run_is_left_to_finish(
 async def test_an_adopted_request_is_sent_again_when_its_live_run_dies_later(
     settings: Settings, clock: ManualClock
 ) -> None:
-    restart = await restart_after(settings, clock, 1)
+    restart, loop = await adopted_on_a_live_run(settings, clock)
     second = restart.second
-    second.observe_heartbeat(heartbeat(capacity=8))
-    assert await second.adopt({0}) == 1
-    loop = asyncio.create_task(second.run())
     await asyncio.sleep(0.1)  # seen live: from now on the registry watches its run
     second.observe_heartbeat(heartbeat(capacity=8, incarnation="run-2"))
     await until(lambda: len(restart.forwarded()) == 2)
