@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from billing.reader import open_reader
@@ -235,47 +233,6 @@ async def test_restarting_the_job_mid_window_loses_no_count_and_no_request(
     )
     admitted = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows if r["status"] == "ok")
     assert admitted == TPM
-
-
-SLOW_OFFSET_LOOKUPS = """
-import asyncio, aiokafka
-_committed = aiokafka.AIOKafkaConsumer.committed
-async def committed(self, partition):
-    await asyncio.sleep(0.06)  # a loaded broker: the job's seek after recovery is slow
-    return await _committed(self, partition)
-aiokafka.AIOKafkaConsumer.committed = committed
-"""
-
-
-async def test_a_job_restarted_while_offset_lookups_are_slow_loses_no_request(
-    client: TokenbusClient, stack: Stack, tmp_path: Path
-) -> None:
-    """Faust seeks the stream partitions to their committed offsets once it has recovered
-    its tables, one offset lookup per partition. Records fetched meanwhile must reach
-    the agents (stream_jobs.faust_recovery): with Faust's own order they were emptied
-    from the agents' queues, and the job took none of the requests waiting for it."""
-    (tmp_path / "sitecustomize.py").write_text(SLOW_OFFSET_LOOKUPS)
-    job = stack.service("stream_job")
-    plain = dict(job.env)
-    job.env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(tmp_path), plain.get("PYTHONPATH")) if p
-    )
-    try:
-        restart = asyncio.create_task(stack.restart("stream_job"))
-        await asyncio.sleep(0.2)  # the job is down: these wait in Kafka
-        waiting = [
-            await client.submit(tenant_id="restart-slow", prompt=PROMPT, sampling=SHORT)
-            for _ in range(100)
-        ]
-        await restart
-        results = await asyncio.wait_for(
-            asyncio.gather(*(run(client, r) for r in waiting)), timeout=50
-        )
-        assert [chunks[-1].error for chunks in results] == [None] * 100
-    finally:
-        job.env.clear()
-        job.env.update(plain)
-        await stack.restart("stream_job")
 
 
 async def submit_line(
