@@ -76,6 +76,8 @@ from tokenbus.tracing import Tracing
 log = logging.getLogger(__name__)
 ADOPT_POLL_S = 0.5
 """How often the adoption of requests in flight looks whether the tables are recovered."""
+ADOPT_AFTER_S = 5.0
+"""How long after the tables are recovered the requests in flight are adopted."""
 
 
 def _acks(value: int | str) -> int:
@@ -635,6 +637,11 @@ def create_app(settings: Settings) -> faust.App:
                 await asyncio.sleep(ADOPT_POLL_S)
                 continue
             to_adopt.clear()
+            # Not at once: adopting as the streams resumed (a consumer of its own made and
+            # read right then) was followed, in 3 runs of 3, by the restarted job never
+            # taking the requests waiting for it; ADOPT_AFTER_S later, in none. Why is
+            # not known (README, "Known issue").
+            await asyncio.sleep(ADOPT_AFTER_S)
             homes = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic in requests}
             try:
                 await dispatcher().take_partitions(homes)
