@@ -490,7 +490,7 @@ class Dispatcher:
             return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
         entry = self._ledger.get(*ident)
-        in_memory = ident in self._waiting or ident in self._in_flight
+        in_memory = self._holds(ident)
         verdict = judge(entry, item.reply_to, now, in_memory=in_memory)
         if verdict in (Verdict.SAME_STREAM, Verdict.DUPLICATE):
             # The id has its run (or its answer): this copy changes nothing, and writes
@@ -895,15 +895,33 @@ class Dispatcher:
             f"its reply topics start with {principal.reply_prefix!r}"
         )
 
-    def _remember(self, item: WorkItem, state: State, now: float, last_seq: int = 0) -> None:
-        expires_at = now + self._settings.request_dedupe_s
-        entry = Entry(state, item.reply_to, expires_at, last_seq)
-        self._ledger.put(item.tenant_id, item.request_id, entry)
+    def _remember(
+        self,
+        item: WorkItem,
+        state: State,
+        now: float,
+        last_seq: int = 0,
+        *,
+        home: int | None = None,
+        forward: Forward | None = None,
+    ) -> None:
+        """Its ledger entry, under the request's event; or, outside it (``home`` given),
+        on the tenant's partition ``home``."""
+        entry = Entry(
+            state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, forward
+        )
+        if home is None:
+            self._ledger.put(item.tenant_id, item.request_id, entry)
+        else:
+            self._ledger.put_at(home, item.tenant_id, item.request_id, entry)
+
+    def _holds(self, ident: Key) -> bool:
+        """Whether this instance holds the request, waiting or in flight."""
+        return ident in self._waiting or ident in self._in_flight
 
     def _known(self, tenant_id: str, request_id: str) -> bool:
         """Whether the job holds this request, or remembers it: nobody else may answer it."""
-        ident = (tenant_id, request_id)
-        if ident in self._waiting or ident in self._in_flight:
+        if self._holds((tenant_id, request_id)):
             return True
         entry = self._ledger.get(tenant_id, request_id)
         return entry is not None and entry.expires_at > self._clock.time()
@@ -1370,23 +1388,7 @@ class Dispatcher:
             if home is not None and isinstance(offset, int)
             else None
         )
-        self._put_entry(forwarded, home, State.FORWARDED, forward=forward)
-
-    def _put_entry(
-        self,
-        request: WorkItem,
-        home: int | None,
-        state: State,
-        last_seq: int = 0,
-        forward: Forward | None = None,
-    ) -> None:
-        """A ledger write outside the request's event: on its tenant's partition."""
-        expires_at = self._clock.time() + self._settings.request_dedupe_s
-        entry = Entry(state, request.reply_to, expires_at, last_seq, forward)
-        if home is None:
-            self._ledger.put(request.tenant_id, request.request_id, entry)
-        else:
-            self._ledger.put_at(home, request.tenant_id, request.request_id, entry)
+        self._remember(forwarded, State.FORWARDED, self._clock.time(), home=home, forward=forward)
 
     def _pick(self, waiting: _Waiting) -> _Picked | None:
         """Chooses the worker and counts the request in flight there, without awaiting,
@@ -1475,9 +1477,7 @@ class Dispatcher:
         found = [
             (ident, entry.forward)
             for tenant, request_id, entry in self._ledger.forwarded(homes, self._clock.time())
-            if entry.forward is not None
-            and (ident := (tenant, request_id)) not in self._in_flight
-            and ident not in self._waiting
+            if entry.forward is not None and not self._holds(ident := (tenant, request_id))
         ]
         if not found:
             return 0
@@ -1490,8 +1490,7 @@ class Dispatcher:
                 entry is None
                 or entry.state is not State.FORWARDED
                 or entry.forward != forward
-                or ident in self._in_flight
-                or ident in self._waiting
+                or self._holds(ident)
             ):
                 continue  # it finished, or was sent again, while the records were read
             item = _forwarded_copy(values.get(forward.place), ident)
@@ -1597,7 +1596,9 @@ class Dispatcher:
                 # Answered no_worker: a refusal marks no ledger entry on its way back
                 # (``observe_usage``), so the job marks it, or a later job would adopt
                 # and run it.
-                self._put_entry(again, flight.home, State.DONE, again.resume_seq)
+                self._remember(
+                    again, State.DONE, self._clock.time(), again.resume_seq, home=flight.home
+                )
         except Exception:
             log.exception("could not send %s again", request.request_id)
             self._in_flight.pop(ident, None)
