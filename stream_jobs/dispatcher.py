@@ -86,7 +86,6 @@ from schemas.budgets import BudgetAlert
 from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity
-from stream_jobs.batch_yield import create_batch_yield, num_yielding
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import Entry, Forward, Ledger, State, Verdict, judge
@@ -99,6 +98,7 @@ from stream_jobs.seats import BATCH_CLASS, has_room
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
 from tokenbus.auth import Authenticator, AuthError, Principal
+from tokenbus.batch_yield import create_batch_yield, num_yielding
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.chunks import Chunk
 from tokenbus.clock import SYSTEM_CLOCK, Clock

@@ -6,7 +6,7 @@ wait for a batch request to finish. Classes 1 and 2 may therefore fill only the 
 seats less ``vip_reserve`` of them (rounded up); class 0 may fill every seat. At least one
 request may always run, so a fleet of one small worker still serves every class.
 
-Class 2 lines that are finishing above the batch yield's cap (``stream_jobs.batch_yield``)
+Class 2 lines that are finishing above the batch yield's cap (``tokenbus.batch_yield``)
 are not waited for by classes 0 and 1: their seats count as free for them, as long as
 the fleet has a seat, so that an interactive request arriving at a fleet full of batch
 lines starts at once rather than after one of them ends.

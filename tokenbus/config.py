@@ -190,7 +190,7 @@ class Settings(BaseSettings):
     """While a model has class 0/1 requests in flight, or queued one in the last
     ``batch_yield_hold_s``, class 2 may hold at most this many seats per live worker of
     that model; the class 2 lines above it finish, and class 0/1 requests do not wait for
-    their seats (``stream_jobs.batch_yield``). It acts on the first interactive request,
+    their seats (``tokenbus.batch_yield``). It acts on the first interactive request,
     where the batch pacer acts a load report later. A value at or above the workers'
     ``max_num_seqs`` never binds: the seats and the pacer alone. (Measured before it, on
     the 2-core machine: with 44 batch lines seated, interactive TTFT p99 at c=1 was 5.9x

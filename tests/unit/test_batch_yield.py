@@ -1,10 +1,10 @@
-"""The batch yield (stream_jobs.batch_yield): class 2 held to a cap while interactive runs."""
+"""The batch yield (tokenbus.batch_yield): class 2 held to a cap while interactive runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from stream_jobs.batch_yield import (
+from tokenbus.batch_yield import (
     BatchYield,
     YieldPolicy,
     create_batch_yield,
