@@ -42,9 +42,11 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from opentelemetry.trace import SpanKind, get_current_span
@@ -60,6 +62,7 @@ from schemas import (
     decode,
     encode,
 )
+from tokenbus.batch_yield import YieldPolicy
 from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
@@ -82,6 +85,7 @@ from tokenbus.tracing import (
 )
 from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
+from workers.batch_gate import BatchGate
 from workers.cancels import CancelBook
 from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
 from workers.metrics import WorkerMetrics
@@ -156,6 +160,29 @@ def _elapsed_ms(since: datetime, until: datetime) -> float:
     return max(0.0, (until - since).total_seconds() * 1000)
 
 
+_T = TypeVar("_T")
+
+
+@asynccontextmanager
+async def _closing(stream: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
+    """Closes an engine's stream when its reader leaves it early (vLLM aborts it then)."""
+    try:
+        yield stream
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def create_batch_gate(settings: Settings, engine: Engine) -> BatchGate | None:
+    """The gate over the engine's class 2 lines; None when its cap could never bind."""
+    seats = settings.batch_yield_seats_per_worker
+    if seats >= engine.max_num_seqs:
+        return None
+    policy = YieldPolicy(seats_per_worker=seats, hold_s=settings.batch_yield_hold_s)
+    return BatchGate(policy, "engine", engine.abort)
+
+
 class Worker:
     """Feeds one engine from one topic and reports every request exactly once."""
 
@@ -181,6 +208,7 @@ class Worker:
         self._adapters = AdapterBook(engine)
         # (tenant, request_id) -> the engine's id of the attempt running now
         self._running: dict[tuple[str, str], str] = {}
+        self._batch_gate = create_batch_gate(settings, engine)
         self.metrics = WorkerMetrics(
             self.worker_id,
             engine,
@@ -377,6 +405,10 @@ class Worker:
             return
         engine_id = request.engine_request_id
         self._running[(tenant_id, request_id)] = engine_id
+        interactive = self._batch_gate is not None and request.priority < 2
+        if interactive:
+            assert self._batch_gate is not None
+            self._batch_gate.interactive_started()
         abort_sent = False
         ended = False  # the engine gave its finish reason
         timings: EngineTimings | None = None
@@ -417,51 +449,51 @@ class Worker:
                 ignore_eos=request.sampling.ignore_eos,
             )
             delta: EngineDelta
-            async for delta in self._engine.generate(
-                engine_id,
-                prompt,
-                params,
-                priority=request.priority,
-                cache_salt=request.cache_salt,
-                adapter=adapter,
-            ):
-                cancelled = self._cancels.reason(tenant_id, request_id, attempt, time.monotonic())
-                if cancelled == REASSIGNED:
-                    # Presumed dead, this run's request went to another worker: say
-                    # nothing more (closing the stream aborts it in vLLM).
-                    log.info("dropping %s attempt %d: reassigned", request_id, attempt)
-                    return
-                if delta.num_prompt_tokens is not None:
-                    num_prompt = delta.num_prompt_tokens - len(resumed)
-                    num_cached = delta.num_cached_tokens or 0
-                if delta.token_ids and first_token_at is None:
-                    first_token_at = datetime.now(UTC)
-                    num_at_first = num_completion + len(delta.token_ids)
-                if not abort_sent and cancelled is not None:
-                    # The cancel came before the engine knew the request: abort it now.
-                    abort_sent = True
-                    await self._engine.abort(engine_id)
-                num_completion += len(delta.token_ids)
-                reason, problem = finish_of(delta.finish_reason)
-                if problem is not None:
-                    log.warning("%s: %s", request_id, problem.message)
-                    error = problem
-                if not delta.token_ids and not delta.text and reason is None:
-                    continue
-                # Not awaited: the batcher sends this step's chunks of every request
-                # together, in the next loop iteration.
-                delivered = replies.add(
-                    reply_to, chunk(delta.text, delta.token_ids, reason, problem)
-                )
-                deliveries.track(delivered)
-                if first_reply is None:
-                    first_reply = delivered
-                seq += 1
-                if reason is not None:
-                    finish = reason
-                    ended = True
-                    timings = delta.timings
-                    break
+            async with _closing(
+                self._generate(request, engine_id, prompt, params, adapter)
+            ) as deltas:
+                async for delta in deltas:
+                    cancelled = self._cancels.reason(
+                        tenant_id, request_id, attempt, time.monotonic()
+                    )
+                    if cancelled == REASSIGNED:
+                        # Presumed dead, this run's request went to another worker: say
+                        # nothing more (closing the stream aborts it in vLLM).
+                        log.info("dropping %s attempt %d: reassigned", request_id, attempt)
+                        return
+                    if delta.num_prompt_tokens is not None:
+                        num_prompt = delta.num_prompt_tokens - len(resumed)
+                        num_cached = delta.num_cached_tokens or 0
+                    if delta.token_ids and first_token_at is None:
+                        first_token_at = datetime.now(UTC)
+                        num_at_first = num_completion + len(delta.token_ids)
+                    if not abort_sent and cancelled is not None:
+                        # The cancel came before the engine knew the request: abort it now.
+                        abort_sent = True
+                        await self._engine.abort(
+                            self._running.get((tenant_id, request_id), engine_id)
+                        )
+                    num_completion += len(delta.token_ids)
+                    reason, problem = finish_of(delta.finish_reason)
+                    if problem is not None:
+                        log.warning("%s: %s", request_id, problem.message)
+                        error = problem
+                    if not delta.token_ids and not delta.text and reason is None:
+                        continue
+                    # Not awaited: the batcher sends this step's chunks of every request
+                    # together, in the next loop iteration.
+                    delivered = replies.add(
+                        reply_to, chunk(delta.text, delta.token_ids, reason, problem)
+                    )
+                    deliveries.track(delivered)
+                    if first_reply is None:
+                        first_reply = delivered
+                    seq += 1
+                    if reason is not None:
+                        finish = reason
+                        ended = True
+                        timings = delta.timings
+                        break
         except Exception as exc:
             log.exception("engine failed on %s", request.request_id)
             error = ErrorInfo(code="engine_error", message=f"{type(exc).__name__}: {exc}")
@@ -476,6 +508,9 @@ class Worker:
                 deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
         finally:
             self._running.pop((tenant_id, request_id), None)
+            if interactive:
+                assert self._batch_gate is not None
+                self._batch_gate.interactive_ended()
         itl_s = None
         if first_token_at is not None and num_completion > num_at_first:
             decode_s = (datetime.now(UTC) - first_token_at).total_seconds()
@@ -503,6 +538,90 @@ class Worker:
             last_seq=seq - 1,
             itl_s=itl_s,
         )
+
+    async def _generate(
+        self,
+        request: WorkItem,
+        engine_id: str,
+        prompt: str | list[int],
+        params: GenerateParams,
+        adapter: AdapterRef | None,
+    ) -> AsyncIterator[EngineDelta]:
+        """The engine's deltas for one attempt. A class 2 line waits for the batch gate,
+        and one the gate pauses goes on later from its prompt and the tokens it made, in
+        one stream: the pause's own abort is not a finish, later parts carry no prompt
+        counts, and the last delta's times start at the first part's."""
+        gate = self._batch_gate
+        options: dict[str, Any] = {
+            "priority": request.priority,
+            "cache_salt": request.cache_salt,
+            "adapter": adapter,
+        }
+        if gate is None or request.priority < 2:
+            async with _closing(self._engine.generate(engine_id, prompt, params, **options)) as it:
+                async for delta in it:
+                    yield delta
+            return
+        key = (request.tenant_id, request.request_id)
+        made: list[int] = []  # token ids this attempt generated, over all its parts
+        prompt_ids: list[int] | None = None
+        first: EngineTimings | None = None
+        part = 0
+        paused = False
+        while True:
+            await gate.enter(key, paused_before=paused)
+            part_id = engine_id if part == 0 else f"{engine_id}/part{part}"
+            if not gate.bind(key, part_id):
+                gate.leave(key)  # paused before it started
+                paused = True
+                continue
+            cancelled = self._cancels.reason(*key, request.attempt, time.monotonic())
+            if part and cancelled is not None:
+                gate.leave(key)  # cancelled while paused: no more engine work
+                yield EngineDelta("", [], "abort")
+                return
+            self._running[key] = part_id
+            part_prompt, part_params = prompt, params
+            if part:
+                if prompt_ids is None:
+                    prompt_ids = (
+                        prompt if isinstance(prompt, list) else self._engine.tokenize(prompt)
+                    )
+                part_prompt = prompt_ids + made
+                part_params = replace(params, max_tokens=max(1, params.max_tokens - len(made)))
+            finished = False
+            try:
+                async with _closing(
+                    self._engine.generate(part_id, part_prompt, part_params, **options)
+                ) as it:
+                    async for delta in it:
+                        made += delta.token_ids
+                        if part:
+                            delta = replace(delta, num_prompt_tokens=None, num_cached_tokens=None)
+                        if delta.finish_reason == "abort" and gate.is_paused(key):
+                            first = first or delta.timings
+                            if delta.token_ids or delta.text:
+                                yield replace(delta, finish_reason=None, timings=None)
+                            break
+                        if delta.finish_reason is not None:
+                            finished = True
+                            if first is not None and delta.timings is not None:
+                                delta = replace(
+                                    delta,
+                                    timings=replace(first, last_token=delta.timings.last_token),
+                                )
+                        yield delta
+                        if finished:
+                            return
+            finally:
+                was_paused = gate.leave(key)
+            if not was_paused:
+                return  # ended without a finish: the caller reports it
+            paused = True
+            part += 1
+            log.info(
+                "%s paused for interactive work after %d tokens", request.request_id, len(made)
+            )
 
     async def _report(
         self,

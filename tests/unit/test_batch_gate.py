@@ -1,0 +1,213 @@
+"""The batch gate (workers.batch_gate) and a worker's class 2 lines paused for interactive work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.fake_engine import FakeEngine
+from schemas import FinishReason, UsageEvent, UsageStatus, decode
+from tests.unit.test_worker import REPLY_TO, RecordingProducer, work_item
+from tokenbus.batch_yield import YieldPolicy
+from tokenbus.chunks import decode_batch
+from tokenbus.config import Settings
+from workers.batch_gate import BatchGate, plan_seats
+from workers.interface import AdapterRef, EngineDelta, GenerateParams
+from workers.replies import ReplyBatcher
+from workers.worker import Worker, create_batch_gate
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "cap", "expected"),
+    [
+        (3, 5, None, (5, 0)),  # no cap: every waiting line starts
+        (1, 5, 4, (3, 0)),  # room for three under the cap
+        (4, 5, 4, (0, 0)),  # at the cap: nothing starts, nothing pauses
+        (6, 2, 4, (0, 2)),  # above it: the excess pauses
+        (3, 0, 0, (0, 3)),  # a cap of none pauses every line
+    ],
+)
+def test_plan_seats_starts_up_to_the_cap_and_pauses_what_is_above_it(
+    running: int, waiting: int, cap: int | None, expected: tuple[int, int]
+) -> None:
+    assert plan_seats(running, waiting, cap) == expected
+
+
+class Aborts:
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    async def __call__(self, engine_id: str) -> None:
+        self.ids.append(engine_id)
+
+
+async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_end_resumes_them() -> (
+    None
+):
+    aborts = Aborts()
+    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", aborts)
+    for n in range(3):
+        await gate.enter(f"line{n}")  # no interactive work: no cap
+        assert gate.bind(f"line{n}", f"engine{n}")
+    gate.interactive_started()
+    await asyncio.sleep(0)  # the aborts run as tasks
+    assert sorted(aborts.ids) == ["engine1", "engine2"]  # the oldest line keeps its seat
+    assert gate.is_paused("line1") and gate.is_paused("line2") and not gate.is_paused("line0")
+    assert gate.num_pauses == 2
+    # The paused lines' streams end; they wait to go on.
+    assert gate.leave("line2") and gate.leave("line1")
+    back = [asyncio.create_task(gate.enter(k, paused_before=True)) for k in ("line1", "line2")]
+    new = asyncio.create_task(gate.enter("line3"))
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in [*back, new]) and gate.num_waiting == 3
+    gate.interactive_ended()
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in [*back, new])  # the hold (50 ms) still caps them
+    await asyncio.wait_for(asyncio.gather(*back, new), 1.0)  # then the cap lifts
+    assert gate.num_waiting == 0 and gate.cap() is None
+
+
+async def test_under_the_cap_a_waiting_line_starts_when_a_running_one_ends() -> None:
+    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=60), "m", Aborts())
+    gate.interactive_started()
+    await gate.enter("a")
+    waiting = asyncio.create_task(gate.enter("b"))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    assert not gate.leave("a")  # ended by itself: not a pause
+    await asyncio.wait_for(waiting, 1.0)
+
+
+async def test_a_line_paused_before_it_started_does_not_start_and_a_cancelled_waiter_is_dropped() -> (
+    None
+):
+    aborts = Aborts()
+    gate = BatchGate(YieldPolicy(seats_per_worker=0, hold_s=60), "m", aborts)
+    await gate.enter("a")
+    gate.interactive_started()  # "a" holds a seat but has no engine id yet
+    assert not gate.bind("a", "engine-a") and aborts.ids == []
+    assert gate.leave("a")
+    waiter = asyncio.create_task(gate.enter("a", paused_before=True))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert gate.num_waiting == 0
+
+
+def test_the_gate_is_off_when_its_cap_could_never_bind(tmp_path: Path) -> None:
+    engine = FakeEngine("tiny", max_num_seqs=4)
+    assert create_batch_gate(Settings(home=tmp_path), engine) is None  # 4 seats of 4
+    on = Settings(home=tmp_path, batch_yield_seats_per_worker=1)
+    assert create_batch_gate(on, engine) is not None
+
+
+class RecordingEngine(FakeEngine):
+    """The pretend engine, stepping every 5 ms, noting each part's prompt and length."""
+
+    def __init__(self) -> None:
+        super().__init__("tiny", max_num_seqs=4, step_s=0.005)
+        self.parts: list[tuple[str, int, int]] = []  # (engine id, prompt length, max_tokens)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: GenerateParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        adapter: AdapterRef | None = None,
+    ) -> AsyncIterator[EngineDelta]:
+        length = len(prompt) if isinstance(prompt, list) else len(self.tokenize(prompt))
+        self.parts.append((request_id, length, params.max_tokens))
+        async for delta in super().generate(
+            request_id, prompt, params, priority=priority, cache_salt=cache_salt
+        ):
+            yield delta
+
+
+async def batch_worker(tmp_path: Path, engine: FakeEngine) -> tuple[Worker, RecordingProducer]:
+    settings = Settings(
+        home=tmp_path, worker_id="w1", batch_yield_seats_per_worker=0, batch_yield_hold_s=0.05
+    )
+    worker = Worker(settings, engine)
+    producer = RecordingProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker._replies = ReplyBatcher(producer)
+    await engine.start()
+    return worker, producer
+
+
+async def until(condition: Any, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.002)
+
+
+async def test_a_paused_batch_line_goes_on_in_one_stream_billed_once(tmp_path: Path) -> None:
+    engine = RecordingEngine()
+    worker, producer = await batch_worker(tmp_path, engine)
+    gate = worker._batch_gate
+    assert gate is not None
+    line = asyncio.create_task(worker._serve(work_item(max_tokens=20, priority=2)))
+    await until(lambda: len(producer.on(REPLY_TO)) >= 3)
+    gate.interactive_started()
+    await asyncio.sleep(0.05)  # paused: no step of it runs
+    made_when_paused = len(producer.on(REPLY_TO))
+    await asyncio.sleep(0.05)
+    assert len(producer.on(REPLY_TO)) == made_when_paused and not line.done()
+    gate.interactive_ended()
+    await asyncio.wait_for(line, 2.0)
+    await worker._replies.drain()  # type: ignore[union-attr]
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))  # no gap, no repeat
+    assert sum(c.num_tokens for c in chunks) == 20
+    assert [c.finish_reason for c in chunks].count(None) == len(chunks) - 1
+    assert chunks[-1].finish_reason is FinishReason.LENGTH
+    prompt_len = len(engine.tokenize("hello there"))
+    (first, second) = engine.parts
+    made = 20 - second[2]
+    assert first == ("acme/r1/0", prompt_len, 20)
+    assert second == ("acme/r1/0/part1", prompt_len + made, 20 - made) and 0 < made < 20
+    (usage,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
+    assert usage.status is UsageStatus.OK and usage.num_completion_tokens == 20
+    assert usage.num_prompt_tokens == round(len("hello there") / 1.8)  # the first part's
+    assert usage.last_seq == chunks[-1].seq and gate.num_pauses == 1
+
+
+async def test_interactive_lines_are_never_paused_and_a_cancel_while_paused_ends_the_line(
+    tmp_path: Path,
+) -> None:
+    engine = RecordingEngine()
+    worker, producer = await batch_worker(tmp_path, engine)
+    gate = worker._batch_gate
+    assert gate is not None
+    batch = asyncio.create_task(worker._serve(work_item(max_tokens=40, priority=2)))
+    await until(lambda: len(producer.on(REPLY_TO)) >= 2)
+    interactive = asyncio.create_task(
+        worker._serve(work_item(max_tokens=10, request_id="r2", priority=1))
+    )
+    await asyncio.wait_for(interactive, 2.0)  # ran to its end beside the paused line
+    worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="cancelled")
+    await asyncio.wait_for(batch, 2.0)  # the hold ends, the line sees its cancel
+    await worker._replies.drain()  # type: ignore[union-attr]
+    usage = {
+        e.request_id: e
+        for e in (decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage))
+    }
+    assert usage["r2"].status is UsageStatus.OK and usage["r2"].num_completion_tokens == 10
+    assert usage["r1"].status is UsageStatus.CANCELLED
+    assert usage["r1"].num_completion_tokens < 40
+    assert len(engine.parts) == 2  # r1's first part and r2: no engine work after the cancel
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    r1 = [c for c in chunks if c.request_id == "r1"]
+    assert [c.seq for c in r1] == list(range(len(r1))) and r1[
+        -1
+    ].finish_reason is FinishReason.ABORT

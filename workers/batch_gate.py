@@ -1,0 +1,179 @@
+"""Batch gate: a worker's class 2 lines give its engine back the moment interactive work comes.
+
+# WorkItem taken: class 0/1 --> BatchGate.interactive_started ... interactive_ended
+# class 2 line --> await BatchGate.enter(key) --> Engine.generate --> BatchGate.leave(key)
+# cap below the lines running --> the newest are paused (Engine.abort); each waits, then
+#   continues from its prompt and the tokens it made (workers.worker: _generate)
+
+The job's batch yield (``tokenbus.batch_yield``) stops forwarding class 2 above
+``batch_yield_seats_per_worker`` lines per worker while a model has interactive traffic.
+The lines an engine already runs would go on beside the first interactive requests: on
+the development machine the interactive request that found 44 batch lines running took
+3 to 6 times its time to first token alone, and at c=1 that one request is the wave's
+p99 (BENCHMARKS.md, section 7). This gate holds the same cap inside the worker, over
+the lines already running: those above it are aborted in the engine and wait here; when
+the cap lifts, or a line under it ends, they continue from their own prompt plus the
+tokens they had made, as a failover resume does. No token is made or delivered twice,
+the stream's seq numbers carry on, and the usage event counts the line once; the
+continued prompt is mostly back from the prefix cache.
+
+While the cap holds, class 2 lines wait in arrival order, paused ones first (they began
+first). The cap follows the job's rule, per worker: while a class 0/1 request runs here,
+or for ``hold_s`` after the last one came or ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+
+from tokenbus.batch_yield import BatchYield, YieldPolicy
+
+log = logging.getLogger(__name__)
+
+
+def plan_seats(num_running: int, num_waiting: int, cap: int | None) -> tuple[int, int]:
+    """(waiting lines to start, running lines to pause) for ``cap`` (None: no cap)."""
+    if cap is None:
+        return num_waiting, 0
+    if num_running > cap:
+        return 0, num_running - cap
+    return min(num_waiting, cap - num_running), 0
+
+
+class BatchGate:
+    """The class 2 lines of one worker's engine: which run, which wait (see the module)."""
+
+    def __init__(
+        self,
+        policy: YieldPolicy,
+        model: str,
+        abort: Callable[[str], Awaitable[None]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._yield = BatchYield(policy)
+        self._hold_s = policy.hold_s
+        self._model = model
+        self._abort = abort
+        self._clock = clock
+        self._running: dict[Hashable, str | None] = {}
+        """Lines in the engine, in the order they started, with their engine ids."""
+        self._paused: set[Hashable] = set()
+        """Running lines this gate aborted: their stream's end is a pause, not a finish."""
+        self._waiting: deque[tuple[Hashable, asyncio.Future[None]]] = deque()
+        self._num_interactive = 0
+        self._reopen: asyncio.TimerHandle | None = None
+        self._aborts: set[asyncio.Task[None]] = set()
+        self.num_pauses = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def cap(self) -> int | None:
+        return self._yield.batch_cap(
+            self._model,
+            self._clock(),
+            num_workers=1,
+            num_interactive_in_flight=self._num_interactive,
+        )
+
+    async def enter(self, key: Hashable, *, paused_before: bool = False) -> None:
+        """Returns once ``key`` may run in the engine; a line paused before goes first."""
+        if not self._waiting and plan_seats(self._num_active(), 1, self.cap())[0]:
+            self._running[key] = None
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        if paused_before:
+            self._waiting.appendleft((key, waiter))
+        else:
+            self._waiting.append((key, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.leave(key)  # admitted as it was cancelled: give the seat back
+            else:
+                self._drop_waiter(waiter)
+            raise
+
+    def bind(self, key: Hashable, engine_id: str) -> bool:
+        """``key`` starts in the engine as ``engine_id``; False if it was paused since it
+        entered (then it must not start: ``leave``, then ``enter`` again)."""
+        if key in self._paused or key not in self._running:
+            return False
+        self._running[key] = engine_id
+        return True
+
+    def is_paused(self, key: Hashable) -> bool:
+        return key in self._paused
+
+    def leave(self, key: Hashable) -> bool:
+        """``key`` left the engine; True if this gate had paused it."""
+        self._running.pop(key, None)
+        paused = key in self._paused
+        self._paused.discard(key)
+        self._rebalance()
+        return paused
+
+    def interactive_started(self) -> None:
+        self._num_interactive += 1
+        self._yield.note_interactive(self._model, self._clock())
+        self._rebalance()
+
+    def interactive_ended(self) -> None:
+        self._num_interactive = max(0, self._num_interactive - 1)
+        self._yield.note_interactive(self._model, self._clock())  # the hold counts from here
+        self._rebalance()
+
+    def _num_active(self) -> int:
+        return len(self._running) - len(self._paused)
+
+    def _rebalance(self) -> None:
+        cap = self.cap()
+        active = [key for key in self._running if key not in self._paused]
+        num_start, num_pause = plan_seats(len(active), len(self._waiting), cap)
+        while num_start and self._waiting:
+            key, waiter = self._waiting.popleft()
+            if waiter.done():
+                continue  # its task was cancelled
+            self._running[key] = None
+            waiter.set_result(None)
+            num_start -= 1
+        for key in active[len(active) - num_pause :] if num_pause else ():
+            self._paused.add(key)
+            self.num_pauses += 1
+            engine_id = self._running[key]
+            if engine_id is not None:
+                self._start_abort(engine_id)
+        if cap is not None and self._num_interactive == 0 and (self._waiting or self._paused):
+            self._reopen_after(self._hold_s)
+
+    def _reopen_after(self, delay_s: float) -> None:
+        """Looks again once the hold may be over (the cap lifts by time, not by an event)."""
+        if self._reopen is not None:
+            self._reopen.cancel()
+        loop = asyncio.get_running_loop()
+        self._reopen = loop.call_later(delay_s + 0.01, self._on_reopen)
+
+    def _on_reopen(self) -> None:
+        self._reopen = None
+        self._rebalance()
+
+    def _drop_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiting = deque(item for item in self._waiting if item[1] is not waiter)
+
+    def _start_abort(self, engine_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort_logged(engine_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort_logged(self, engine_id: str) -> None:
+        try:
+            await self._abort(engine_id)
+        except Exception:
+            log.exception("pausing %s failed; it runs on", engine_id)
