@@ -189,14 +189,17 @@ class Settings(BaseSettings):
     batch_yield_seats_per_worker: int = 4
     """While a model has class 0/1 requests in flight, or queued one in the last
     ``batch_yield_hold_s``, class 2 may hold at most this many seats per live worker of
-    that model; the class 2 lines above it finish, and class 0/1 requests do not wait for
-    their seats (``tokenbus.batch_yield``). It acts on the first interactive request,
+    that model; the job forwards none above it, and class 0/1 requests do not wait for
+    their seats (``tokenbus.batch_yield``). Each worker holds the same cap over the lines
+    in its engine, pausing those above it (``workers.batch_gate``: they go on later from
+    the tokens they made). It acts on the first interactive request,
     where the batch pacer acts a load report later. A value at or above the workers'
     ``max_num_seqs`` never binds: the seats and the pacer alone. (Measured before it, on
     the 2-core machine: with 44 batch lines seated, interactive TTFT p99 at c=1 was 5.9x
     its value alone; BENCHMARKS.md, section 7.)"""
     batch_yield_hold_s: float = 3.0
-    """How long the batch yield's cap outlives the last interactive request's arrival:
+    """How long the batch yield's cap outlives the last interactive request's arrival
+    (at a worker, also its end):
     long enough to bridge the gaps within a burst, short against the batch's recovery."""
     tier_cap_above: float = 1.2
     tier_shed_above: float = 1.5
