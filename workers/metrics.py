@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -96,6 +96,18 @@ class WorkerMetrics:
             "Mean time between tokens after the first, per request",
             _LABELS,
             buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.batch_pauses = Counter(
+            "tokenbus_worker_batch_pauses",
+            "Class 2 lines paused by the batch gate for interactive work (each goes on later)",
+            [MODEL, WORKER],
+            registry=r,
+        )
+        self.batch_waiting = Gauge(
+            "tokenbus_worker_batch_lines_waiting",
+            "Class 2 lines waiting at the batch gate (new or paused)",
+            [MODEL, WORKER],
             registry=r,
         )
         tenants.on_evict(drop_tenant_series(self.requests, self.tokens, self.ttft, self.itl))

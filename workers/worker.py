@@ -216,6 +216,10 @@ class Worker:
             lambda: self._consumer,
             self.request_topic,
         )
+        if self._batch_gate is not None:
+            gate = self._batch_gate
+            waiting = self.metrics.batch_waiting.labels(engine.model_name, self.worker_id)
+            waiting.set_function(lambda: gate.num_waiting)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -619,6 +623,7 @@ class Worker:
                 return  # ended without a finish: the caller reports it
             paused = True
             part += 1
+            self.metrics.batch_pauses.labels(self._engine.model_name, self.worker_id).inc()
             log.info(
                 "%s paused for interactive work after %d tokens", request.request_id, len(made)
             )

@@ -46,9 +46,7 @@ class Aborts:
         self.ids.append(engine_id)
 
 
-async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_end_resumes_them() -> (
-    None
-):
+async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_end_resumes() -> None:
     aborts = Aborts()
     gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", aborts)
     for n in range(3):
@@ -83,9 +81,7 @@ async def test_under_the_cap_a_waiting_line_starts_when_a_running_one_ends() -> 
     await asyncio.wait_for(waiting, 1.0)
 
 
-async def test_a_line_paused_before_it_started_does_not_start_and_a_cancelled_waiter_is_dropped() -> (
-    None
-):
+async def test_a_line_paused_before_it_starts_never_starts_and_a_cancelled_waiter_goes() -> None:
     aborts = Aborts()
     gate = BatchGate(YieldPolicy(seats_per_worker=0, hold_s=60), "m", aborts)
     await gate.enter("a")
@@ -180,6 +176,10 @@ async def test_a_paused_batch_line_goes_on_in_one_stream_billed_once(tmp_path: P
     assert usage.status is UsageStatus.OK and usage.num_completion_tokens == 20
     assert usage.num_prompt_tokens == round(len("hello there") / 1.8)  # the first part's
     assert usage.last_seq == chunks[-1].seq and gate.num_pauses == 1
+    registry = worker.metrics.registry
+    labels = {"model": "tiny", "worker": "w1"}
+    assert registry.get_sample_value("tokenbus_worker_batch_pauses_total", labels) == 1
+    assert registry.get_sample_value("tokenbus_worker_batch_lines_waiting", labels) == 0
 
 
 async def test_interactive_lines_are_never_paused_and_a_cancel_while_paused_ends_the_line(
