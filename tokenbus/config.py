@@ -197,6 +197,11 @@ class Settings(BaseSettings):
     ``max_num_seqs`` never binds: the seats and the pacer alone. (Measured before it, on
     the 2-core machine: with 44 batch lines seated, interactive TTFT p99 at c=1 was 5.9x
     its value alone; BENCHMARKS.md, section 7.)"""
+    batch_yield_probe_after: int = 32
+    """Interactive requests a worker serves in a row within the target (its TTFT at most
+    ``batch_target_interactive_ratio`` x its baseline) before it lets one more batch line
+    run beside them, up to ``batch_yield_seats_per_worker`` (``workers.batch_gate``: AIMD
+    from none; a request over the target with batch lines running halves them)."""
     batch_yield_hold_s: float = 3.0
     """How long the batch yield's cap outlives the last interactive request's arrival
     (at a worker, also its end):

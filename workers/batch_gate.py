@@ -18,8 +18,14 @@ the stream's seq numbers carry on, and the usage event counts the line once; the
 continued prompt is mostly back from the prefix cache.
 
 While the cap holds, class 2 lines wait in arrival order, paused ones first (they began
-first). The cap follows the job's rule, per worker: while a class 0/1 request runs here,
-or for ``hold_s`` after the last one came or ended.
+first). It holds by the job's rule, per worker: while a class 0/1 request runs here, or
+for ``hold_s`` after the last one came or ended.
+
+How many lines may run beside interactive work is learned (``SeatLearner``), from 0 up to
+the job's ``seats_per_worker``: a host whose engine shares its cores with the bus's
+services (vLLM on the CPU of a 2-core machine: one running batch line keeps the engine's
+core busy, and the interactive path loses half the machine) learns to run none, while a
+GPU host, where a few more sequences in a step cost little, learns to run the most.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
 
 from tokenbus.batch_yield import BatchYield, YieldPolicy
 
@@ -44,6 +51,48 @@ def plan_seats(num_running: int, num_waiting: int, cap: int | None) -> tuple[int
     return min(num_waiting, cap - num_running), 0
 
 
+@dataclass
+class SeatLearner:
+    """How many class 2 lines may run beside interactive work on one engine: AIMD on the
+    time to first token of the interactive requests, at the worker (taken to first token).
+
+    A request that starts with no batch line running is a baseline sample (the lowest of
+    the last ``window`` is the baseline). One that met batch lines and took more than
+    ``ratio`` x the baseline halves the seats (down to none); ``probe_after`` requests in
+    a row within the target let one more line run, to find out whether it fits. Pure.
+    """
+
+    max_seats: int
+    ratio: float = 1.5
+    probe_after: int = 32
+    window: int = 60
+    seats: int = 0
+    """Starts at none: the first interactive request of a host never meets a batch line
+    that has not been shown to fit."""
+    num_within: int = 0
+    _samples: deque[float] = field(default_factory=deque)
+
+    def baseline(self) -> float | None:
+        return min(self._samples) if self._samples else None
+
+    def observe(self, ttft_s: float, num_batch_running: int) -> None:
+        if num_batch_running == 0:
+            self._samples.append(ttft_s)
+            while len(self._samples) > self.window:
+                self._samples.popleft()
+        baseline = self.baseline()
+        if baseline is None:
+            return
+        if ttft_s > self.ratio * baseline and num_batch_running > 0:
+            self.seats //= 2
+            self.num_within = 0
+        elif ttft_s <= self.ratio * baseline:
+            self.num_within += 1
+            if self.num_within >= self.probe_after and self.seats < self.max_seats:
+                self.seats += 1
+                self.num_within = 0
+
+
 class BatchGate:
     """The class 2 lines of one worker's engine: which run, which wait (see the module)."""
 
@@ -53,9 +102,12 @@ class BatchGate:
         model: str,
         abort: Callable[[str], Awaitable[None]],
         *,
+        learner: SeatLearner | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._yield = BatchYield(policy)
+        self._max_seats = policy.seats_per_worker
+        self.learner = learner or SeatLearner(max_seats=policy.seats_per_worker)
         self._hold_s = policy.hold_s
         self._model = model
         self._abort = abort
@@ -75,12 +127,11 @@ class BatchGate:
         return len(self._waiting)
 
     def cap(self) -> int | None:
-        return self._yield.batch_cap(
-            self._model,
-            self._clock(),
-            num_workers=1,
-            num_interactive_in_flight=self._num_interactive,
+        """Lines that may run now: None (no cap) unless interactive work is here."""
+        yielding = self._yield.is_yielding(
+            self._model, self._clock(), num_interactive_in_flight=self._num_interactive
         )
+        return min(self.learner.seats, self._max_seats) if yielding else None
 
     async def enter(self, key: Hashable, *, paused_before: bool = False) -> None:
         """Returns once ``key`` may run in the engine; a line paused before goes first."""
@@ -123,6 +174,11 @@ class BatchGate:
     def interactive_started(self) -> None:
         self._num_interactive += 1
         self._yield.note_interactive(self._model, self._clock())
+        self._rebalance()
+
+    def interactive_first_token(self, ttft_s: float) -> None:
+        """An interactive request here made its first token ``ttft_s`` after it was taken."""
+        self.learner.observe(ttft_s, self._num_active())
         self._rebalance()
 
     def interactive_ended(self) -> None:

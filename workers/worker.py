@@ -85,7 +85,7 @@ from tokenbus.tracing import (
 )
 from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
-from workers.batch_gate import BatchGate
+from workers.batch_gate import BatchGate, SeatLearner
 from workers.cancels import CancelBook
 from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
 from workers.metrics import WorkerMetrics
@@ -180,7 +180,12 @@ def create_batch_gate(settings: Settings, engine: Engine) -> BatchGate | None:
     if seats >= engine.max_num_seqs:
         return None
     policy = YieldPolicy(seats_per_worker=seats, hold_s=settings.batch_yield_hold_s)
-    return BatchGate(policy, "engine", engine.abort)
+    learner = SeatLearner(
+        max_seats=seats,
+        ratio=settings.batch_target_interactive_ratio,
+        probe_after=settings.batch_yield_probe_after,
+    )
+    return BatchGate(policy, "engine", engine.abort, learner=learner)
 
 
 class Worker:
@@ -365,6 +370,7 @@ class Worker:
         assert self._replies is not None
         replies = self._replies
         started = datetime.now(UTC)
+        started_s = time.monotonic()
         first_token_at: datetime | None = None
         num_at_first = 0  # completion tokens once the first delta's were counted
         # A resumed attempt continues the stream of an earlier one: its tokens were
@@ -471,6 +477,9 @@ class Worker:
                     if delta.token_ids and first_token_at is None:
                         first_token_at = datetime.now(UTC)
                         num_at_first = num_completion + len(delta.token_ids)
+                        if interactive:
+                            assert self._batch_gate is not None
+                            self._batch_gate.interactive_first_token(time.monotonic() - started_s)
                     if not abort_sent and cancelled is not None:
                         # The cancel came before the engine knew the request: abort it now.
                         abort_sent = True

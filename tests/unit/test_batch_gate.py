@@ -16,7 +16,7 @@ from tests.unit.test_worker import REPLY_TO, RecordingProducer, work_item
 from tokenbus.batch_yield import YieldPolicy
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
-from workers.batch_gate import BatchGate, plan_seats
+from workers.batch_gate import BatchGate, SeatLearner, plan_seats
 from workers.interface import AdapterRef, EngineDelta, GenerateParams
 from workers.replies import ReplyBatcher
 from workers.worker import Worker, create_batch_gate
@@ -38,6 +38,35 @@ def test_plan_seats_starts_up_to_the_cap_and_pauses_what_is_above_it(
     assert plan_seats(running, waiting, cap) == expected
 
 
+def test_the_learner_starts_at_none_halves_on_a_slow_request_and_probes_after_a_run() -> None:
+    learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=3)
+    assert learner.seats == 0
+    learner.observe(0.040, num_batch_running=0)  # a baseline sample
+    assert learner.baseline() == 0.040
+    for _ in range(3):  # three within 60 ms in a row: one line more
+        learner.observe(0.050, num_batch_running=0)
+    assert learner.seats == 1
+    for _ in range(6):
+        learner.observe(0.055, num_batch_running=1)
+    assert learner.seats == 3  # up by one each three
+    learner.observe(0.100, num_batch_running=0)  # slow, but no batch line ran: not theirs
+    assert learner.seats == 3
+    learner.observe(0.100, num_batch_running=3)  # slow beside batch lines: halved
+    assert learner.seats == 1 and learner.num_within == 0
+    learner.observe(0.100, num_batch_running=1)
+    assert learner.seats == 0
+    for _ in range(100):
+        learner.observe(0.041, num_batch_running=0)
+    assert learner.seats == 4  # never above the job's cap
+
+
+def test_the_learners_baseline_is_the_lowest_of_its_window() -> None:
+    learner = SeatLearner(max_seats=4, window=3)
+    for ttft in (0.030, 0.050, 0.060, 0.070):
+        learner.observe(ttft, num_batch_running=0)
+    assert learner.baseline() == 0.050  # 0.030 left the window
+
+
 class Aborts:
     def __init__(self) -> None:
         self.ids: list[str] = []
@@ -48,7 +77,8 @@ class Aborts:
 
 async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_end_resumes() -> None:
     aborts = Aborts()
-    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", aborts)
+    learned = SeatLearner(max_seats=1, seats=1)  # one line was shown to fit
+    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", aborts, learner=learned)
     for n in range(3):
         await gate.enter(f"line{n}")  # no interactive work: no cap
         assert gate.bind(f"line{n}", f"engine{n}")
@@ -71,7 +101,8 @@ async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_en
 
 
 async def test_under_the_cap_a_waiting_line_starts_when_a_running_one_ends() -> None:
-    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=60), "m", Aborts())
+    policy = YieldPolicy(seats_per_worker=1, hold_s=60)
+    gate = BatchGate(policy, "m", Aborts(), learner=SeatLearner(max_seats=1, seats=1))
     gate.interactive_started()
     await gate.enter("a")
     waiting = asyncio.create_task(gate.enter("b"))
@@ -195,6 +226,7 @@ async def test_interactive_lines_are_never_paused_and_a_cancel_while_paused_ends
         worker._serve(work_item(max_tokens=10, request_id="r2", priority=1))
     )
     await asyncio.wait_for(interactive, 2.0)  # ran to its end beside the paused line
+    assert gate.learner.baseline() is not None  # its first token taught the learner
     worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="cancelled")
     await asyncio.wait_for(batch, 2.0)  # the hold ends, the line sees its cancel
     await worker._replies.drain()  # type: ignore[union-attr]
