@@ -59,7 +59,9 @@ class SeatLearner:
     A request that starts with no batch line running is a baseline sample (the lowest of
     the last ``window`` is the baseline). One that met batch lines and took more than
     ``ratio`` x the baseline halves the seats (down to none); ``probe_after`` requests in
-    a row within the target let one more line run, to find out whether it fits. Pure.
+    a row within the target, while the seats bind (more lines want to run than may),
+    let one more line run, to find out whether it fits; with no batch line wanting a
+    seat there is nothing to learn. Pure.
     """
 
     max_seats: int
@@ -75,7 +77,7 @@ class SeatLearner:
     def baseline(self) -> float | None:
         return min(self._samples) if self._samples else None
 
-    def observe(self, ttft_s: float, num_batch_running: int) -> None:
+    def observe(self, ttft_s: float, num_batch_running: int, num_batch_waiting: int = 0) -> None:
         if num_batch_running == 0:
             self._samples.append(ttft_s)
             while len(self._samples) > self.window:
@@ -86,7 +88,7 @@ class SeatLearner:
         if ttft_s > self.ratio * baseline and num_batch_running > 0:
             self.seats //= 2
             self.num_within = 0
-        elif ttft_s <= self.ratio * baseline:
+        elif ttft_s <= self.ratio * baseline and num_batch_running + num_batch_waiting > self.seats:
             self.num_within += 1
             if self.num_within >= self.probe_after and self.seats < self.max_seats:
                 self.seats += 1
@@ -178,7 +180,7 @@ class BatchGate:
 
     def interactive_first_token(self, ttft_s: float) -> None:
         """An interactive request here made its first token ``ttft_s`` after it was taken."""
-        self.learner.observe(ttft_s, self._num_active())
+        self.learner.observe(ttft_s, self._num_active(), len(self._waiting) + len(self._paused))
         self._rebalance()
 
     def interactive_ended(self) -> None:

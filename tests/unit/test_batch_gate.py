@@ -43,11 +43,14 @@ def test_the_learner_starts_at_none_halves_on_a_slow_request_and_probes_after_a_
     assert learner.seats == 0
     learner.observe(0.040, num_batch_running=0)  # a baseline sample
     assert learner.baseline() == 0.040
-    for _ in range(3):  # three within 60 ms in a row: one line more
+    for _ in range(10):  # no batch line wants a seat: nothing to learn
         learner.observe(0.050, num_batch_running=0)
+    assert learner.seats == 0
+    for _ in range(3):  # three within 60 ms in a row, lines waiting: one line more
+        learner.observe(0.050, num_batch_running=0, num_batch_waiting=5)
     assert learner.seats == 1
     for _ in range(6):
-        learner.observe(0.055, num_batch_running=1)
+        learner.observe(0.055, num_batch_running=learner.seats, num_batch_waiting=5)
     assert learner.seats == 3  # up by one each three
     learner.observe(0.100, num_batch_running=0)  # slow, but no batch line ran: not theirs
     assert learner.seats == 3
@@ -56,7 +59,7 @@ def test_the_learner_starts_at_none_halves_on_a_slow_request_and_probes_after_a_
     learner.observe(0.100, num_batch_running=1)
     assert learner.seats == 0
     for _ in range(100):
-        learner.observe(0.041, num_batch_running=0)
+        learner.observe(0.041, num_batch_running=learner.seats, num_batch_waiting=5)
     assert learner.seats == 4  # never above the job's cap
 
 
