@@ -264,6 +264,9 @@ class DispatchMetrics:
     num_redispatched: int = 0
     num_resumed: int = 0
     num_recovered_finished: int = 0
+    num_superseded: int = 0
+    """Attempts sent again after a worker loss, dropped because the attempt before them,
+    only presumed lost, finished after all (its stream whole, its usage reported)."""
     num_adopted: int = 0
     """Requests in flight that an earlier run of the job (or another instance) forwarded."""
     num_adoptions_failed: int = 0
@@ -365,6 +368,8 @@ class Dispatcher:
             for config in self._tenants.budget_configs()
         )
         self._alerts: list[BudgetAlert] = []
+        self._drops: list[CancelRequest] = []
+        """``reassigned`` cancels ``observe_usage`` raised, sent by ``publish_alerts``."""
         self._wake = asyncio.Event()
         self._started_at = clock.monotonic()
         self._last_forward_at = self._started_at
@@ -728,8 +733,53 @@ class Dispatcher:
                     self._alert(budget, usage.tenant_id, usage.created_at, threshold, reason)
                 )
 
+    def _supersede(self, ident: Key, attempt: int) -> None:
+        """Attempt ``attempt`` of ``ident`` ended (its usage came). If the job had
+        presumed it lost and holds a later attempt, in flight or waiting, the presumption
+        was wrong: the worker was only slow (its heartbeats late) and reported before the
+        ``reassigned`` cancel reached it. A worker reports an attempt only once its last
+        chunk is acknowledged, so the client's stream has ended and this usage bills it.
+        The later attempt would stream and bill the same tokens again: it is dropped here,
+        and its worker drops it without a chunk or a usage event more (the cancel goes out
+        from ``publish_alerts``)."""
+        flight = self._in_flight.get(ident)
+        waiting = self._waiting.get(ident)
+        if flight is not None and flight.request.attempt > attempt:
+            later = flight.request
+            del self._in_flight[ident]
+            self._orphans.pop(ident, None)
+        elif waiting is not None and waiting.request.attempt > attempt:
+            later = waiting.request
+            del self._waiting[ident]
+            self._queue.remove(_queue_key(ident))
+            if not waiting.done.done():
+                waiting.done.set_result(Outcome.CANCELLED)
+        else:
+            return
+        self._drops.append(
+            CancelRequest(
+                request_id=later.request_id,
+                tenant_id=later.tenant_id,
+                reason=REASSIGNED,
+                attempt=later.attempt,
+            )
+        )
+        self.metrics.num_superseded += 1
+        log.warning(
+            "%s/%s: attempt %d, presumed lost, finished after all; attempt %d is dropped",
+            *ident,
+            attempt,
+            later.attempt,
+        )
+        self._update_tier()
+        self._wake.set()
+
     async def publish_alerts(self) -> None:
-        """Sends the alerts ``observe_usage`` raised; the usage agent calls it next."""
+        """Sends what ``observe_usage`` raised: budget alerts, and the ``reassigned``
+        cancels of attempts superseded (``_supersede``); the usage agent calls it next."""
+        drops, self._drops = self._drops, []
+        for drop in drops:
+            await self._publish(self._topics.aborts, drop.tenant_id.encode(), encode(drop))
         alerts, self._alerts = self._alerts, []
         for alert in alerts:
             await self._publish(self._topics.budget_alerts, alert.tenant_id.encode(), encode(alert))
@@ -1100,6 +1150,8 @@ class Dispatcher:
                 usage.last_seq or 0,
             )
             self._ledger.put(*ident, done)
+        if usage.status is not UsageStatus.REJECTED:
+            self._supersede(ident, usage.attempt)
         flight = self._in_flight.get(ident)
         if flight is not None and flight.request.attempt == usage.attempt:
             del self._in_flight[ident]

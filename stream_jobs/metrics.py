@@ -54,6 +54,7 @@ _COUNTERS = {
     "num_redispatched": "requests sent again after a lost worker",
     "num_resumed": "streams resumed on another worker",
     "num_recovered_finished": "finished requests whose UsageEvent the job wrote on recovery",
+    "num_superseded": "attempts sent again, dropped as the attempt presumed lost finished",
     "num_adopted": "requests in flight adopted from an earlier run or another instance",
     "num_adoptions_failed": "forwarded requests whose copy could not be read back to adopt",
     "num_affine": "requests sent to their session's last worker",

@@ -13,6 +13,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import (
+    REASSIGNED,
+    CancelRequest,
     InferenceRequest,
     SamplingParams,
     TokenChunk,
@@ -359,12 +361,33 @@ async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
     assert "resumed" in again.flags
     assert dispatcher.metrics.num_resumed == 1
 
-    # The lost attempt's usage (had it come) frees nothing; the new attempt's does.
-    stale = UsageEvent.model_validate({**orjson.loads(usage_of(1)), "attempt": 0})
-    dispatcher.observe_usage(encode(stale))
-    assert len(dispatcher._in_flight) == 1
-    dispatcher.observe_usage(encode(stale.model_copy(update={"attempt": 1})))
+    dispatcher.observe_usage(encode(attempt_usage(1, attempt=1)))  # the new attempt ends
     assert not dispatcher._in_flight
+    loop.cancel()
+
+
+def attempt_usage(n: int, *, attempt: int) -> UsageEvent:
+    return UsageEvent.model_validate({**orjson.loads(usage_of(n)), "attempt": attempt})
+
+
+async def test_a_run_presumed_lost_that_finishes_after_all_drops_the_attempt_sent_again(
+    dispatcher: Dispatcher, recorder: Recorder
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
+    await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    await until(lambda: len(recorder.on("w-topic")) == 2)  # attempt 1, on run-2
+    # Run-1 was only slow: attempt 0 ends, its usage reported after its last chunk.
+    dispatcher.observe_usage(encode(attempt_usage(1, attempt=0)))
+    await dispatcher.publish_alerts()
+    assert not dispatcher._in_flight and dispatcher.metrics.num_superseded == 1
+    drops = [decode(CancelRequest, v) for v in recorder.on(TOPICS.aborts)]
+    assert ("r1", 1, REASSIGNED) in {(d.request_id, d.attempt, d.reason) for d in drops}
+    # Had attempt 1 reported too, nothing more happens: nothing is held for it.
+    dispatcher.observe_usage(encode(attempt_usage(1, attempt=1)))
+    assert not dispatcher._in_flight and dispatcher.metrics.num_superseded == 1
     loop.cancel()
 
 
@@ -568,4 +591,21 @@ async def test_a_lost_batch_request_waits_for_a_worker_and_resumes_there(
     assert again.worker_incarnation == "run-2"
     assert again.resume_token_ids == [11, 12] and again.resume_seq == 1
     assert not [c for c in recorder.chunks_on(REPLIES) if c.request_id == "r1" and c.error]
+    loop.cancel()
+
+
+async def test_a_lost_batch_request_waiting_to_resume_is_dropped_if_its_run_finishes_after_all(
+    dispatcher: Dispatcher, recorder: Recorder, clock: ManualClock
+) -> None:
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    assert await (await admit(dispatcher, request(1, priority=2))) is Outcome.FORWARDED
+    clock.advance(0.31)  # the only worker is presumed lost: r1 waits for another
+    await until(lambda: dispatcher.metrics.num_workers_lost == 1)
+    await until(lambda: ("t", "r1") in dispatcher._waiting)
+    dispatcher.observe_usage(encode(attempt_usage(1, attempt=0)))  # it finished after all
+    assert ("t", "r1") not in dispatcher._waiting and dispatcher.metrics.num_superseded == 1
+    dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
+    await asyncio.sleep(0.1)  # turns of the dispatch loop: nothing goes out again
+    assert len(recorder.on("w-topic")) == 1
     loop.cancel()
