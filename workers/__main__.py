@@ -16,6 +16,7 @@ import orjson
 
 from tokenbus import loops
 from tokenbus.config import Settings
+from tokenbus.heap import freeze_startup_heap
 from tokenbus.logs import logging_config, setup_logging
 from workers.worker import Worker
 
@@ -32,6 +33,7 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info("starting engine for %s from %s", settings.served_model_name, settings.model_dir)
     await engine.start()
+    freeze_startup_heap("worker")
     try:
         await Worker(settings, engine).run(stop)
     finally:
