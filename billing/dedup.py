@@ -84,7 +84,7 @@ def plan_keyed_columns(
     new = [item for item in keyed if item[0] not in existing] if existing else keyed
     keys = [key for key, _ in new]
     events = [event for _, event in new]
-    columns = usage_columns(events, list(map(pricer.charge_nanos, events)))
+    columns = usage_columns(events, pricer.charge_nanos_each(events))
     return ColumnPlan(
         columns,
         dedup_token(keys),

@@ -72,6 +72,7 @@ import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener
@@ -105,6 +106,10 @@ def billing_group_id(settings: Settings) -> str:
 # The sink polls at least this often while idle, so that `stop` is noticed promptly
 # even with a batch interval of zero.
 _MIN_IDLE_POLL_S = 0.05
+
+_HEADERS = attrgetter("headers")
+_CREATED_AT = attrgetter("created_at")
+"""Read by C loops over a batch's records and events, without a Python step per one."""
 
 Batch = dict[Any, list[Any]]
 """TopicPartition -> its ConsumerRecords, in offset order (aiokafka's getmany shape)."""
@@ -333,7 +338,7 @@ class BillingSink:
             read = decode_usages([record.value for record in records])
             if read is not None:  # the whole fetch, strictly: every one storable
                 events += read
-                if self._tracing is not None:
+                if self._tracing is not None and any(map(_HEADERS, records)):
                     traced += [
                         (r.headers, e) for r, e in zip(records, read, strict=True) if r.headers
                     ]
@@ -358,7 +363,7 @@ class BillingSink:
                 self._trace_insert(traced, started_ns, plan.num_rows)
             self.num_inserted += plan.num_rows
             self.num_duplicates += len(events) - plan.num_rows
-            newest = max(event.created_at for event in events).timestamp()
+            newest = max(map(_CREATED_AT, events)).timestamp()
             if self.newest_created_at is None or newest > self.newest_created_at:
                 self.newest_created_at = newest
         self.num_batches += 1

@@ -23,6 +23,7 @@ from clickhouse_connect.datatypes.numeric import BigDecimal
 from billing.alert_rows import ALERT_COLUMNS, AlertKey
 from billing.dedup import Attempt, UsageKey
 from billing.migrate import apply_migrations
+from billing.native_writers import faster_writer
 from billing.rows import USAGE_COLUMNS
 from billing.traces import SPAN_COLUMNS
 from tokenbus.pricing import PriceBook
@@ -369,13 +370,14 @@ _LITTLE = sys.byteorder == "little"
 
 
 def _usage_insert_types(client: Any) -> list[ClickHouseType]:
-    """The table's types for ``USAGE_COLUMNS``, the wide Decimals as ``ScaledIntegers``:
-    ``insert_columns`` is given their values scaled.
+    """The table's types for ``USAGE_COLUMNS``, the wide Decimals as ``ScaledIntegers``
+    (``insert_columns`` is given their values scaled), the low-cardinality and array
+    columns by ``billing.native_writers``.
 
     Given to each insert, they also spare it a ``DESCRIBE`` of the table.
     """
     context = client.create_insert_context("usage_events", column_names=list(USAGE_COLUMNS))
-    return [_scaled_decimal(t, ScaledIntegers) for t in context.column_types]
+    return [faster_writer(_scaled_decimal(t, ScaledIntegers)) for t in context.column_types]
 
 
 def _scaled_decimal(

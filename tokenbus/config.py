@@ -295,11 +295,12 @@ class Settings(BaseSettings):
     # -- billing ----------------------------------------------------------------------
     clickhouse_dsn: str | None = None
     """``chdb:///dir`` (embedded), ``chdb://memory`` or ``http://user:pass@host:8123/db``."""
-    billing_batch_rows: int = 20_000
+    billing_batch_rows: int = 50_000
     """A batch closes at this many records or ``billing_batch_interval_s`` after its first,
-    whichever comes first. Each insert cost chdb a fixed ~25 ms of CPU on a development
-    machine (a new part, its rollups, its fsync), so under load fewer, larger batches are
-    cheaper; under light load the interval closes them."""
+    whichever comes first. Each insert cost chdb a fixed ~25 to 30 ms of CPU on a
+    development machine (a new part, its rollups, its fsync), and each part is merged
+    again later, so under load fewer, larger batches are cheaper; under light load the
+    interval closes them, so this bounds a batch's size, not its wait."""
     billing_batch_interval_s: float = 1.0
     billing_query_port: int = 18123
     """Loopback port where the sink answers SQL for the chdb data it owns."""

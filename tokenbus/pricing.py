@@ -26,7 +26,7 @@ fraction of the cost of Decimal arithmetic: the sink prices every event it inges
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -84,6 +84,11 @@ _NANOS = 10**9
 """Nano-units per unit: prices and costs carry nine decimals."""
 _MICROS = 10**6
 """Weights and shares carry six decimals at most."""
+_PER_WEIGHTED = 1000 * _MICROS
+"""A weighted cost at list price (nano-units x 1,000, times a weight in millionths) -->
+nano-units."""
+_PER_WEIGHTED_BATCH = 1000 * _MICROS * _MICROS
+"""The same, times the batch multiplier in millionths."""
 _MAX_WEIGHTS = 1024
 _MAX_CANDIDATES = 1024
 Nanos = tuple[int, int, int]
@@ -238,41 +243,74 @@ class Pricer:
 
     def charge_nanos(self, event: PricedUsage) -> NanoCharge:
         """``charge``, its costs in integer nano-units: what the sink writes."""
-        created_at = event.created_at
-        # The weight's key, read here: a call less per event, the sink's hot path.
-        peak = bool(self.peak_hours.hours) and self.peak_hours.contains(created_at)
-        key = (max(0, event.num_prompt_tokens) // CONTEXT_STEP_TOKENS, event.precision, peak)
-        weight, weight_micros = self._weights.get(key) or self._weight(event, key)
-        found = self.book._in_force(event.model, created_at, event.adapter)
-        if found is None:
-            return (weight, 0, 0, UNPRICED_VERSION)
-        price, (input_nanos, output_nanos, cached_nanos) = found
-        status = event.status
-        if status is UsageStatus.REJECTED:
-            # Refused before it ran: a prompt the dispatcher counted was never computed.
-            return (weight, 0, 0, price.version)
-        num_prompt = event.num_prompt_tokens
-        num_cached = min(max(event.num_cached_tokens, 0), num_prompt)
-        at_list_price = (
-            (num_prompt - num_cached) * input_nanos
-            + num_cached * cached_nanos
-            + event.num_completion_tokens * output_nanos
-        )  # nano-units x 1,000
-        if event.batch_id is None:
-            cost_nanos = _divide_half_even(at_list_price * weight_micros, 1000 * _MICROS)
-        else:  # a batch line: at the batch share of the list price, rounded once
-            cost_nanos = _divide_half_even(
-                at_list_price * weight_micros * self.book._batch_micros, 1000 * _MICROS * _MICROS
+        return self.charge_nanos_each((event,))[0]
+
+    def charge_nanos_each(self, events: Iterable[PricedUsage]) -> list[NanoCharge]:
+        """``charge_nanos`` of each event, in order, in one loop: the sink prices every
+        event it ingests, and a call per event (with the lookups and the rounding as
+        calls of their own) was most of the cost of pricing one."""
+        book = self.book
+        in_force = book._in_force
+        share_micros = book._share_micros
+        batch_micros = book._batch_micros
+        weights = self._weights
+        peak_hours = self.peak_hours
+        has_peak_hours = bool(peak_hours.hours)
+        rejected = UsageStatus.REJECTED
+        charges: list[NanoCharge] = []
+        append = charges.append
+        for event in events:
+            created_at = event.created_at
+            num_prompt = event.num_prompt_tokens
+            # The weight's key, read here rather than in ``_weight``: no call per event.
+            key = (
+                (num_prompt if num_prompt > 0 else 0) // CONTEXT_STEP_TOKENS,
+                event.precision,
+                has_peak_hours and peak_hours.contains(created_at),
             )
-        share_micros = self.book._share_micros[status]
-        if share_micros == _MICROS:  # all of it, as for ok work by default
-            return (weight, cost_nanos, cost_nanos, price.version)
-        return (
-            weight,
-            cost_nanos,
-            _divide_half_even(cost_nanos * share_micros, _MICROS),
-            price.version,
-        )
+            weight, weight_micros = weights.get(key) or self._weight(event, key)
+            found = in_force(event.model, created_at, event.adapter)
+            if found is None:
+                append((weight, 0, 0, UNPRICED_VERSION))
+                continue
+            price, (input_nanos, output_nanos, cached_nanos) = found
+            status = event.status
+            if status is rejected:
+                # Refused before it ran: a prompt the dispatcher counted was never computed.
+                append((weight, 0, 0, price.version))
+                continue
+            num_cached = event.num_cached_tokens
+            if num_cached < 0:
+                num_cached = 0
+            if num_cached > num_prompt:
+                num_cached = num_prompt
+            at_list_price = (
+                (num_prompt - num_cached) * input_nanos
+                + num_cached * cached_nanos
+                + event.num_completion_tokens * output_nanos
+            )  # nano-units x 1,000
+            # Rounded half to even once (``_divide_half_even``, written out).
+            if event.batch_id is None:
+                numerator, denominator = at_list_price * weight_micros, _PER_WEIGHTED
+            else:  # a batch line: at the batch share of the list price
+                numerator = at_list_price * weight_micros * batch_micros
+                denominator = _PER_WEIGHTED_BATCH
+            cost_nanos, remainder = divmod(numerator, denominator)
+            if 2 * remainder > denominator or (2 * remainder == denominator and cost_nanos % 2):
+                cost_nanos += 1
+            share = share_micros[status]
+            if share == _MICROS:  # all of it, as for ok work by default
+                append((weight, cost_nanos, cost_nanos, price.version))
+            else:
+                append(
+                    (
+                        weight,
+                        cost_nanos,
+                        _divide_half_even(cost_nanos * share, _MICROS),
+                        price.version,
+                    )
+                )
+        return charges
 
 
 NanoCharge = tuple[float, int, int, int]

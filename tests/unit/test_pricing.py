@@ -333,3 +333,42 @@ def test_a_batch_multiplier_outside_zero_to_one_is_refused() -> None:
         PriceBook([V1], batch_multiplier=Decimal("1.01"))
     with pytest.raises(ValueError, match="6 decimals"):
         PriceBook([V1], batch_multiplier=Decimal("0.1234567"))
+
+
+def test_pricing_a_mixed_batch_in_one_call_gives_each_event_its_own_charge() -> None:
+    # One loop prices the sink's whole batch: no branch taken for one event (unpriced,
+    # rejected, a batch line, a billed share, peak hours, an adapter) may leak into the
+    # next one's charge.
+    rng = random.Random(11)
+    policy = ChargePolicy({UsageStatus.FAILED: Decimal("0.333333")})
+    book = PriceBook([V1, V2, ADAPTER], policy, batch_multiplier=Decimal("0.4"))
+    pricer = Pricer(book, PeakHours.parse("9-17"))
+    events = [
+        _event(
+            rng.choice([0, 500, 2048, 9000, -3]),
+            rng.randint(0, 800),
+            num_cached_tokens=rng.choice([0, 100, 5000, -1]),
+            model=rng.choice(["m", "m", "unpriced"]),
+            adapter=rng.choice([None, "acme-support", "other"]),
+            status=rng.choice(list(UsageStatus)),
+            precision=rng.choice(["fp16", "int8"]),
+            batch_id=rng.choice([None, "b"]),
+            created_at=T0 + timedelta(hours=rng.randint(-24 * 70, 24)),
+        )
+        for _ in range(3_000)
+    ]
+
+    charges = pricer.charge_nanos_each(events)
+
+    alone = [Pricer(book, PeakHours.parse("9-17")).charge_nanos(event) for event in events]
+    assert charges == alone
+    versions = {version for _, _, _, version in charges}
+    assert versions == {UNPRICED_VERSION, 1, 2}  # every branch of the price lookup taken
+    for event, (_, cost, billed, _) in zip(events, charges, strict=True):
+        if event.status is UsageStatus.REJECTED or event.model == "unpriced":
+            assert cost == billed == 0
+        expected = pricer.charge(event)
+        assert (Decimal(cost).scaleb(-9), Decimal(billed).scaleb(-9)) == (
+            expected.cost_units,
+            expected.billed_units,
+        )
