@@ -11,9 +11,10 @@ mapping (``BoundedAttributes``, an ABC ``isinstance`` chain per value), twice: a
 and again for each ``set_attribute``; that was a fifth of tracing's work per request.
 ``start_span`` decides and names the span as ``Tracer.start_span`` does (the tracer's
 sampler, its id generator, the parent's random-trace-id flag, its resource, scope and
-span limits) and returns the SDK's ``Span``, whose status, events, exceptions and context
-manager are the SDK's own; only its attributes are kept as a plain dict while every value
-is a ``str``, ``bool``, ``int`` or ``float`` and the span's limits leave them as they are.
+span limits, the SDK's own span metrics when they are on) and returns the SDK's ``Span``, whose status, events, exceptions and context
+manager are the SDK's own; only its attributes are kept as a plain dict while every key
+is a non-empty ``str``, every value a ``str``, ``bool``, ``int`` or ``float``, and the
+span's limits leave them as they are, and its event and link lists are made at the first.
 The first attribute that is not goes into the SDK's ``BoundedAttributes`` with all the
 others, so what it keeps and drops is the SDK's decision. A tracer other than the SDK's,
 or one its configurator disabled, goes through its own ``start_span``.
@@ -181,6 +182,8 @@ class LeanSpan(sdk_trace.Span):
             attributes = self._attributes
             if type(attributes) is not dict:
                 attributes._immutable = True  # type: ignore[union-attr]
+        if self._record_end_metrics:
+            self._record_end_metrics()
         self._span_processor._on_ending(self)
         self._span_processor.on_end(self._readable_span())
 
@@ -220,8 +223,10 @@ def start_span(
         trace_flags=TraceFlags(flags),
         trace_state=sampling.trace_state,
     )
+    record_end_metrics = tracer._tracer_metrics.start_span(parent, decision)
     if decision is Decision.DROP:
         return NonRecordingSpan(span_context)
     span = LeanSpan(tracer, name, span_context, parent, sampling.attributes, kind)
+    span._record_end_metrics = record_end_metrics
     span.start(start_time=start_time, parent_context=context)
     return span

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -256,3 +258,33 @@ def test_the_span_buffer_files_it_under_its_tenant() -> None:
     assert record["parent_span_id"] == f"{0xDEF:016x}"
     assert record["attributes"] == {"tokenbus.tenant": "acme"}
     assert (record["name"], record["start_ns"], record["end_ns"]) == ("job.admit", 5, 9)
+
+
+def test_the_sdks_own_span_metrics_count_it_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
+
+    def counts(start: Callable[[Tracer], Start]) -> dict[str, object]:
+        reader = InMemoryMetricReader()
+        provider = TracerProvider(
+            sampler=ParentBasedRatio(1.0), meter_provider=MeterProvider([reader])
+        )
+        tracer = provider.get_tracer("tokenbus")
+        start(tracer)("a", context=under(sampled=True)).end()
+        start(tracer)("b", context=under(sampled=False)).end()
+        start(tracer)("c", context=under(sampled=True))  # still live
+        data = reader.get_metrics_data()
+        assert data is not None
+        return {
+            metric.name: sorted(
+                (sorted((point.attributes or {}).items()), point.value)  # type: ignore[union-attr]
+                for point in metric.data.data_points
+            )
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+
+    mine, theirs = counts(ours), counts(sdks)
+    assert mine == theirs and {"otel.sdk.span.started", "otel.sdk.span.live"} <= set(mine)
