@@ -30,6 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import (
     SpanKind,
     set_span_in_context,
+    use_span,
 )
 from rich.console import Console
 from rich.table import Table
@@ -41,6 +42,7 @@ from billing.span_sink import GATHER_S, SpanStore
 from billing.traces import span_rows
 from tokenbus.config import Settings
 from tokenbus.finished_span import end_span
+from tokenbus.lean_span import start_span
 from tokenbus.span_path import SpanPath, hop_span, path_ns
 from tokenbus.tracing import Tracing, extract, extract_http, inject, span_attributes, with_path
 from workers.worker import path_edges
@@ -71,7 +73,8 @@ class Services:
     def bridge_request(self, http_headers: dict[str, str], n: int) -> list[tuple[str, bytes]]:
         tracer = self.bridge.tracer
         received = time.time_ns()
-        span = tracer.start_span(
+        span = start_span(
+            tracer,
             "bridge.request",
             context=extract_http(http_headers),
             kind=SpanKind.SERVER,
@@ -92,7 +95,7 @@ class Services:
         taken = path.end(waiting)
         context = set_span_in_context(waiting)
         hop_span(tracer, "bus.reply", taken - 500, taken, tenant, context=context)
-        relaying = tracer.start_span("bridge.relay", attributes=tenant)
+        relaying = start_span(tracer, "bridge.relay", attributes=tenant)
         first_event = path.begin("bridge.first_event", attributes=tenant)
         first_event.end()
         relaying.end()
@@ -104,8 +107,8 @@ class Services:
         tracer = self.job.tracer
         parent = extract(headers)
         taken = time.time_ns()
-        span = tracer.start_span(
-            "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken
+        span = start_span(
+            tracer, "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken
         )
         span.set_attributes(
             span_attributes(
@@ -124,7 +127,8 @@ class Services:
             )
         queued_ns = time.time_ns()
         span.end(end_time=queued_ns)
-        queued = tracer.start_span(
+        queued = start_span(
+            tracer,
             "job.queue",
             context=set_span_in_context(span),
             start_time=queued_ns,
@@ -161,12 +165,16 @@ class Services:
             worker="w",
         )
         usage: list[tuple[str, bytes]] = []
-        with tracer.start_as_current_span(
-            "worker.request",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=attributes,
-            start_time=taken,
+        with use_span(
+            start_span(
+                tracer,
+                "worker.request",
+                context=parent,
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+                start_time=taken,
+            ),
+            end_on_exit=True,
         ) as span:
             span.set_attributes(
                 {

@@ -58,6 +58,7 @@ from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.finished_span import end_span
 from tokenbus.ids import new_request_id
+from tokenbus.lean_span import start_span
 from tokenbus.logs import bind_request
 from tokenbus.span_path import REQUEST_START_HEADER, SpanPath, hop_span, request_start_ns
 from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes, with_path
@@ -191,7 +192,8 @@ class Gateway:
         tracer = self._tracer
         received = getattr(http.state, "received_ns", None) or time.time_ns()
         arrived = request_start_ns(http.headers.get(REQUEST_START_HEADER), received)
-        span = tracer.start_span(
+        span = start_span(
+            tracer,
             "bridge.request",
             context=extract_http(http.headers),
             kind=SpanKind.SERVER,
@@ -294,7 +296,7 @@ class Gateway:
                 feed.close()
                 self._outcome(labels, first.error.code)
                 raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
-        relaying = self._tracer.start_span("bridge.relay", attributes=tenant)
+        relaying = start_span(self._tracer, "bridge.relay", attributes=tenant)
         if plan.stream:
             # The first chunk is here: until its event is written to the client.
             first_event = path.begin("bridge.first_event", attributes=tenant)

@@ -52,6 +52,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.lean_span import start_span
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.span_path import path_ns
 from tokenbus.topics import Topics, reply_batch_key
@@ -244,7 +245,8 @@ class TokenbusClient:
         if self._request_spans and self._reply_reader:
             assert self._tracing is not None
             start_ns = time.time_ns()
-            span = self._tracing.tracer.start_span(
+            span = start_span(
+                self._tracing.tracer,
                 "client.request",
                 kind=SpanKind.PRODUCER,
                 start_time=start_ns,

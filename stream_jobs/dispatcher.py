@@ -106,6 +106,7 @@ from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.dlq import dead_letter
 from tokenbus.kafka import Publish
+from tokenbus.lean_span import start_span
 from tokenbus.logs import bind_request
 from tokenbus.price_file import load_price_book
 from tokenbus.pricing import Pricer
@@ -417,8 +418,8 @@ class Dispatcher:
         pairs = _header_pairs(headers)
         parent = extract(pairs)
         taken_ns = self._wall_ns()
-        span = self._tracer.start_span(
-            "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken_ns
+        span = start_span(
+            self._tracer, "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken_ns
         )
         try:
             result = await self._admit(span, topic, partition, offset, key, value, headers)
@@ -1396,7 +1397,8 @@ class Dispatcher:
         forwarded, topic = picked
         # Admitted (or sent again) to forwarded: the fair queue's wait, the route, the
         # send. The worker's spans are its children.
-        queued = self._tracer.start_span(
+        queued = start_span(
+            self._tracer,
             "job.queue",
             context=waiting.trace,
             start_time=waiting.queued_ns,

@@ -26,6 +26,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer, use_span
 from opentelemetry.util.types import AttributeValue
 
 from tokenbus.finished_span import end_span
+from tokenbus.lean_span import start_span
 
 PATH_HEADER = "tokenbus-path-ns"
 """Record header: the wall-clock ns at which the sender's path to the first token stands
@@ -65,8 +66,13 @@ class SpanPath:
         kind: SpanKind = SpanKind.INTERNAL,
     ) -> Span:
         """A span from ``at``; ``end`` it to move the path on."""
-        return self._tracer.start_span(
-            name, context=context, kind=kind, attributes=attributes, start_time=self.at
+        return start_span(
+            self._tracer,
+            name,
+            context=context,
+            kind=kind,
+            attributes=attributes,
+            start_time=self.at,
         )
 
     def end(self, span: Span, end_ns: int | None = None) -> int:

@@ -25,12 +25,18 @@ from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import orjson
 from opentelemetry.context import Context, create_key, get_value, set_value
-from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import StatusCode, TraceFlags, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+    get_current_span,
+    set_span_in_context,
+)
 
 from schemas import WorkItem
 from tokenbus.config import Settings
@@ -38,6 +44,12 @@ from tokenbus.kafka import Publish
 from tokenbus.sampling import ParentBasedRatio
 from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
+from tokenbus.traceparent import (
+    TRACEPARENT,
+    TRACESTATE,
+    format_traceparent,
+    parse_traceparent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,28 +70,6 @@ NO_TENANT = "-"
 
 Headers = MutableSequence[tuple[str, bytes]]
 
-_PROPAGATOR = TraceContextTextMapPropagator()
-
-
-class _HeaderSetter(Setter[Headers]):
-    def set(self, carrier: Headers, key: str, value: str) -> None:
-        carrier[:] = [(k, v) for k, v in carrier if k != key]
-        carrier.append((key, value.encode()))
-
-
-class _HeaderGetter(Getter[Sequence[tuple[str, bytes]]]):
-    def get(self, carrier: Sequence[tuple[str, bytes]], key: str) -> list[str] | None:
-        found = [v.decode("latin-1") for k, v in carrier if k == key and v is not None]
-        return found or None
-
-    def keys(self, carrier: Sequence[tuple[str, bytes]]) -> list[str]:
-        return [k for k, _ in carrier]
-
-
-_SETTER = _HeaderSetter()
-_GETTER = _HeaderGetter()
-
-
 _PATH_KEY = create_key("tokenbus-path-ns")
 
 
@@ -93,22 +83,62 @@ def inject(headers: Headers, context: Context | None = None) -> None:
     """Writes the current (or ``context``'s) span as ``traceparent``/``tracestate``
     headers, replacing any already there, and the path's instant (``with_path``) as
     ``tokenbus-path-ns``. Nothing is written without a valid span."""
-    _PROPAGATOR.inject(headers, context, _SETTER)
+    span_context = get_current_span(context).get_span_context()
+    traceparent = format_traceparent(span_context)
+    if traceparent is not None:
+        _set_header(headers, TRACEPARENT, traceparent)
+        if span_context.trace_state:
+            _set_header(headers, TRACESTATE, span_context.trace_state.to_header())
     ns = get_value(_PATH_KEY, context)
-    if isinstance(ns, int) and any(k == "traceparent" for k, _ in headers):
-        _SETTER.set(headers, PATH_HEADER, str(ns))
+    if isinstance(ns, int) and (
+        traceparent is not None or any(k == TRACEPARENT for k, _ in headers)
+    ):
+        _set_header(headers, PATH_HEADER, str(ns))
+
+
+def _set_header(headers: Headers, key: str, value: str) -> None:
+    if any(k == key for k, _ in headers):
+        headers[:] = [(k, v) for k, v in headers if k != key]
+    headers.append((key, value.encode()))
 
 
 def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
     """The trace context a record's headers carry; an empty context when they carry none
     or a malformed one (the W3C parser refuses it), so the span opened under it starts a
     trace of its own."""
-    return _PROPAGATOR.extract(list(headers or ()), getter=_GETTER)
+    traceparents: list[str] | None = None
+    tracestates: list[str] | None = None
+    for key, value in headers or ():
+        if value is None:
+            continue
+        if key == TRACEPARENT:
+            traceparents = [*(traceparents or ()), value.decode("latin-1")]
+        elif key == TRACESTATE:
+            tracestates = [*(tracestates or ()), value.decode("latin-1")]
+    return _context_of(parse_traceparent(traceparents, tracestates))
 
 
 def extract_http(headers: Mapping[str, str]) -> Context:
-    """``extract`` for an HTTP request's headers (a W3C ``traceparent`` from the caller)."""
-    return _PROPAGATOR.extract(headers)
+    """``extract`` for an HTTP request's headers (a W3C ``traceparent`` from the caller),
+    each header's first value as Starlette's ``Headers.get`` gives it."""
+    return _context_of(
+        parse_traceparent(_values(headers.get(TRACEPARENT)), _values(headers.get(TRACESTATE)))
+    )
+
+
+def _values(value: str | Iterable[str] | None) -> list[str] | None:
+    """A header's values as the propagator's default getter lists them."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def _context_of(span_context: SpanContext | None) -> Context:
+    if span_context is None:
+        return Context()
+    return set_span_in_context(NonRecordingSpan(span_context), Context())
 
 
 class SpanBuffer(SpanProcessor):

@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from opentelemetry.trace import SpanKind, get_current_span
+from opentelemetry.trace import SpanKind, get_current_span, use_span
 
 from schemas import (
     REASSIGNED,
@@ -68,6 +68,7 @@ from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.finished_span import end_span
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.lean_span import start_span
 from tokenbus.logs import request_context
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
 from tokenbus.span_path import hop_span, path_ns
@@ -334,12 +335,16 @@ class Worker:
                 context=parent,
             )
             with (
-                self._tracer.start_as_current_span(
-                    "worker.request",
-                    context=parent,
-                    kind=SpanKind.CONSUMER,
-                    attributes=attributes,
-                    start_time=taken_ns,
+                use_span(
+                    start_span(
+                        self._tracer,
+                        "worker.request",
+                        context=parent,
+                        kind=SpanKind.CONSUMER,
+                        attributes=attributes,
+                        start_time=taken_ns,
+                    ),
+                    end_on_exit=True,
                 ) as span,
                 request_context(
                     tenant=request.tenant_id,
