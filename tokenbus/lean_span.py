@@ -12,13 +12,13 @@ and again for each ``set_attribute``; that was a fifth of tracing's work per req
 ``start_span`` decides and names the span as ``Tracer.start_span`` does (the tracer's
 sampler, its id generator, the parent's random-trace-id flag, its resource, scope and
 span limits, the SDK's own span metrics when they are on) and returns the SDK's
-``Span``, whose status, events, exceptions and context manager are the SDK's own; only its attributes are kept as a plain dict while every key
-is a non-empty ``str``, every value a ``str``, ``bool``, ``int`` or ``float``, and the
-span's limits leave them as they are, and its event and link lists are made at the first.
-The first attribute that is not goes into the SDK's ``BoundedAttributes`` with all the
-others, so what it keeps and drops is the SDK's decision. A tracer other than the SDK's,
-or one its configurator disabled, goes through its own ``start_span``.
-"""
+``Span``, whose status, events, exceptions and context manager are the SDK's own; only
+its attributes are kept as a plain dict while every key is a non-empty ``str``, every
+value a ``str``, ``bool``, ``int`` or ``float``, and the span's limits leave them as
+they are, and its event and link lists are made at the first. The first attribute that
+is not goes into the SDK's ``BoundedAttributes`` with all the others, so what it keeps
+and drops is the SDK's decision. A tracer other than the SDK's, or one its configurator
+disabled, goes through its own ``start_span``. """
 
 from __future__ import annotations
 
