@@ -18,7 +18,7 @@ value a ``str``, ``bool``, ``int`` or ``float``, and the span's limits leave the
 they are, and its event and link lists are made at the first. The first attribute that
 is not goes into the SDK's ``BoundedAttributes`` with all the others, so what it keeps
 and drops is the SDK's decision. A tracer other than the SDK's, or one its configurator
-disabled, goes through its own ``start_span``. """
+disabled, goes through its own ``start_span``."""
 
 from __future__ import annotations
 
