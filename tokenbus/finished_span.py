@@ -21,13 +21,27 @@ from collections.abc import Mapping
 
 from opentelemetry.context import Context
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, Tracer, get_current_span
 from opentelemetry.util.types import AttributeValue
 
 _SCALARS = frozenset({str, bool, int, float})
 _RANDOM_TRACE_ID = 0x02
 """W3C trace flags' random bit: a child keeps its parent's (the SDK does the same)."""
+
+
+def new_span_context(
+    tracer: sdk_trace.Tracer, trace_id: int, flags: int, sampling: SamplingResult
+) -> SpanContext:
+    """A new local span's context, with a span id from the tracer's generator, as
+    ``Tracer.start_span`` makes it."""
+    return SpanContext(
+        trace_id,
+        tracer.id_generator.generate_span_id(),
+        is_remote=False,
+        trace_flags=TraceFlags(flags),
+        trace_state=sampling.trace_state,
+    )
 
 
 def end_span(
@@ -60,13 +74,7 @@ def end_span(
     flags = parent.trace_flags & _RANDOM_TRACE_ID
     if sampling.decision is Decision.RECORD_AND_SAMPLE:
         flags |= TraceFlags.SAMPLED
-    span_context = SpanContext(
-        trace_id,
-        tracer.id_generator.generate_span_id(),
-        is_remote=False,
-        trace_flags=TraceFlags(flags),
-        trace_state=sampling.trace_state,
-    )
+    span_context = new_span_context(tracer, trace_id, flags, sampling)
     tracer.span_processor.on_end(
         sdk_trace.ReadableSpan(
             name,

@@ -44,6 +44,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util import types
 
+from tokenbus.finished_span import new_span_context
+
 log = logging.getLogger(__name__)
 
 _SCALARS = frozenset({str, bool, int, float})
@@ -216,13 +218,7 @@ def start_span(
     flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
     if random_trace_id:
         flags |= TraceFlags.RANDOM_TRACE_ID
-    span_context = SpanContext(
-        trace_id,
-        tracer.id_generator.generate_span_id(),
-        is_remote=False,
-        trace_flags=TraceFlags(flags),
-        trace_state=sampling.trace_state,
-    )
+    span_context = new_span_context(tracer, trace_id, flags, sampling)
     record_end_metrics = tracer._tracer_metrics.start_span(parent, decision)
     if decision is Decision.DROP:
         return NonRecordingSpan(span_context)
