@@ -145,6 +145,7 @@ class BatchGate:
             self._waiting.appendleft((key, waiter))
         else:
             self._waiting.append((key, waiter))
+        self._rebalance()  # may start it at once, or sets the look once the hold is over
         try:
             await waiter
         except asyncio.CancelledError:

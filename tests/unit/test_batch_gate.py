@@ -103,6 +103,16 @@ async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_en
     assert gate.num_waiting == 0 and gate.cap() is None
 
 
+async def test_a_line_that_comes_during_the_hold_starts_once_the_hold_is_over() -> None:
+    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", Aborts())
+    gate.interactive_started()
+    gate.interactive_ended()  # no batch line anywhere: nothing waits yet
+    line = asyncio.create_task(gate.enter("late"))  # during the hold: it waits...
+    await asyncio.sleep(0.01)
+    assert not line.done()
+    await asyncio.wait_for(line, 1.0)  # ...and starts when the hold is over
+
+
 async def test_under_the_cap_a_waiting_line_starts_when_a_running_one_ends() -> None:
     policy = YieldPolicy(seats_per_worker=1, hold_s=60)
     gate = BatchGate(policy, "m", Aborts(), learner=SeatLearner(max_seats=1, seats=1))
