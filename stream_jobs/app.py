@@ -67,6 +67,7 @@ from tokenbus import tansu
 from tokenbus.clock import SYSTEM_CLOCK, Clock, OffsetClock
 from tokenbus.config import Settings
 from tokenbus.forwards import KafkaForwardLog
+from tokenbus.heap import freeze_startup_heap
 from tokenbus.kafka import make_consumer
 from tokenbus.metadata import keep_known_topics
 from tokenbus.replies import KafkaReplyLog
@@ -649,6 +650,14 @@ def create_app(settings: Settings) -> faust.App:
                 log.exception("could not adopt the requests in flight; trying again")
                 await asyncio.sleep(ADOPT_POLL_S)
                 to_adopt.set()
+
+    @app.task
+    async def freeze_heap() -> None:
+        # Once, when the first recovery is over: start-up's objects (Faust's, the tables'
+        # as recovered) out of the cycle collector's walks (tokenbus.heap).
+        recovery = getattr(app.tables, "recovery")  # noqa: B009 (untyped)
+        await recovery.completed.wait()
+        freeze_startup_heap("job")
 
     @app.task
     async def publish_load() -> None:

@@ -8,10 +8,6 @@ loaded held 626k objects and a full collection took about 360 ms; the Faust job 
 (38 ms), the bridge 68k (21 ms). One such pause in a wave of requests is its TTFT p99.
 ``gc.freeze()`` once start-up is over (as vLLM's engine core and the billing sink do)
 moves them to the permanent generation: later collections walk only what came after.
-The worker does it after its engine starts. The Faust job does not: freezing it as its
-tables' first recovery completed (one full collection, tens of ms, at that moment) was
-followed by the restart test's known loss in the full suite, a race around that moment
-(README, "Known issue").
 The cost is that cycles among start-up's own garbage are never collected; one
 collection just before the freeze frees those.
 """
