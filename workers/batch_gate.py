@@ -108,7 +108,6 @@ class BatchGate:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._yield = BatchYield(policy)
-        self._max_seats = policy.seats_per_worker
         self.learner = learner or SeatLearner(max_seats=policy.seats_per_worker)
         self._hold_s = policy.hold_s
         self._model = model
@@ -133,7 +132,7 @@ class BatchGate:
         yielding = self._yield.is_yielding(
             self._model, self._clock(), num_interactive_in_flight=self._num_interactive
         )
-        return min(self.learner.seats, self._max_seats) if yielding else None
+        return self.learner.seats if yielding else None
 
     async def enter(self, key: Hashable, *, paused_before: bool = False) -> None:
         """Returns once ``key`` may run in the engine; a line paused before goes first."""
