@@ -55,9 +55,9 @@ from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
 
 from schemas import encode
+from stream_jobs import faust_recovery
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher
-from stream_jobs.faust_recovery import resume_streams_after_the_clear
 from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
 from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import faust_offsets, job_registry
@@ -411,7 +411,7 @@ def keep_producer_topics(app: faust.App) -> None:
 
 def create_app(settings: Settings) -> faust.App:
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
-    resume_streams_after_the_clear()  # Faust's recovery loses records otherwise, on any broker
+    faust_recovery.install()  # Faust loses fetched records otherwise, on any broker
     topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(

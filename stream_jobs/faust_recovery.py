@@ -1,10 +1,18 @@
-"""The job's stream partitions resume only once Faust has cleared the agents' queues.
+"""Two races in which Faust drops records its consumer has already fetched, closed.
 
 # Recovery.on_recovery_completed: seek --> clear the agents' queues --> resume the streams
+# AIOKafkaConsumerThread.getmany: the partitions it may drain, fixed when Faust asks
 
-Faust 0.15.3 (``faust.tables.recovery.Recovery.on_recovery_completed``) resumes the
-stream partitions (the requests, usage and cancels the agents read), then seeks them to
-their committed offsets, then resumes ``app.flow_control``, which empties every agent's
+Both are Faust's, not the broker's, so the job installs both for every broker
+(``install``). In each, aiokafka's position moves past records that never reach an
+agent; Faust's read offset stays at the committed one and its commits stop there, and
+the requests waiting for a restarted job are never taken (the job logs "the job has
+taken nothing of ... while behind it").
+
+**Recovery's order.** Faust 0.15.3
+(``faust.tables.recovery.Recovery.on_recovery_completed``) resumes the stream partitions
+(the requests, usage and cancels the agents read), then seeks them to their committed
+offsets, then resumes ``app.flow_control``, which empties every agent's
 queue (``clear_on_resume``). Records the fetcher hands over while the seek runs (one
 offset fetch per partition, a round trip each) reach the agents' queues and are emptied
 from them. The consumer has moved past them and nothing reads them again: a restarted
@@ -18,6 +26,20 @@ Here the same steps run in an order that loses nothing: seek, clear, then resume
 stream partitions. Their records fetched meanwhile stay with the consumer (a paused
 partition's are not handed over) and reach the agents after the clear. Installed by
 the job for every broker, since the race is Faust's.
+
+**The fetch's partitions.** Faust (0.15.3, ``Consumer._wait_next_records``) hands its
+consumer thread its live set of active partitions, and aiokafka's
+``Fetcher.fetched_records`` reads that set again each time a fetch answer wakes it, for
+up to the ``getmany`` timeout (1 s). Faust pauses partitions in that set: all the
+changelogs once the tables are recovered, while the stream partitions are still paused.
+aiokafka drains *every* partition for an empty set, so a fetch that Faust began while
+recovering the tables drains the request partitions, and Faust, finding them paused,
+drops the records it got. Before the end-of-recovery seek that is harmless (the seek
+goes back); once the seek has moved a partition (one offset lookup per partition, a
+round trip each) it is a loss. It needs an answer for that partition to arrive after its
+seek and within the second, so a broker slow to answer fetches of large partitions met
+it in full test runs and short runs hardly ever did. Here the thread gets a frozen copy
+of the set as it was when Faust asked, and a fetch for no partition drains nothing.
 """
 
 from __future__ import annotations
@@ -26,10 +48,12 @@ import asyncio
 from typing import Any
 
 from faust.tables.recovery import Recovery
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
 from tokenbus.tansu.patch import Patch
 
 _patch = Patch(Recovery, "on_recovery_completed")
+_getmany = Patch(AIOKafkaConsumerThread, "getmany")
 
 
 async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
@@ -70,12 +94,26 @@ async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
     self.log.info("Worker ready")
 
 
-def resume_streams_after_the_clear() -> None:
-    """Installs the order above in Faust's recovery for this process (idempotent)."""
+async def getmany(self: Any, active_partitions: Any, timeout: float) -> Any:  # noqa: ASYNC109 (Faust's signature)
+    """Faust's ``getmany`` of its consumer thread, draining only the partitions that
+    were active when Faust asked: never all of them for none, never one paused since."""
+    if active_partitions is None:  # a client-only app: every partition, as Faust asks
+        return await _getmany.original()(self, None, timeout)
+    asked = frozenset(active_partitions)
+    if not asked:
+        return {}
+    return await _getmany.original()(self, asked, timeout)
+
+
+def install() -> None:
+    """Installs both fixes in Faust for this process (idempotent)."""
     if not _patch.on:
         _patch.put(on_recovery_completed)
+    if not _getmany.on:
+        _getmany.put(getmany)
 
 
 def uninstall() -> None:
-    """Faust's recovery as it ships again."""
+    """Faust as it ships again."""
     _patch.undo()
+    _getmany.undo()
