@@ -13,7 +13,9 @@ its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a t
 event that runs under that event, so its table writes land on its tenant's changelog
 partition), writes each tenant's window sums once (``TableWindowStore.flush``), and only
 then may an event be acked: a refused, dead-lettered or duplicate request's once its
-answer is sent, an admitted one's after ``Dispatcher.finish``, once the broker
+answer is sent (a refusal only once the broker holds its ledger entry: one redelivered
+after a crash is then a duplicate, not a run beside the client's retry), an admitted
+one's after ``Dispatcher.finish``, once the broker
 acknowledged its forward (or it was answered) and the ledger says so. So no offset is
 committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
 included) redelivers every request of the batch, and those after it, that were not, and
@@ -207,6 +209,22 @@ class TableLedger:
         self._table.data[key] = value
         self._table.send_changelog(home, key, value)
         self._note_expiry(tenant_id, request_id, entry)
+
+    async def put_durably(
+        self, home: int | None, tenant_id: str, request_id: str, entry: Entry
+    ) -> None:
+        # As put (on the partition of the event being handled) or put_at, keeping the
+        # changelog record's future: Faust resolves it once the broker acknowledged it.
+        if home is None:
+            event = current_event()
+            if event is None:
+                raise RuntimeError("a ledger entry without a partition, outside an event")
+            home = event.message.partition
+        key, value = f"{tenant_id}/{request_id}".encode(), orjson.dumps(entry.to_json())
+        self._table.data[key] = value
+        sent = self._table.send_changelog(home, key, value)
+        self._note_expiry(tenant_id, request_id, entry)
+        await sent
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)

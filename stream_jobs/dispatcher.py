@@ -568,10 +568,10 @@ class Dispatcher:
             )
             if not spend_verdict.admitted:
                 self.metrics.num_rejected_budget += 1
+                await self._remember_durably(item, State.DONE, now)
                 await self._refuse(item, self._budget_refusal(item, spend_verdict, cost))
                 assert spend_verdict.refused_by is not None
                 await self._alert_refused(spend_verdict.refused_by, item)
-                self._remember(item, State.DONE, now)
                 return Outcome.REFUSED
 
         # A batch line is charged to its tenant's batch window, never to the interactive
@@ -902,9 +902,10 @@ class Dispatcher:
     async def _turn_down(
         self, item: WorkItem, error: ErrorInfo, now: float, tier: Tier = Tier.NORMAL
     ) -> Outcome:
-        """Refuses a request on its tenant's partition: the id has had its answer."""
+        """Refuses a request on its tenant's partition: the id has had its answer. The
+        ledger holds that before the answer goes out (``_remember_durably``)."""
+        await self._remember_durably(item, State.DONE, now)
         await self._refuse(item, error, tier)
-        self._remember(item, State.DONE, now)
         return Outcome.REFUSED
 
     def _check_tenant_rules(
@@ -945,6 +946,23 @@ class Dispatcher:
             f"reply_to {reply_to!r} is not a reply topic of this credential: "
             f"its reply topics start with {principal.reply_prefix!r}"
         )
+
+    async def _remember_durably(
+        self,
+        item: WorkItem,
+        state: State,
+        now: float,
+        last_seq: int = 0,
+        *,
+        home: int | None = None,
+    ) -> None:
+        """``_remember``, returning once the broker holds the entry. For an answer that
+        tells the client to try again (under a new id: a batch line's next one), which
+        must not be seen before the ledger says this id had its answer: a job killed
+        between the two would otherwise take the id's redelivered request as new, and
+        run it beside its retry."""
+        entry = Entry(state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, None)
+        await self._ledger.put_durably(home, item.tenant_id, item.request_id, entry)
 
     def _remember(
         self,
@@ -1384,6 +1402,13 @@ class Dispatcher:
         if picked is None:
             self.metrics.num_no_worker += 1
             live = sorted(self._registry.models(self._clock.monotonic()))
+            await self._remember_durably(
+                waiting.request,
+                State.DONE,
+                self._clock.time(),
+                waiting.request.resume_seq,
+                home=waiting.home,
+            )
             await self._refuse(
                 waiting.request,
                 ErrorInfo(

@@ -120,6 +120,12 @@ class Ledger(Protocol):
         """Written on partition ``home`` (the tenant's): for writes outside its events."""
         ...
 
+    async def put_durably(
+        self, home: int | None, tenant_id: str, request_id: str, entry: Entry
+    ) -> None:
+        """``put`` (``home`` None) or ``put_at``, returning once the broker holds it."""
+        ...
+
     def drop(self, tenant_id: str, request_id: str) -> None: ...
 
     def sweep(self, tenant_id: str, now: float) -> None:

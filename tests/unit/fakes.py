@@ -135,6 +135,8 @@ class MemoryLedger:
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str], Entry] = {}
+        self.num_durable = 0
+        """Entries written with ``put_durably``."""
 
     def get(self, tenant_id: str, request_id: str) -> Entry | None:
         return self.entries.get((tenant_id, request_id))
@@ -144,6 +146,12 @@ class MemoryLedger:
 
     def put_at(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> None:
         self.entries[(tenant_id, request_id)] = entry
+
+    async def put_durably(
+        self, home: int | None, tenant_id: str, request_id: str, entry: Entry
+    ) -> None:
+        self.entries[(tenant_id, request_id)] = entry
+        self.num_durable += 1
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self.entries.pop((tenant_id, request_id), None)

@@ -26,6 +26,7 @@ from schemas import (
     encode,
 )
 from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome
+from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import job_registry
 from tests.unit.fakes import (
     TOPICS,
@@ -215,6 +216,54 @@ async def test_over_quota_is_refused_with_retry_after(
     usage = decode(UsageEvent, recorder.on(TOPICS.usage)[-1])
     assert usage.status == "rejected" and usage.tenant_id == "small"
     loop.cancel()
+
+
+class SlowLedger(MemoryLedger):
+    """A ledger whose durable writes the broker acknowledges only when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acknowledged = asyncio.Event()
+
+    async def put_durably(
+        self, home: int | None, tenant_id: str, request_id: str, entry: Entry
+    ) -> None:
+        await self.acknowledged.wait()
+        await super().put_durably(home, tenant_id, request_id, entry)
+
+
+@pytest.mark.parametrize("refusal", ["quota_exceeded", "no_worker"])
+async def test_a_refusal_goes_out_only_once_the_ledger_holds_it(
+    refusal: str, recorder: Recorder, clock: ManualClock, tmp_path: Path
+) -> None:
+    # A refusal invites a retry under a new id (a batch line's next one). Were it seen
+    # before the ledger's entry reached the broker, a job killed in between would take
+    # the id's redelivered request as new and run it beside its retry.
+    settings = Settings(home=tmp_path, tenant_tpm={"small": 40}, worker_dead_after_s=0.3)
+    ledger = SlowLedger()
+    dispatcher = dispatcher_for(settings, recorder, clock, ledger)
+    clock.advance(0.3)  # past the start-up wait for heartbeats
+    if refusal == "quota_exceeded":
+        dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    # More than the tenant's minute, or within it with no worker alive.
+    refused = request(1, tenant="small", max_tokens=50 if refusal == "quota_exceeded" else 10)
+    handled = await admit(dispatcher, refused)
+    await asyncio.sleep(0.05)
+    assert recorder.chunks_on(reply_topic("small")) == []  # not while the broker has not got it
+    ledger.acknowledged.set()
+    assert await handled is Outcome.REFUSED
+    (chunk,) = recorder.chunks_on(reply_topic("small"))
+    assert chunk.error is not None and chunk.error.code == refusal
+    entry = ledger.get("small", "r1")
+    assert entry is not None and entry.state is State.DONE
+    loop.cancel()
+
+    # The job killed after the refusal went out, its request redelivered: a duplicate.
+    again = dispatcher_for(settings, recorder, clock, ledger)
+    again.observe_heartbeat(heartbeat())
+    assert await (await admit(again, refused)) is Outcome.DUPLICATE
+    assert recorder.on("w-topic") == []
 
 
 async def test_over_the_request_rate_is_refused_naming_requests(
