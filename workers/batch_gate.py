@@ -41,6 +41,9 @@ from tokenbus.batch_yield import BatchYield, YieldPolicy
 
 log = logging.getLogger(__name__)
 
+ABORTS_WAIT_S = 0.5
+"""How long an interactive request waits for the aborts of the lines it paused to go out."""
+
 
 def plan_seats(num_running: int, num_waiting: int, cap: int | None) -> tuple[int, int]:
     """(waiting lines to start, running lines to pause) for ``cap`` (None: no cap)."""
@@ -177,6 +180,15 @@ class BatchGate:
         self._num_interactive += 1
         self._yield.note_interactive(self._model, self._clock())
         self._rebalance()
+
+    async def aborts_sent(self) -> None:
+        """Returns once the engine has been told of every line paused so far. An
+        interactive request that paused lines waits for this before it is added, so the
+        engine takes the aborts no later than the request: its first step is its own,
+        not one more of the batch's full width. Bounded: an engine slow to take them
+        must not hold the request."""
+        if self._aborts:
+            await asyncio.wait(set(self._aborts), timeout=ABORTS_WAIT_S)
 
     def interactive_first_token(self, ttft_s: float) -> None:
         """An interactive request here made its first token ``ttft_s`` after it was taken."""

@@ -424,6 +424,7 @@ class Worker:
         if interactive:
             assert self._batch_gate is not None
             self._batch_gate.interactive_started()
+            await self._batch_gate.aborts_sent()
         abort_sent = False
         ended = False  # the engine gave its finish reason
         timings: EngineTimings | None = None

@@ -103,6 +103,23 @@ async def test_interactive_work_pauses_the_newest_lines_above_the_cap_and_its_en
     assert gate.num_waiting == 0 and gate.cap() is None
 
 
+async def test_the_interactive_request_goes_in_only_once_the_aborts_have_gone_out() -> None:
+    sent = asyncio.Event()
+
+    async def abort(engine_id: str) -> None:
+        await sent.wait()  # the engine client's send, not yet done
+
+    gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", abort)
+    await gate.enter("line0")  # no interactive work: no cap
+    assert gate.bind("line0", "engine0")
+    gate.interactive_started()  # learned seats: none, so line0 pauses
+    waiting = asyncio.create_task(gate.aborts_sent())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    sent.set()
+    await asyncio.wait_for(waiting, 1.0)
+
+
 async def test_a_line_that_comes_during_the_hold_starts_once_the_hold_is_over() -> None:
     gate = BatchGate(YieldPolicy(seats_per_worker=1, hold_s=0.05), "m", Aborts())
     gate.interactive_started()
