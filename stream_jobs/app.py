@@ -658,8 +658,9 @@ def create_app(settings: Settings) -> faust.App:
             to_adopt.clear()
             # Not at once: adopting as the streams resumed (a consumer of its own made and
             # read right then) was followed, in 3 runs of 3, by the restarted job never
-            # taking the requests waiting for it; ADOPT_AFTER_S later, in none. Why is
-            # not known (README, "Known issue").
+            # taking the requests waiting for it, before Faust's fetch was given a fixed
+            # set of partitions (stream_jobs.faust_recovery), whose race the adoption's
+            # work likely widened. ADOPT_AFTER_S later costs only the adoption's delay.
             await asyncio.sleep(ADOPT_AFTER_S)
             homes = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic in requests}
             try:

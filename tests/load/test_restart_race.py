@@ -1,18 +1,16 @@
-"""The job restarted while its offset lookups are slow: a reproducer of a record loss in
-Faust's recovery, kept out of ``make test`` because it still fails there (``make
-restart-race``).
+"""The job restarted while its offset lookups are slow: a reproducer of record losses in
+Faust's recovery (``make restart-race``, kept out of ``make test``: it adds a restart).
 
 Faust seeks the stream partitions to their committed offsets once it has recovered its
 tables, one offset lookup per partition, and records fetched around then must reach the
-agents. ``stream_jobs.faust_recovery`` closes the window in which the agents' queues
-were emptied after the seek (with Faust's own order the job took none of the requests
-waiting for it). In full test runs on the bundled broker the restarted job still lost
-the 100 requests waiting for it, in this test and in
-``test_quotas::test_restarting_the_job_mid_window_loses_no_count_and_no_request``: the
-job's consumer had fetched them (its position reached the high-water mark) and Faust's
-read offset never moved past the committed one, so they were dropped before reaching
-any agent. The job logs it ("the job has taken nothing of ... while behind it").
-"""
+agents. ``stream_jobs.faust_recovery`` closes the two windows in which they did not: the
+agents' queues emptied after the seek (with Faust's own order the job took none of the
+requests waiting for it), and a fetch begun while the tables recovered that drained the
+request partitions once Faust's set of active partitions had emptied (aiokafka drains
+every partition for an empty set; ``tests/integration/test_faust_intake.py``). Before
+the second fix, full test runs on the bundled broker lost the 100 requests waiting for
+the restarted job, here and in
+``test_quotas::test_restarting_the_job_mid_window_loses_no_count_and_no_request``."""
 
 from __future__ import annotations
 
