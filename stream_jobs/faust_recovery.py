@@ -1,7 +1,7 @@
 """Two races in which Faust drops records its consumer has already fetched, closed.
 
 # Recovery.on_recovery_completed: seek --> clear the agents' queues --> resume the streams
-# AIOKafkaConsumerThread.getmany: the partitions it may drain, fixed when Faust asks
+# AIOKafkaConsumerThread.getmany: aiokafka drains the partitions Faust has active, none for none
 
 Both are Faust's, not the broker's, so the job installs both for every broker
 (``install``). In each, aiokafka's position moves past records that never reach an
@@ -38,8 +38,9 @@ drops the records it got. Before the end-of-recovery seek that is harmless (the 
 goes back); once the seek has moved a partition (one offset lookup per partition, a
 round trip each) it is a loss. It needs an answer for that partition to arrive after its
 seek and within the second, so a broker slow to answer fetches of large partitions met
-it in full test runs and short runs hardly ever did. Here the thread gets a frozen copy
-of the set as it was when Faust asked, and a fetch for no partition drains nothing.
+it in full test runs and short runs hardly ever did. Here the thread reads the same live
+set through a view that is never empty: a partition is drained while Faust has it
+active, as before, and none when Faust has none.
 """
 
 from __future__ import annotations
@@ -94,15 +95,29 @@ async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
     self.log.info("Worker ready")
 
 
+class ActivePartitions:
+    """Faust's live set of active partitions as aiokafka's fetcher reads it: membership
+    as the set is now, and never empty, for aiokafka drains every partition for an
+    empty set. (Its only uses there: ``if partitions and tp not in partitions``.)"""
+
+    __slots__ = ("_live",)
+
+    def __init__(self, live: Any) -> None:
+        self._live = live
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._live
+
+
 async def getmany(self: Any, active_partitions: Any, timeout: float) -> Any:  # noqa: ASYNC109 (Faust's signature)
-    """Faust's ``getmany`` of its consumer thread, draining only the partitions that
-    were active when Faust asked: never all of them for none, never one paused since."""
+    """Faust's ``getmany`` of its consumer thread, draining only partitions active in
+    Faust: none when it has none (not all of them)."""
     if active_partitions is None:  # a client-only app: every partition, as Faust asks
         return await _getmany.original()(self, None, timeout)
-    asked = frozenset(active_partitions)
-    if not asked:
-        return {}
-    return await _getmany.original()(self, asked, timeout)
+    return await _getmany.original()(self, ActivePartitions(active_partitions), timeout)
 
 
 def install() -> None:

@@ -1,5 +1,6 @@
-"""Faust's consumer thread drains only the partitions that were active when Faust asked
-(stream_jobs.faust_recovery), with a real aiokafka consumer on the stack's broker.
+"""Faust's consumer thread drains only the partitions Faust has active, and none when it
+has none (stream_jobs.faust_recovery), with a real aiokafka consumer on the stack's
+broker.
 
 Faust hands the thread its live set of active partitions and pauses partitions in it
 while the fetch waits; aiokafka drains every partition for an empty set. A request
@@ -25,10 +26,12 @@ from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_pro
 GetMany = Callable[[Any, Any, float], Awaitable[Any]]
 
 
-async def drained_while_paused(settings: Settings, getmany: GetMany) -> tuple[Any, int]:
+async def drained_while_paused(
+    settings: Settings, getmany: GetMany, *, resume: bool = False
+) -> tuple[Any, int]:
     """Faust asks for partition 1 (partition 0 paused), then pauses partition 1 too
-    while the fetch waits, and a request arrives on partition 0. Returns what the
-    fetch drained, and partition 0's position afterwards."""
+    while the fetch waits (or, ``resume``, resumes partition 0), and a request arrives
+    on partition 0. Returns what the fetch drained, and partition 0's position."""
     topic = f"{settings.topic_prefix}.test-intake-{uuid.uuid4().hex[:8]}"
     await ensure_topics(settings, {topic: 2})
     paused, asked = TopicPartition(topic, 0), TopicPartition(topic, 1)
@@ -52,7 +55,10 @@ async def drained_while_paused(settings: Settings, getmany: GetMany) -> tuple[An
         active = {asked}  # Faust's live set
         fetch = asyncio.create_task(getmany(thread, active, 3.0))
         await asyncio.sleep(0.5)  # the fetch waits: partition 1 holds nothing
-        active.clear()  # Faust pauses partition 1 as well
+        if resume:
+            active.add(paused)  # Faust resumes partition 0
+        else:
+            active.clear()  # Faust pauses partition 1 as well
         await producer.send_and_wait(topic, b"a request", partition=0)
         records = await fetch
         return records, await consumer.position(paused)
@@ -76,3 +82,13 @@ async def test_faust_s_own_getmany_drains_the_paused_partition(settings: Setting
         b"a request"
     ]
     assert position == 1  # moved past a record Faust drops: the partition is paused
+
+
+async def test_a_partition_resumed_while_the_fetch_waits_is_drained_at_once(
+    settings: Settings,
+) -> None:
+    records, position = await drained_while_paused(settings, faust_recovery.getmany, resume=True)
+    assert [record.value for tp_records in records.values() for record in tp_records] == [
+        b"a request"
+    ]
+    assert position == 1
