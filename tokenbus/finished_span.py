@@ -24,8 +24,15 @@ from collections.abc import Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, Tracer, get_current_span
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    Tracer,
+    TraceState,
+    get_current_span,
+)
 from opentelemetry.util.types import AttributeValue
 
 from tokenbus.sampling import ParentBasedRatio
@@ -37,16 +44,16 @@ _RANDOM_TRACE_ID = 0x02
 
 
 def new_span_context(
-    tracer: sdk_trace.Tracer, trace_id: int, flags: int, sampling: SamplingResult
+    tracer: sdk_trace.Tracer, trace_id: int, flags: int, trace_state: TraceState | None
 ) -> SpanContext:
-    """A new local span's context, with a span id from the tracer's generator, as
-    ``Tracer.start_span`` makes it."""
+    """A new local span's context, with a span id from the tracer's generator and the
+    sampler's trace state, as ``Tracer.start_span`` makes it."""
     return SpanContext(
         trace_id,
         tracer.id_generator.generate_span_id(),
         is_remote=False,
         trace_flags=TraceFlags(flags),
-        trace_state=sampling.trace_state,
+        trace_state=trace_state,
     )
 
 
@@ -74,7 +81,7 @@ def end_span(
         span.end(end_time=end_ns)
         return
     trace_id = parent.trace_id
-    buffer = _lone_buffer(tracer)
+    buffer = lone_buffer(tracer)
     if buffer is not None:
         # ParentBasedRatio's decision for a valid parent: the parent's.
         if parent.trace_flags & TraceFlags.SAMPLED:
@@ -89,7 +96,7 @@ def end_span(
     flags = parent.trace_flags & _RANDOM_TRACE_ID
     if sampling.decision is Decision.RECORD_AND_SAMPLE:
         flags |= TraceFlags.SAMPLED
-    span_context = new_span_context(tracer, trace_id, flags, sampling)
+    span_context = new_span_context(tracer, trace_id, flags, sampling.trace_state)
     tracer.span_processor.on_end(
         sdk_trace.ReadableSpan(
             name,
@@ -106,7 +113,7 @@ def end_span(
     )
 
 
-def _lone_buffer(tracer: sdk_trace.Tracer) -> SpanBuffer | None:
+def lone_buffer(tracer: sdk_trace.Tracer) -> SpanBuffer | None:
     """The tracer's ``SpanBuffer`` if it is its only processor and its sampler is
     ``ParentBasedRatio``; else None."""
     if type(tracer.sampler) is not ParentBasedRatio:

@@ -18,7 +18,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from tokenbus.config import Settings
-from tokenbus.finished_span import _lone_buffer, end_span
+from tokenbus.finished_span import end_span, lone_buffer
 from tokenbus.sampling import ParentBasedRatio
 from tokenbus.tracing import Tracing
 
@@ -125,7 +125,7 @@ def test_the_span_buffer_files_it_under_its_tenant() -> None:
 def test_to_a_lone_span_buffer_it_files_what_the_sdks_span_files() -> None:
     tracing = Tracing(Settings(), "worker")
     tracer = tracing.tracer
-    assert _lone_buffer(tracer) is tracing.buffer  # type: ignore[arg-type]
+    assert lone_buffer(tracer) is tracing.buffer  # type: ignore[arg-type]
     context = set_span_in_context(NonRecordingSpan(remote_parent(sampled=True, random=True)))
     attributes: dict[str, AttributeValue] = {
         "tokenbus.tenant": "acme",
