@@ -49,7 +49,7 @@ from opentelemetry.trace import (
 from opentelemetry.util import types
 
 from tokenbus.finished_span import lone_buffer, new_span_context
-from tokenbus.span_buffer import SpanBuffer
+from tokenbus.span_buffer import SpanBuffer, status_name
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,18 @@ class LeanSpan(sdk_trace.Span):
         if self._record_end_metrics:
             self._record_end_metrics()
         if self._buffer is not None:
-            # The buffer reads the span's fields at once: no readable copy for it.
-            self._buffer.on_end(self)
+            # The buffer takes the span's fields at once: no readable copy for it.
+            context, parent = self.get_span_context(), self._parent
+            self._buffer.record(
+                context.trace_id,
+                context.span_id,
+                parent.span_id if parent is not None else None,
+                self._name,
+                self._start_time or 0,
+                self._end_time,
+                status_name(self._status.status_code),
+                self._attributes,
+            )
             return
         self._span_processor._on_ending(self)
         self._span_processor.on_end(self._readable_span())

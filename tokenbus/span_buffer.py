@@ -55,7 +55,7 @@ class SpanBuffer(SpanProcessor):
             span.name,
             span.start_time or 0,
             span.end_time or 0,
-            _STATUS[span.status.status_code],
+            status_name(span.status.status_code),
             span.attributes,
         )
 
@@ -109,13 +109,21 @@ class SpanBuffer(SpanProcessor):
         return True
 
 
+def status_name(code: StatusCode) -> str:
+    """The stored name of a span's status."""
+    return _STATUS[code]
+
+
 def _scalars(attributes: Mapping[str, object] | None) -> dict[str, object]:
     """The span's scalar attributes (a sequence is left out), as a dict of its own. A
     span's attributes are a locked mapping, slow to walk key by key: its ``copy()`` is a
     plain dict at once."""
     if not attributes:
         return {}
-    copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
+    if type(attributes) is dict:
+        copied = attributes.copy()
+    else:
+        copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
     if _SCALARS.issuperset(map(type, copied.values())):
         return copied  # type: ignore[no-any-return]
     return {k: v for k, v in copied.items() if isinstance(v, str | bool | int | float)}
