@@ -89,7 +89,7 @@ def span_rows(batch: SpanBatch | SpanBatchRecord) -> list[tuple[Any, ...]]:
                 span.status,
                 str(attributes.get(ATTR_REQUEST, "")),
                 attempt if isinstance(attempt, int) else -1,
-                dict(zip(attributes, map(str, attributes.values()), strict=True)),
+                {k: str(v) for k, v in attributes.items()},
             )
         )
     return rows
