@@ -197,7 +197,8 @@ class ClickHouseStore:
         with self._lock:
             if self._span_types is None:
                 context = self._client.create_insert_context("spans", column_names=SPAN_COLUMNS)
-                self._span_types = list(context.column_types)
+                # name, service and status are LowCardinality: C loops for their dictionaries
+                self._span_types = [faster_writer(t) for t in context.column_types]
             data = list(rows)  # emptied after: see ``insert_columns``
             try:
                 self._client.insert(

@@ -48,7 +48,7 @@ from bridge.feed import ChunkFeed
 from bridge.metrics import BridgeMetrics
 from bridge.relay import DONE, HEARTBEAT, Kind, Relay, sse_error
 from bridge.sessions import SessionIssuer
-from bridge.sse import EventStreamResponse
+from bridge.sse import EventStreamResponse, WriteClock
 from bridge.throttle import KeyThrottle
 from producers import TokenbusTimeout
 from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
@@ -300,6 +300,7 @@ class Gateway:
         if plan.stream:
             # The first chunk is here: until its event is written to the client.
             first_event = path.begin("bridge.first_event", attributes=tenant)
+            clock = WriteClock()
             return EventStreamResponse(
                 self._events(
                     feed,
@@ -311,9 +312,11 @@ class Gateway:
                     (relaying, span),
                     labels=labels,
                     first_event=first_event,
+                    clock=clock,
                 ),
                 headers=ids,
                 on_disconnect=lambda: self._cancel(request, "client_disconnected"),
+                clock=clock,
             )
         try:
             body = await self._collect(http, feed, relay, request, first, caller, labels)
@@ -406,9 +409,11 @@ class Gateway:
         *,
         labels: tuple[str, str, str],
         first_event: Span | None = None,
+        clock: WriteClock | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """``spans`` end with the stream, however it ends; ``first_event`` once the first
-        event is written (the server resumes this generator after each send)."""
+        event is written (the response resumes this generator after each send), at the
+        instant the response began writing it (``clock``)."""
         relayed = self._metrics.tokens_relayed.labels(labels[0])
         first_at = time.monotonic()
         first_tokens = chunk.num_tokens if chunk is not None else 0
@@ -442,7 +447,8 @@ class Gateway:
                 if event is not None:
                     yield event
                     if first_event is not None:
-                        first_event.end()
+                        written = clock.writing_ns if clock is not None else 0
+                        first_event.end(end_time=written or None)
                         first_event = None
                 relayed.inc(chunk.num_tokens)
                 if chunk.is_last:

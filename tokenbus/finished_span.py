@@ -12,18 +12,31 @@ copy as a ``ReadableSpan`` at ``end``), which was most of tracing's CPU per requ
 it, its id generator names it, its resource and scope are the tracer's, and its
 processors (``SpanBuffer``, or the OTLP exporter's batch processor) receive it, as they
 would at ``end``. A span that starts a trace, an attribute that is not a plain scalar, or
-a tracer other than the SDK's goes the SDK's own way, through ``start_span``.
+a tracer other than the SDK's goes the SDK's own way, through ``start_span``. When the
+tracer's sampler is ``ParentBasedRatio`` (which follows a valid parent) and its one
+processor the ``SpanBuffer``, nothing but that buffer would read the span: its fields go
+to ``SpanBuffer.record`` directly, with no span context or readable span made for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, Tracer, get_current_span
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    Tracer,
+    TraceState,
+    get_current_span,
+)
 from opentelemetry.util.types import AttributeValue
+
+from tokenbus.sampling import ParentBasedRatio
+from tokenbus.span_buffer import STATUS_UNSET, SpanBuffer
 
 _SCALARS = frozenset({str, bool, int, float})
 _RANDOM_TRACE_ID = 0x02
@@ -31,16 +44,16 @@ _RANDOM_TRACE_ID = 0x02
 
 
 def new_span_context(
-    tracer: sdk_trace.Tracer, trace_id: int, flags: int, sampling: SamplingResult
+    tracer: sdk_trace.Tracer, trace_id: int, flags: int, trace_state: TraceState | None
 ) -> SpanContext:
-    """A new local span's context, with a span id from the tracer's generator, as
-    ``Tracer.start_span`` makes it."""
+    """A new local span's context, with a span id from the tracer's generator and the
+    sampler's trace state, as ``Tracer.start_span`` makes it."""
     return SpanContext(
         trace_id,
         tracer.id_generator.generate_span_id(),
         is_remote=False,
         trace_flags=TraceFlags(flags),
-        trace_state=sampling.trace_state,
+        trace_state=trace_state,
     )
 
 
@@ -68,13 +81,22 @@ def end_span(
         span.end(end_time=end_ns)
         return
     trace_id = parent.trace_id
+    buffer = lone_buffer(tracer)
+    if buffer is not None:
+        # ParentBasedRatio's decision for a valid parent: the parent's.
+        if parent.trace_flags & TraceFlags.SAMPLED:
+            span_id = tracer.id_generator.generate_span_id()
+            buffer.record(
+                trace_id, span_id, parent.span_id, name, start_ns, end_ns, STATUS_UNSET, attributes
+            )
+        return
     sampling = tracer.sampler.should_sample(context, trace_id, name, kind, attributes)
     if sampling.decision is Decision.DROP:
         return
     flags = parent.trace_flags & _RANDOM_TRACE_ID
     if sampling.decision is Decision.RECORD_AND_SAMPLE:
         flags |= TraceFlags.SAMPLED
-    span_context = new_span_context(tracer, trace_id, flags, sampling)
+    span_context = new_span_context(tracer, trace_id, flags, sampling.trace_state)
     tracer.span_processor.on_end(
         sdk_trace.ReadableSpan(
             name,
@@ -89,3 +111,14 @@ def end_span(
             instrumentation_scope=tracer._instrumentation_scope,
         )
     )
+
+
+def lone_buffer(tracer: sdk_trace.Tracer) -> SpanBuffer | None:
+    """The tracer's ``SpanBuffer`` if it is its only processor and its sampler is
+    ``ParentBasedRatio``; else None."""
+    if type(tracer.sampler) is not ParentBasedRatio:
+        return None
+    processors: Sequence[object] = getattr(tracer.span_processor, "_span_processors", ())
+    if len(processors) == 1 and type(buffer := processors[0]) is SpanBuffer:
+        return buffer
+    return None

@@ -18,7 +18,10 @@ value a ``str``, ``bool``, ``int`` or ``float``, and the span's limits leave the
 they are, and its event and link lists are made at the first. The first attribute that
 is not goes into the SDK's ``BoundedAttributes`` with all the others, so what it keeps
 and drops is the SDK's decision. A tracer other than the SDK's, or one its configurator
-disabled, goes through its own ``start_span``."""
+disabled, goes through its own ``start_span``. When the tracer's sampler is
+``ParentBasedRatio`` and its one processor the ``SpanBuffer`` (``finished_span``), a span
+under a valid parent takes the parent's decision and trace state without a sampling
+result, and at ``end`` the buffer reads the span itself rather than a readable copy."""
 
 from __future__ import annotations
 
@@ -40,11 +43,13 @@ from opentelemetry.trace import (
     SpanKind,
     TraceFlags,
     Tracer,
+    TraceState,
     get_current_span,
 )
 from opentelemetry.util import types
 
-from tokenbus.finished_span import new_span_context
+from tokenbus.finished_span import lone_buffer, new_span_context
+from tokenbus.span_buffer import SpanBuffer, status_name
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +93,8 @@ class LeanSpan(sdk_trace.Span):
         self._events = ()
         self._links = ()
         self._record_end_metrics = None
+        self._buffer: SpanBuffer | None = None
+        """The tracer's one processor, when it is the ``SpanBuffer``: handed this span."""
         self._attributes: dict[str, types.AttributeValue] | BoundedAttributes = {}
         if attributes:
             self._put(attributes)
@@ -186,6 +193,20 @@ class LeanSpan(sdk_trace.Span):
                 attributes._immutable = True  # type: ignore[union-attr]
         if self._record_end_metrics:
             self._record_end_metrics()
+        if self._buffer is not None:
+            # The buffer takes the span's fields at once: no readable copy for it.
+            context, parent = self.get_span_context(), self._parent
+            self._buffer.record(
+                context.trace_id,
+                context.span_id,
+                parent.span_id if parent is not None else None,
+                self._name,
+                self._start_time or 0,
+                self._end_time,
+                status_name(self._status.status_code),
+                self._attributes,
+            )
+            return
         self._span_processor._on_ending(self)
         self._span_processor.on_end(self._readable_span())
 
@@ -213,16 +234,26 @@ def start_span(
     else:
         trace_id = parent.trace_id
         random_trace_id = parent.trace_flags.random_trace_id
-    sampling = tracer.sampler.should_sample(context, trace_id, name, kind, attributes)
-    decision = sampling.decision
+    buffer = lone_buffer(tracer) if parent is not None else None
+    trace_state: TraceState | None
+    if buffer is not None and parent is not None:
+        # ParentBasedRatio follows a valid parent, and keeps its trace state.
+        sampled = parent.trace_flags & TraceFlags.SAMPLED
+        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+        trace_state = parent.trace_state
+        kept = attributes if sampled else None
+    else:
+        sampling = tracer.sampler.should_sample(context, trace_id, name, kind, attributes)
+        decision, trace_state, kept = sampling.decision, sampling.trace_state, sampling.attributes
     flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
     if random_trace_id:
         flags |= TraceFlags.RANDOM_TRACE_ID
-    span_context = new_span_context(tracer, trace_id, flags, sampling)
+    span_context = new_span_context(tracer, trace_id, flags, trace_state)
     record_end_metrics = tracer._tracer_metrics.start_span(parent, decision)
     if decision is Decision.DROP:
         return NonRecordingSpan(span_context)
-    span = LeanSpan(tracer, name, span_context, parent, sampling.attributes, kind)
+    span = LeanSpan(tracer, name, span_context, parent, kept, kind)
     span._record_end_metrics = record_end_metrics
+    span._buffer = buffer
     span.start(start_time=start_time, parent_context=context)
     return span

@@ -20,19 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import orjson
 from opentelemetry.context import Context, create_key, get_value, set_value
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
-    StatusCode,
-    TraceFlags,
     Tracer,
     get_current_span,
     set_span_in_context,
@@ -42,6 +39,7 @@ from schemas import WorkItem
 from tokenbus.config import Settings
 from tokenbus.kafka import Publish
 from tokenbus.sampling import ParentBasedRatio
+from tokenbus.span_buffer import TENANT_ATTRIBUTE, SpanBuffer
 from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
 from tokenbus.traceparent import (
@@ -53,7 +51,7 @@ from tokenbus.traceparent import (
 
 log = logging.getLogger(__name__)
 
-ATTR_TENANT = "tokenbus.tenant"
+ATTR_TENANT = TENANT_ATTRIBUTE  # the span buffer files spans under it
 ATTR_SESSION = "tokenbus.session_id"
 ATTR_REQUEST = "tokenbus.request_id"
 ATTR_ATTEMPT = "tokenbus.attempt"
@@ -64,9 +62,6 @@ ATTR_BATCH = "tokenbus.batch_id"
 ATTR_PROMPT_TOKENS = "tokenbus.num_prompt_tokens"
 ATTR_COMPLETION_TOKENS = "tokenbus.num_completion_tokens"
 ATTR_OUTCOME = "tokenbus.outcome"
-
-NO_TENANT = "-"
-"""The key of spans that belong to no tenant (none of tokenbus's spans today)."""
 
 Headers = MutableSequence[tuple[str, bytes]]
 
@@ -139,72 +134,6 @@ def _context_of(span_context: SpanContext | None) -> Context:
     if span_context is None:
         return Context()
     return set_span_in_context(NonRecordingSpan(span_context), Context())
-
-
-class SpanBuffer(SpanProcessor):
-    """Keeps the spans the service ended, by tenant, until ``Tracing.flush`` sends them.
-    Bounded: past ``max_spans`` a span is counted in ``num_dropped`` and left out."""
-
-    def __init__(self, service: str, max_spans: int = 100_000) -> None:
-        self.service = service
-        self.max_spans = max_spans
-        self.num_dropped = 0
-        self._num_spans = 0
-        self._by_tenant: dict[str, list[dict[str, object]]] = defaultdict(list)
-
-    def on_end(self, span: ReadableSpan) -> None:
-        context = span.context
-        if context is None or not context.trace_flags & TraceFlags.SAMPLED:
-            return
-        if self._num_spans >= self.max_spans:
-            self.num_dropped += 1
-            return
-        attributes = _scalars(span.attributes)
-        tenant = attributes.get(ATTR_TENANT, NO_TENANT)
-        parent = span.parent
-        self._by_tenant[tenant if type(tenant) is str else str(tenant)].append(
-            {
-                "trace_id": f"{context.trace_id:032x}",
-                "span_id": f"{context.span_id:016x}",
-                "parent_span_id": f"{parent.span_id:016x}" if parent else None,
-                "name": span.name[:256],
-                "service": self.service,
-                "start_ns": span.start_time or 0,
-                "end_ns": span.end_time or 0,
-                "status": _STATUS[span.status.status_code],
-                "attributes": attributes,
-            }
-        )
-        self._num_spans += 1
-
-    def take(self) -> dict[str, list[dict[str, object]]]:
-        """The spans kept so far, by tenant; the buffer starts again empty."""
-        taken, self._by_tenant = self._by_tenant, defaultdict(list)
-        self._num_spans = 0
-        return taken
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-
-_STATUS = {StatusCode.UNSET: "unset", StatusCode.OK: "ok", StatusCode.ERROR: "error"}
-
-
-_SCALARS = frozenset({str, bool, int, float})
-
-
-def _scalars(attributes: Mapping[str, object] | None) -> dict[str, object]:
-    """The span's scalar attributes (a sequence is left out). A span's attributes are a
-    locked mapping, slow to walk key by key: its ``copy()`` is a plain dict at once."""
-    if not attributes:
-        return {}
-    copied = attributes.copy() if hasattr(attributes, "copy") else dict(attributes)
-    if _SCALARS.issuperset(map(type, copied.values())):
-        return copied  # type: ignore[no-any-return]
-    return {k: v for k, v in copied.items() if isinstance(v, str | bool | int | float)}
 
 
 class Tracing:

@@ -3,7 +3,8 @@ with spans from the bridge, the job, the worker and billing, correctly parented,
 ``tokenbus trace``'s query in tokenbus's own store (no collector), and by the query
 server's live view, whose slowest-requests table links to the request's trace page. The
 spans on the path to the first token tile it, for every request: they add up to the TTFT
-the caller measured."""
+the caller measured, from its ``X-Request-Start`` to its host's kernel receiving the first
+event (``sse_caller``: the caller's own wake-up after that is no span's to see)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import os
 import re
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta
 from html import unescape
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from billing.reader import open_reader
 from billing.traces import TRACE_SQL
 from tests.integration.conftest import BridgeProcess, bridge_key, eventually
+from tests.integration.sse_caller import FirstEvent, SseCaller
 from tokenbus.config import Settings
 
 MODEL = "tiny-llama"
@@ -65,23 +66,14 @@ TRACED_REQUESTS = 3
 
 
 async def traced_request(
-    http: httpx.AsyncClient, bridge: BridgeProcess, body: dict[str, Any], headers: dict[str, str]
-) -> tuple[str, float]:
-    """One streamed completion: its request id and the TTFT the caller measured (ms). The
-    caller stamps its start as a front end would (``X-Request-Start``)."""
-    started = time.perf_counter()
-    stamp = {"X-Request-Start": f"t={time.time_ns() // 1000}"}
-    first: float | None = None
-    async with http.stream(
-        "POST", f"{bridge.url}/v1/chat/completions", json=body, headers={**headers, **stamp}
-    ) as response:
-        assert response.status_code == 200
-        request_id = response.headers["X-Request-ID"]
-        async for line in response.aiter_lines():
-            if first is None and line.startswith("data:"):
-                first = time.perf_counter()
-    assert first is not None
-    return request_id, (first - started) * 1000
+    caller: SseCaller, body: dict[str, Any], headers: dict[str, str]
+) -> FirstEvent:
+    """One streamed completion; its TTFT ends where the kernel received the first event
+    (``sse_caller``), its start is the ``X-Request-Start`` the caller stamps as a front
+    end would."""
+    first = await asyncio.to_thread(caller.post, "/v1/chat/completions", body, headers)
+    assert first.status == 200 and first.stamped, first
+    return first
 
 
 def path_ms(named: dict[str, dict[str, Any]], path: tuple[str, ...]) -> float:
@@ -99,16 +91,17 @@ def started(span: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(start) if isinstance(start, str) else start
 
 
-async def check_tiling(settings: Settings, request_id: str, ttft_ms: float) -> None:
+async def check_tiling(settings: Settings, first: FirstEvent) -> None:
     """The bridge's path spans add up to the caller's TTFT within 5 ms, and the spans of
     the bus, the job and the worker tile the bridge's admission wait."""
+    request_id, ttft_ms = first.request_id, first.ttft_ms
     spans = await eventually(
         lambda: spans_of(settings, request_id),
         timeout_s=30,
         until=lambda rows: {*TTFT_PATH, *ADMISSION_PATH} <= {r["name"] for r in rows},
     )
     named = by_name(spans)
-    assert abs(path_ms(named, TTFT_PATH) - ttft_ms) <= 5.0, (request_id, ttft_ms, spans)
+    assert abs(path_ms(named, TTFT_PATH) - ttft_ms) <= 5.0, (first, spans)
     waited_ms = named["bridge.admission_wait"]["duration_us"] / 1000
     assert abs(path_ms(named, ADMISSION_PATH) - waited_ms) <= 0.01, (request_id, spans)
     assert started(named["bus.request"]) == started(named["bridge.admission_wait"])
@@ -135,24 +128,24 @@ async def test_one_bridge_request_is_one_trace_across_four_services(
         "max_tokens": 6,
         "stream": True,
     }
-    async with httpx.AsyncClient(timeout=60) as http:
+    url = urlsplit(bridge.url)
+    assert url.hostname is not None and url.port is not None
+    caller = await asyncio.to_thread(SseCaller, url.hostname, url.port)
+    try:
         # A request first, so the traced one finds its connection open, as a client's
         # second request does.
-        warm = await http.post(
-            f"{bridge.url}/v1/chat/completions",
-            json={**body, "stream": False},
-            headers={"Authorization": headers["Authorization"]},
-        )
-        assert warm.status_code == 200
-        request_id, ttft_ms = await traced_request(http, bridge, body, headers)
+        await traced_request(caller, body, {"Authorization": headers["Authorization"]})
         # Up to the first token, the spans tile the time the caller waited: every
         # request's, each in a trace of its own.
-        measured = [(request_id, ttft_ms)]
+        measured = [await traced_request(caller, body, headers)]
         for n in range(TRACED_REQUESTS - 1):
             again = {**headers, "traceparent": f"00-{CALLER_TRACE[:-1]}{n}-{CALLER_SPAN}-01"}
-            measured.append(await traced_request(http, bridge, body, again))
-    for one_id, one_ttft_ms in measured:
-        await check_tiling(settings, one_id, one_ttft_ms)
+            measured.append(await traced_request(caller, body, again))
+    finally:
+        caller.close()
+    request_id = measured[0].request_id
+    for first in measured:
+        await check_tiling(settings, first)
 
     spans = await eventually(
         lambda: spans_of(settings, request_id),

@@ -20,8 +20,9 @@ from tests.unit.fakes import (
 )
 from tests.unit.test_dispatcher import heartbeat, request
 from tokenbus.config import Settings
+from tokenbus.span_buffer import NO_TENANT
 from tokenbus.span_path import path_ns
-from tokenbus.tracing import NO_TENANT, Tracing, inject, with_path
+from tokenbus.tracing import Tracing, inject, with_path
 
 
 def traced_dispatcher(tmp_path: Path, recorder: Recorder) -> tuple[Dispatcher, Tracing]:

@@ -15,9 +15,10 @@ from opentelemetry.trace import (
     Tracer,
     set_span_in_context,
 )
+from opentelemetry.util.types import AttributeValue
 
 from tokenbus.config import Settings
-from tokenbus.finished_span import end_span
+from tokenbus.finished_span import end_span, lone_buffer
 from tokenbus.sampling import ParentBasedRatio
 from tokenbus.tracing import Tracing
 
@@ -119,3 +120,40 @@ def test_the_span_buffer_files_it_under_its_tenant() -> None:
     assert record["parent_span_id"] == f"{0xDEF:016x}"
     assert (record["name"], record["service"]) == ("bus.dispatch", "tokenbus-worker")
     assert (record["start_ns"], record["end_ns"], record["status"]) == (5, 9, "unset")
+
+
+def test_to_a_lone_span_buffer_it_files_what_the_sdks_span_files() -> None:
+    tracing = Tracing(Settings(), "worker")
+    tracer = tracing.tracer
+    assert lone_buffer(tracer) is tracing.buffer  # type: ignore[arg-type]
+    context = set_span_in_context(NonRecordingSpan(remote_parent(sampled=True, random=True)))
+    attributes: dict[str, AttributeValue] = {
+        "tokenbus.tenant": "acme",
+        "tokenbus.attempt": 1,
+        "ok": True,
+        "x": 0.5,
+    }
+    end_span(tracer, "worker.prefill", 5, 9, attributes, context=context, kind=SpanKind.CONSUMER)
+    span = tracer.start_span("worker.prefill", context, SpanKind.CONSUMER, attributes, start_time=5)
+    span.end(end_time=9)
+    assert tracing.buffer is not None
+    ((tenant, (ours, sdks)),) = tracing.buffer.take().items()
+    assert tenant == "acme"
+    assert ours["span_id"] != sdks["span_id"]
+    assert {**ours, "span_id": None} == {**sdks, "span_id": None}
+    unsampled = set_span_in_context(NonRecordingSpan(remote_parent(sampled=False)))
+    end_span(tracer, "worker.prefill", 5, 9, attributes, context=unsampled)
+    assert tracing.buffer.take() == {}
+
+
+def test_beside_another_processor_it_goes_the_sdks_way() -> None:
+    tracing = Tracing(Settings(), "worker")
+    exporter = InMemorySpanExporter()
+    tracing.provider.add_span_processor(SimpleSpanProcessor(exporter))
+    context = set_span_in_context(NonRecordingSpan(remote_parent(sampled=True)))
+    end_span(tracing.tracer, "bus.dispatch", 5, 9, {"tokenbus.tenant": "acme"}, context=context)
+    (exported,) = exporter.get_finished_spans()
+    assert tracing.buffer is not None
+    ((_, (record,)),) = tracing.buffer.take().items()
+    assert exported.context is not None
+    assert record["span_id"] == f"{exported.context.span_id:016x}"

@@ -19,6 +19,7 @@ from opentelemetry.trace import (
     StatusCode,
     TraceFlags,
     Tracer,
+    TraceState,
     set_span_in_context,
     use_span,
 )
@@ -288,3 +289,37 @@ def test_the_sdks_own_span_metrics_count_it_as_the_sdk_does(
 
     mine, theirs = counts(ours), counts(sdks)
     assert mine == theirs and {"otel.sdk.span.started", "otel.sdk.span.live"} <= set(mine)
+
+
+@pytest.mark.parametrize("random", [False, True], ids=["sampled", "random-id"])
+def test_to_a_lone_span_buffer_it_files_what_the_sdks_span_files(random: bool) -> None:
+    tracing = Tracing(Settings(), "bridge")
+    tracer = tracing.tracer
+    state = TraceState([("vendor", "x")])
+    flags = TraceFlags(TraceFlags.SAMPLED | (TraceFlags.RANDOM_TRACE_ID if random else 0))
+    parent = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=flags, trace_state=state)
+    context = set_span_in_context(NonRecordingSpan(parent))
+    contexts = []
+    for start in (ours(tracer), sdks(tracer)):
+        span = start(
+            "bridge.auth",
+            context=context,
+            kind=SpanKind.SERVER,
+            attributes={"tokenbus.tenant": "acme", "tokenbus.attempt": 2},
+            start_time=10,
+        )
+        span.set_attributes({"ok": True, "x": 0.5})
+        span.set_status(StatusCode.ERROR, "no")
+        span.end(end_time=20)
+        made = span.get_span_context()
+        contexts.append((made.trace_id, made.trace_flags, made.trace_state, made.is_remote))
+    assert tracing.buffer is not None
+    ((tenant, (mine, theirs)),) = tracing.buffer.take().items()
+    assert tenant == "acme"
+    assert {**mine, "span_id": None} == {**theirs, "span_id": None}
+    assert mine["status"] == "error"
+    assert contexts[0] == contexts[1]
+    unsampled = set_span_in_context(NonRecordingSpan(SpanContext(1, 2, is_remote=True)))
+    assert type(start_span(tracer, "x", context=unsampled)) is NonRecordingSpan
+    start_span(tracer, "x", context=unsampled).end()
+    assert tracing.buffer.take() == {}
