@@ -198,10 +198,13 @@ def bearer(credential: str) -> list[tuple[str, bytes]]:
 async def cancel(dispatcher: Any, tenant_id: str, request_id: str, **fields: Any) -> None:
     """A producer's cancel, with the tenant's service token, as the cancel agent hands it."""
     from schemas import CancelRequest, encode
+    from stream_jobs.dispatcher import Record
 
     message = CancelRequest(request_id=request_id, tenant_id=tenant_id, **fields)
     await dispatcher.handle_cancel(
-        TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
+        Record(
+            TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
+        )
     )
 
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from schemas import FinishReason, UsageEvent, WorkerStatus, WorkItem, decode, encode
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
@@ -102,7 +102,9 @@ async def produce(
         "sampling": {"max_tokens": 8},
         **fields,
     }
-    handled = dispatcher.handle_request("p", 0, 0, tenant.encode(), orjson.dumps(body), bearer(key))
+    handled = dispatcher.handle_request(
+        Record("p", 0, 0, tenant.encode(), orjson.dumps(body), bearer(key))
+    )
     return await asyncio.wait_for(handled, 2)
 
 

@@ -24,7 +24,7 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
@@ -79,7 +79,7 @@ class Bus:
         raw: bytes | None = None,
     ) -> Outcome:
         value = raw if raw is not None else orjson.dumps(body)
-        handled = self.dispatcher.handle_request("p", 0, 0, key, value, headers)
+        handled = self.dispatcher.handle_request(Record("p", 0, 0, key, value, headers))
         return await asyncio.wait_for(handled, 2)
 
     def chunks(self, topic: str) -> list[TokenChunk]:
@@ -418,12 +418,14 @@ async def test_a_cancel_that_is_not_its_tenant_s_own_is_dead_lettered_and_goes_n
 
     message = CancelRequest(request_id="r1", tenant_id="acme", **fields)
     await bus.dispatcher.handle_cancel(
-        TOPICS.cancels,
-        0,
-        7,
-        b"acme",
-        encode(message),
-        service_headers(headers) if headers else None,
+        Record(
+            TOPICS.cancels,
+            0,
+            7,
+            b"acme",
+            encode(message),
+            service_headers(headers) if headers else None,
+        )
     )
     assert TOPICS.aborts not in bus.topics(), case
     assert not bus.dispatcher._in_flight[("acme", "r1")].cancelled
