@@ -10,9 +10,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas import TokenChunk, TokenChunkBatch, WorkItem, decode
+from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry, State
 from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
+from tokenbus.config import Settings
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics
 
@@ -177,6 +179,27 @@ def bus_authenticator(directory: TenantDirectory, *, allow_unlisted: bool = True
         audience="tokenbus",
         service_secret=SERVICE_SECRET,
         allow_unlisted_tenants=allow_unlisted,
+    )
+
+
+def memory_dispatcher(
+    settings: Settings,
+    recorder: Recorder,
+    *,
+    ledger: MemoryLedger | None = None,
+    allow_unlisted: bool = True,
+    **options: Any,
+) -> Dispatcher:
+    """A dispatcher on memory stores that publishes into ``recorder`` and reads its
+    replies back from it; ``options`` go to ``Dispatcher`` (clock, tracer, forwards)."""
+    return Dispatcher(
+        settings,
+        recorder,
+        MemoryWindowStore(),
+        Replies(recorder),
+        ledger if ledger is not None else MemoryLedger(),
+        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=allow_unlisted),
+        **options,
     )
 
 

@@ -32,11 +32,9 @@ from tests.unit.fakes import (
     Forwards,
     ManualClock,
     MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
-    bus_authenticator,
     cancel,
+    memory_dispatcher,
     reply_topic,
     service_headers,
 )
@@ -67,15 +65,8 @@ def dispatcher_for(
 ) -> Dispatcher:
     """One run of the job: its memory is its own; the topics (``recorder``) and, when
     given, the ledger are shared with other runs."""
-    return Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        ledger if ledger is not None else MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory()),
-        clock=clock,
-        forwards=Forwards(recorder),
+    return memory_dispatcher(
+        settings, recorder, ledger=ledger, clock=clock, forwards=Forwards(recorder)
     )
 
 

@@ -11,11 +11,8 @@ from pathlib import Path
 from schemas import WorkItem, decode, encode
 from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
-    MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
-    bus_authenticator,
+    memory_dispatcher,
     service_headers,
 )
 from tests.unit.test_dispatcher import heartbeat, request
@@ -27,15 +24,7 @@ from tokenbus.tracing import NO_TENANT, Tracing, inject, with_path
 def traced_dispatcher(tmp_path: Path, recorder: Recorder) -> tuple[Dispatcher, Tracing]:
     settings = Settings(home=tmp_path, default_priority_class=0)
     tracing = Tracing(settings, "job")
-    dispatcher = Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory()),
-        tracer=tracing.tracer,
-    )
+    dispatcher = memory_dispatcher(settings, recorder, tracer=tracing.tracer)
     return dispatcher, tracing
 
 

@@ -28,13 +28,10 @@ from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
-    MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
     bearer,
-    bus_authenticator,
     cancel,
+    memory_dispatcher,
     reply_topic,
     service_headers,
 )
@@ -147,15 +144,7 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
         home=tmp_path, tenants_file=tenants, worker_dead_after_s=0.3, vip_reserve=0.0
     )
     recorder = Recorder()
-    dispatcher = Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
-        clock=ManualClock(NOW),
-    )
+    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
     dispatcher.observe_heartbeat(heartbeat())
     loop = asyncio.create_task(dispatcher.run())
     yield Bus(dispatcher, recorder)
