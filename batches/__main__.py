@@ -9,30 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiohttp import web
-
 from batches.metrics import RunnerMetrics
 from batches.runner import Runner
 from tokenbus.batch.store import BatchStore
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.loops import run_service, until_stopped
+from tokenbus.metrics import metrics_app, start_metrics_server
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
-
-
-def create_app(metrics: RunnerMetrics) -> web.Application:
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_page)
-    return app
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
@@ -40,9 +26,8 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await ensure_topics(settings, {Topics(settings.topic_prefix).batches: settings.num_partitions})
     metrics = RunnerMetrics()
     runner = Runner(settings, BatchStore(settings.batch_store), metrics)
-    site_runner = web.AppRunner(create_app(metrics), access_log=None)
-    await site_runner.setup()
-    await web.TCPSite(site_runner, "127.0.0.1", settings.batch_port).start()
+    app = metrics_app(metrics.registry, lambda: {"status": "ok"})
+    site_runner = await start_metrics_server(app, "127.0.0.1", settings.batch_port)
     log.info("batch runner on http://127.0.0.1:%d", settings.batch_port)
     try:
         # A runner that fails ends the service.

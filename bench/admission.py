@@ -30,15 +30,14 @@ from rich.table import Table
 from bench.common import (
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     parse_overrides,
     progress,
+    run_benchmark,
 )
 from bench.pretend import ForwardCounter, heartbeat_loop, pretend_ids
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
-from bench.report import RESULTS_DIR, uptime_load, write_result
+from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_job
 from bench.stats import summarize
 from bench.workload import prompt, tenant
@@ -339,15 +338,18 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)
-    args = parser.parse_args()
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(_main(args, console))
-    name = args.name or ("admission-profile" if args.profile else "admission")
-    path = write_result(name, result)
+    run_benchmark(
+        parser,
+        None,
+        _main,
+        _show,
+        lambda args: args.name or ("admission-profile" if args.profile else "admission"),
+    )
+
+
+def _show(result: dict[str, Any], console: Console) -> None:
     render(result["results"], console, "admission through the Faust job")
     print_profile(result["results"][0]["profile"], console, "Faust job")
-    console.print(f"[dim]wrote {path}[/]")
 
 
 if __name__ == "__main__":

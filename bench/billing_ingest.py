@@ -29,14 +29,13 @@ from bench.admission import print_profile
 from bench.common import (
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     parse_overrides,
     progress,
+    run_benchmark,
 )
 from bench.procstat import cpu_seconds
 from bench.profile import Profiler, top_frames
-from bench.report import RESULTS_DIR, uptime_load, write_result
+from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_billing
 from bench.workload import tenant
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
@@ -189,14 +188,14 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the sink (slows it)")
     parser.add_argument("--name", default="billing")
     add_settings_args(parser)
-    args = parser.parse_args()
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(_main(args, console))
-    path = write_result(args.name + ("-profile" if args.profile else ""), result)
+    run_benchmark(
+        parser, None, _main, _show, lambda args: args.name + ("-profile" if args.profile else "")
+    )
+
+
+def _show(result: dict[str, Any], console: Console) -> None:
     render(result["results"], console, "billing ingest: usage topic --> sink --> chdb")
     print_profile(result["results"][0]["profile"], console, "billing sink")
-    console.print(f"[dim]wrote {path}[/]")
 
 
 if __name__ == "__main__":

@@ -136,17 +136,17 @@ def run_benchmark(
     argv: list[str] | None,
     measure: Callable[[argparse.Namespace, Console], Coroutine[Any, Any, dict[str, Any]]],
     render: Callable[[dict[str, Any], Console], None],
-    name: str | None = None,
+    name: str | Callable[[argparse.Namespace], str] | None = None,
 ) -> None:
     """A benchmark's ``main``: parse (keeping the argv for the result's command), run
     ``measure`` (SIGTERM ends it like Ctrl-C), write the result JSON (named ``name``, or
-    the ``--name`` argument), show it."""
+    what ``name`` makes of the arguments, or the ``--name`` argument), show it."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.argv = argv
     exit_on_sigterm()
     console = make_console()
     result = asyncio.run(measure(args, console))
-    path = write_result(name or args.name, result)
+    path = write_result(name(args) if callable(name) else name or args.name, result)
     render(result, console)
     console.print(f"[dim]wrote {path}[/]")

@@ -76,7 +76,7 @@ class FakeEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return [ord(c) % 32_000 for c in prompt]
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt: str | list[int],
@@ -86,6 +86,12 @@ class FakeEngine:
         cache_salt: str | None = None,
         adapter: AdapterRef | None = None,
     ) -> AsyncIterator[EngineDelta]:
+        return self.deltas(request_id, prompt, params)
+
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncIterator[EngineDelta]:
+        """What ``generate`` streams: a test's engine overrides this, not the contract."""
         num_prompt = (
             len(prompt) if isinstance(prompt, list) else round(len(prompt) / CHARS_PER_TOKEN)
         )

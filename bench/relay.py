@@ -29,16 +29,15 @@ from bench.admission import print_profile
 from bench.common import (
     add_settings_args,
     bench_settings,
-    exit_on_sigterm,
-    make_console,
     parse_overrides,
     progress,
     progress_task,
+    run_benchmark,
 )
 from bench.fake_engine import FakeEngine
 from bench.procstat import CpuMeter
 from bench.profile import Profiler, top_frames
-from bench.report import RESULTS_DIR, uptime_load, write_result
+from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_fake_worker
 from bench.workload import prompt, tenant
 from producers import TokenbusClient
@@ -280,12 +279,16 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the worker and the client")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)
-    args = parser.parse_args()
-    exit_on_sigterm()
-    console = make_console()
-    result = asyncio.run(_main(args, console))
-    name = args.name or ("relay-profile" if args.profile else "relay")
-    path = write_result(name, result)
+    run_benchmark(
+        parser,
+        None,
+        _main,
+        _show,
+        lambda args: args.name or ("relay-profile" if args.profile else "relay"),
+    )
+
+
+def _show(result: dict[str, Any], console: Console) -> None:
     render(result["results"], console, "token relay over the reply topics")
     for row in result["results"]:
         if row["profile"]:
@@ -295,7 +298,6 @@ def main() -> None:
             print_profile(
                 row["profile"]["client"], console, f"client, {row['tokens_per_step']} tok/step"
             )
-    console.print(f"[dim]wrote {path}[/]")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ from prometheus_client import generate_latest
 from schemas import encode
 from stream_jobs import faust_recovery
 from stream_jobs.budgets import Reservation
-from stream_jobs.dispatcher import Admitted, Dispatcher
+from stream_jobs.dispatcher import Admitted, Dispatcher, Record
 from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
 from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import faust_offsets, job_registry
@@ -565,7 +565,7 @@ def create_app(settings: Settings) -> faust.App:
                 try:
                     dispatcher().note_lag(lag, message.timestamp)
                     spend.sweep((message.key or b"").decode("utf-8", "replace"), clock.time())
-                    result = await dispatcher().admit(*_record(message))
+                    result = await dispatcher().admit(_record(message))
                     await saved  # the batch's window sums are written
                     store.flush()  # this request's own, should it have been judged after them
                     if isinstance(result, Admitted):
@@ -630,7 +630,7 @@ def create_app(settings: Settings) -> faust.App:
     async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            await dispatcher().handle_cancel(*_record(message))
+            await dispatcher().handle_cancel(_record(message))
 
     @app.task
     async def dispatch_loop() -> None:
@@ -835,8 +835,7 @@ def request_intakes(app: faust.App, topics: set[str]) -> list[PartitionIntake]:
         return []
 
 
-def _record(message: Any) -> tuple[str, int, int, bytes | None, bytes | None, Any]:
-    """A Faust message as the dispatcher's handlers take it: topic, partition, offset,
-    key, value, headers."""
+def _record(message: Any) -> Record:
+    """A Faust message as the dispatcher's handlers take it."""
     m = message
-    return (m.topic, m.partition, m.offset, m.key, m.value, m.headers)
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, m.headers)

@@ -51,7 +51,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 from opentelemetry.context import Context
@@ -104,7 +104,7 @@ from tokenbus.chunks import Chunk
 from tokenbus.clock import SYSTEM_CLOCK, Clock
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
-from tokenbus.dlq import dead_letter
+from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import Publish
 from tokenbus.lean_span import start_span
 from tokenbus.logs import bind_request
@@ -126,6 +126,19 @@ from tokenbus.usage import usage_of
 
 Headers = Any
 """A record's headers as Faust or aiokafka give them: (name, bytes) pairs or a mapping."""
+
+
+class Record(NamedTuple):
+    """A request or cancel record as the handlers take it (``app`` reads one off each
+    Faust message)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = None
+
 
 log = logging.getLogger(__name__)
 
@@ -380,31 +393,15 @@ class Dispatcher:
         self.metrics = DispatchMetrics()
 
     # -- admission (runs in the request's agent: may write the tenant's window) --------
-    async def handle_request(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers = None,
-    ) -> Outcome:
+    async def handle_request(self, record: Record) -> Outcome:
         """One request, start to end: ``admit``, then ``finish`` if it was queued."""
-        admitted = await self.admit(topic, partition, offset, key, value, headers)
+        admitted = await self.admit(record)
         self._store.flush()
         if isinstance(admitted, Outcome):
             return admitted
         return await self.finish(admitted)
 
-    async def admit(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers = None,
-    ) -> Outcome | Admitted:
+    async def admit(self, record: Record) -> Outcome | Admitted:
         """Judges a request and queues it, without waiting for its forward: an
         ``Outcome`` when it has had its answer here, else the ``Admitted`` request that
         ``finish`` sees through. Window saves wait in the store for ``flush``, which the
@@ -415,14 +412,14 @@ class Dispatcher:
         to its first token (``tokenbus.span_path``) goes on here: ``bus.request`` from
         where the sender's path stood to now, ``job.admit``, then ``job.queue`` from the
         instant admission ended."""
-        pairs = _header_pairs(headers)
+        pairs = _header_pairs(record.headers)
         parent = extract(pairs)
         taken_ns = self._wall_ns()
         span = start_span(
             self._tracer, "job.admit", context=parent, kind=SpanKind.CONSUMER, start_time=taken_ns
         )
         try:
-            result = await self._admit(span, topic, partition, offset, key, value, headers)
+            result = await self._admit(span, record)
         except BaseException as exc:
             span.set_status(StatusCode.ERROR, type(exc).__name__)
             span.end()
@@ -444,21 +441,12 @@ class Dispatcher:
         span.end()
         return result
 
-    async def _admit(
-        self,
-        span: Span,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers,
-    ) -> Outcome | Admitted:
-        where = (topic, partition, offset, key, value)
+    async def _admit(self, span: Span, record: Record) -> Outcome | Admitted:
+        _, partition, _, key, value, headers = record
         try:
             request = decode(InferenceRequest, value)
         except SchemaError as exc:
-            await self._refuse_unreadable(where, str(exc))
+            await self._refuse_unreadable(record, str(exc))
             return Outcome.REFUSED
 
         now = self._clock.time()
@@ -467,7 +455,7 @@ class Dispatcher:
         except AuthError as exc:
             self.metrics.num_unauthenticated += 1
             claimed = request.tenant_id or (key or b"").decode("utf-8", "replace")
-            await self._refuse_unproven(where, request, claimed, exc, now)
+            await self._refuse_unproven(record, request, claimed, exc, now)
             return Outcome.REFUSED
         item = self._work_item(request, principal, now)
         ident = (item.tenant_id, item.request_id)
@@ -490,7 +478,7 @@ class Dispatcher:
             self.metrics.num_forbidden += 1
             error = self._identity_problem(request, principal, key)
             assert error is not None
-            await self._dead_letter(where, f"{error.code}: {error.message}")
+            await self._dead_letter(record, f"{error.code}: {error.message}")
             if owns_reply_topic and not self._known(*ident):
                 await self._reply_only(item.reply_to, item.tenant_id, item.request_id, 0, error)
             return Outcome.REFUSED
@@ -503,7 +491,7 @@ class Dispatcher:
             # no UsageEvent (its billing key would be the run's).
             self.metrics.num_duplicates += 1
             if not owns_reply_topic:
-                await self._dead_letter(where, self._not_owned(principal, item.reply_to))
+                await self._dead_letter(record, self._not_owned(principal, item.reply_to))
             elif verdict is Verdict.DUPLICATE:
                 assert entry is not None
                 done = entry.state is State.DONE
@@ -517,7 +505,7 @@ class Dispatcher:
         if not owns_reply_topic:
             # Not the producer's topic: no chunk goes there, whoever owns it.
             self.metrics.num_forbidden += 1
-            await self._dead_letter(where, self._not_owned(principal, item.reply_to))
+            await self._dead_letter(record, self._not_owned(principal, item.reply_to))
             await self._publish_rejected(item, "reply_topic_forbidden")
             self._remember(item, State.DONE, now)
             return Outcome.REFUSED
@@ -996,31 +984,18 @@ class Dispatcher:
         return entry is not None and entry.expires_at > self._clock.time()
 
     # -- refusals before a tenant is proven ------------------------------------------------
-    async def _dead_letter(
-        self, where: tuple[str, int, int, bytes | None, bytes | None], reason: str
-    ) -> None:
-        topic, partition, offset, key, value = where
+    async def _dead_letter(self, record: Record, reason: str) -> None:
         self.metrics.num_dead_letters += 1
-        await dead_letter(
-            self._publish,
-            self._topics,
-            consumer=self._settings.faust_app_id,
-            source_topic=topic,
-            partition=partition,
-            offset=offset,
-            key=key,
-            value=value,
-            reason=reason,
+        await dead_letter_record(
+            self._publish, self._topics, record, consumer=self._settings.faust_app_id, reason=reason
         )
 
-    async def _refuse_unreadable(
-        self, where: tuple[str, int, int, bytes | None, bytes | None], reason: str
-    ) -> None:
+    async def _refuse_unreadable(self, record: Record, reason: str) -> None:
         """Dead-lettered; and told on its reply topic, when the record names one and an
         id (so its producer does not wait for its timeout), unless that id is taken."""
-        await self._dead_letter(where, reason)
+        await self._dead_letter(record, reason)
         try:
-            data = orjson.loads(where[4] or b"")
+            data = orjson.loads(record.value or b"")
         except orjson.JSONDecodeError:
             return
         if not isinstance(data, dict):
@@ -1028,7 +1003,7 @@ class Dispatcher:
         request_id, reply_to = data.get("request_id"), data.get("reply_to")
         tenant_id = data.get("tenant_id")
         if not isinstance(tenant_id, str):
-            tenant_id = (where[3] or b"").decode("utf-8", "replace")
+            tenant_id = (record.key or b"").decode("utf-8", "replace")
         if not (isinstance(request_id, str) and isinstance(reply_to, str)):
             return
         if not self._topics.is_reply_topic(reply_to) or self._known(tenant_id, request_id):
@@ -1038,7 +1013,7 @@ class Dispatcher:
 
     async def _refuse_unproven(
         self,
-        where: tuple[str, int, int, bytes | None, bytes | None],
+        record: Record,
         request: InferenceRequest,
         claimed: str,
         exc: AuthError,
@@ -1049,7 +1024,7 @@ class Dispatcher:
         id is one the job holds: then only the dead-letter topic hears of it."""
         if self._known(claimed, request.request_id):
             await self._dead_letter(
-                where,
+                record,
                 f"{exc.code}: {exc.message} (not answered: the request id is in use)",
             )
             return
@@ -1203,29 +1178,20 @@ class Dispatcher:
         }
         self._wake.set()
 
-    async def handle_cancel(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers = None,
-    ) -> None:
+    async def handle_cancel(self, record: Record) -> None:
         """A producer's cancel, checked like its requests: its credential must be the
         tenant's, and ``reassigned`` is the job's own word. A good one drops the request
         if it waits here, and goes on to the workers on the aborts topic, which only
         tokenbus's services write; a bad one goes to the dead-letter topic."""
-        where = (topic, partition, offset, key, value)
         try:
-            cancel = decode(CancelRequest, value)
-            principal = self._auth.authenticate(header(headers, "authorization"))
+            cancel = decode(CancelRequest, record.value)
+            principal = self._auth.authenticate(header(record.headers, "authorization"))
         except (SchemaError, AuthError) as exc:
-            await self._dead_letter(where, f"cancel refused: {exc}")
+            await self._dead_letter(record, f"cancel refused: {exc}")
             return
         if cancel.tenant_id != principal.tenant_id or cancel.reason == REASSIGNED:
             await self._dead_letter(
-                where,
+                record,
                 f"cancel refused: the credential is tenant {principal.tenant_id!r}'s, and "
                 f"may cancel only its own requests, with any reason but {REASSIGNED!r}",
             )
@@ -1237,7 +1203,7 @@ class Dispatcher:
             if flight is not None:
                 flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
             # Running (or held by an earlier run of this job): its worker aborts it.
-            await self._publish(self._topics.aborts, key or b"", encode(cancel))
+            await self._publish(self._topics.aborts, record.key or b"", encode(cancel))
             return
         self._queue.remove(_queue_key(ident))
         self.metrics.num_cancelled_waiting += 1

@@ -220,7 +220,7 @@ def render(registry: CollectorRegistry) -> tuple[bytes, str]:
 
 def metrics_app(registry: CollectorRegistry, health: Callable[[], dict[str, Any]]) -> Any:
     """A small aiohttp app: ``/metrics`` and ``/healthz``, for services with no web server
-    of their own (the worker)."""
+    of their own (the worker, the batch runner, the alerts service)."""
     from aiohttp import web
 
     async def metrics(request: web.Request) -> web.Response:

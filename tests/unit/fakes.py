@@ -10,9 +10,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas import TokenChunk, TokenChunkBatch, WorkItem, decode
+from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry, State
 from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
+from tokenbus.config import Settings
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics
 
@@ -188,6 +190,27 @@ def bus_authenticator(directory: TenantDirectory, *, allow_unlisted: bool = True
     )
 
 
+def memory_dispatcher(
+    settings: Settings,
+    recorder: Recorder,
+    *,
+    ledger: MemoryLedger | None = None,
+    allow_unlisted: bool = True,
+    **options: Any,
+) -> Dispatcher:
+    """A dispatcher on memory stores that publishes into ``recorder`` and reads its
+    replies back from it; ``options`` go to ``Dispatcher`` (clock, tracer, forwards)."""
+    return Dispatcher(
+        settings,
+        recorder,
+        MemoryWindowStore(),
+        Replies(recorder),
+        ledger if ledger is not None else MemoryLedger(),
+        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=allow_unlisted),
+        **options,
+    )
+
+
 def service_headers(tenant_id: str, **claims: object) -> list[tuple[str, bytes]]:
     """The ``authorization`` header a tokenbus service puts on ``tenant_id``'s request."""
     token = mint_service_token(
@@ -206,10 +229,13 @@ def bearer(credential: str) -> list[tuple[str, bytes]]:
 async def cancel(dispatcher: Any, tenant_id: str, request_id: str, **fields: Any) -> None:
     """A producer's cancel, with the tenant's service token, as the cancel agent hands it."""
     from schemas import CancelRequest, encode
+    from stream_jobs.dispatcher import Record
 
     message = CancelRequest(request_id=request_id, tenant_id=tenant_id, **fields)
     await dispatcher.handle_cancel(
-        TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
+        Record(
+            TOPICS.cancels, 0, 0, tenant_id.encode(), encode(message), service_headers(tenant_id)
+        )
     )
 
 

@@ -17,7 +17,7 @@ from tokenbus.batch_yield import YieldPolicy
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
 from workers.batch_gate import BatchGate, SeatLearner, plan_seats
-from workers.interface import AdapterRef, EngineDelta, GenerateParams
+from workers.interface import EngineDelta, GenerateParams
 from workers.replies import ReplyBatcher
 from workers.worker import Worker, create_batch_gate
 
@@ -171,21 +171,12 @@ class RecordingEngine(FakeEngine):
         super().__init__("tiny", max_num_seqs=4, step_s=0.005)
         self.parts: list[tuple[str, int, int]] = []  # (engine id, prompt length, max_tokens)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
     ) -> AsyncIterator[EngineDelta]:
         length = len(prompt) if isinstance(prompt, list) else len(self.tokenize(prompt))
         self.parts.append((request_id, length, params.max_tokens))
-        async for delta in super().generate(
-            request_id, prompt, params, priority=priority, cache_salt=cache_salt
-        ):
+        async for delta in super().deltas(request_id, prompt, params):
             yield delta
 
 

@@ -9,26 +9,13 @@ from typing import Any
 import jwt
 import orjson
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bridge.auth import Authenticator, narrow
 from bridge.errors import ApiError
-from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key
+from tests.unit.test_auth import ACME, RSA_KEY, RSA_PUBLIC
+from tokenbus.tenants import TenantConfig, TenantDirectory
 
 SECRET = "unit-test-hs256-secret-0123456789abcdef"
-RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-RSA_PUBLIC = (
-    RSA_KEY.public_key()
-    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    .decode()
-)
-ACME = TenantConfig(
-    tenant_id="acme",
-    priority_class=1,
-    models=["tiny-llama", "big-llama"],
-    api_key_sha256=[hash_api_key("sk-acme-key")],
-)
 
 
 def authenticator(*, allow_unlisted_tenants: bool = False) -> Authenticator:

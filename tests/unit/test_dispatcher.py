@@ -25,7 +25,7 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome
+from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome, Record
 from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import job_registry
 from tests.unit.fakes import (
@@ -33,11 +33,9 @@ from tests.unit.fakes import (
     Forwards,
     ManualClock,
     MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
-    bus_authenticator,
     cancel,
+    memory_dispatcher,
     reply_topic,
     service_headers,
 )
@@ -68,15 +66,8 @@ def dispatcher_for(
 ) -> Dispatcher:
     """One run of the job: its memory is its own; the topics (``recorder``) and, when
     given, the ledger are shared with other runs."""
-    return Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        ledger if ledger is not None else MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory()),
-        clock=clock,
-        forwards=Forwards(recorder),
+    return memory_dispatcher(
+        settings, recorder, ledger=ledger, clock=clock, forwards=Forwards(recorder)
     )
 
 
@@ -124,7 +115,9 @@ async def admit(dispatcher: Dispatcher, req: InferenceRequest) -> asyncio.Task[O
     tenant = req.tenant_id
     assert tenant is not None
     task = asyncio.create_task(
-        dispatcher.handle_request("p", 0, 0, tenant.encode(), encode(req), service_headers(tenant))
+        dispatcher.handle_request(
+            Record("p", 0, 0, tenant.encode(), encode(req), service_headers(tenant))
+        )
     )
     await asyncio.sleep(0)
     return task
@@ -305,7 +298,7 @@ async def test_a_cancelled_waiting_request_never_runs_and_is_refunded(
 
 
 async def test_a_bad_message_is_dead_lettered(dispatcher: Dispatcher, recorder: Recorder) -> None:
-    assert await dispatcher.handle_request("p", 3, 7, b"k", b"{oops") is Outcome.REFUSED
+    assert await dispatcher.handle_request(Record("p", 3, 7, b"k", b"{oops")) is Outcome.REFUSED
     (letter,) = recorder.on(TOPICS.dead_letters)
     assert b'"offset":7' in letter and b"not JSON" in letter
 

@@ -15,16 +15,13 @@ import orjson
 import pytest
 
 from schemas import FinishReason, UsageEvent, WorkerStatus, WorkItem, decode, encode
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
-    MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
     bearer,
-    bus_authenticator,
+    memory_dispatcher,
     reply_topic,
 )
 from tokenbus.config import Settings
@@ -74,15 +71,7 @@ async def job(tmp_path: Path) -> AsyncIterator[tuple[Dispatcher, Recorder]]:
     tenants.write_text(TENANTS)
     settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
     recorder = Recorder()
-    dispatcher = Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
-        clock=ManualClock(NOW),
-    )
+    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
     dispatcher.observe_heartbeat(heartbeat("base", 0))
     dispatcher.observe_heartbeat(heartbeat("lora", 2))
     loop = asyncio.create_task(dispatcher.run())
@@ -102,7 +91,9 @@ async def produce(
         "sampling": {"max_tokens": 8},
         **fields,
     }
-    handled = dispatcher.handle_request("p", 0, 0, tenant.encode(), orjson.dumps(body), bearer(key))
+    handled = dispatcher.handle_request(
+        Record("p", 0, 0, tenant.encode(), orjson.dumps(body), bearer(key))
+    )
     return await asyncio.wait_for(handled, 2)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from schemas import UsageEvent, WorkItem, decode, encode
 from schemas.budgets import BudgetAlert
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import Recorder, bearer, reply_topic, service_headers
 from tests.unit.test_dispatcher import admit, dispatcher_for, heartbeat, request
 from tokenbus.budget_config import BudgetConfig
@@ -100,7 +100,7 @@ async def test_a_key_s_own_budget_binds_inside_its_tenant_s(settings: Settings) 
 
     async def by_key(n: int) -> Outcome:
         req = keyed.model_copy(update={"request_id": f"r{n}"})
-        return await dispatcher.handle_request("p", 0, 0, b"team", encode(req), bearer(KEY))
+        return await dispatcher.handle_request(Record("p", 0, 0, b"team", encode(req), bearer(KEY)))
 
     assert await by_key(1) is Outcome.FORWARDED
     # The key travels with the work to its UsageEvent, so ClickHouse can sum it.
@@ -152,7 +152,7 @@ async def test_a_token_s_balance_binds_inside_its_tenant_s_budget(settings: Sett
     async def by_token(n: int) -> Outcome:
         headers = service_headers("team", quota_balance="0.00002", key_sha256=token)
         req = encode(request(n, tenant="team"))
-        return await dispatcher.handle_request("p", 0, 0, b"team", req, headers)
+        return await dispatcher.handle_request(Record("p", 0, 0, b"team", req, headers))
 
     assert await by_token(1) is Outcome.FORWARDED  # reserves 18,000 of the 20,000
     assert await by_token(2) is Outcome.REFUSED  # the tenant has 32,000 left: the token binds

@@ -9,13 +9,10 @@ import time
 from pathlib import Path
 
 from schemas import WorkItem, decode, encode
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
-    MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
-    bus_authenticator,
+    memory_dispatcher,
     service_headers,
 )
 from tests.unit.test_dispatcher import heartbeat, request
@@ -28,15 +25,7 @@ from tokenbus.tracing import Tracing, inject, with_path
 def traced_dispatcher(tmp_path: Path, recorder: Recorder) -> tuple[Dispatcher, Tracing]:
     settings = Settings(home=tmp_path, default_priority_class=0)
     tracing = Tracing(settings, "job")
-    dispatcher = Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory()),
-        tracer=tracing.tracer,
-    )
+    dispatcher = memory_dispatcher(settings, recorder, tracer=tracing.tracer)
     return dispatcher, tracing
 
 
@@ -50,7 +39,7 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
         inject(headers, with_path(sent_ns))
     dispatcher.observe_heartbeat(heartbeat())
     loop = asyncio.create_task(dispatcher.run())
-    outcome = await dispatcher.handle_request("p", 0, 0, b"t", encode(request(1)), headers)
+    outcome = await dispatcher.handle_request(Record("p", 0, 0, b"t", encode(request(1)), headers))
     loop.cancel()
     assert outcome is Outcome.FORWARDED
     assert tracing.buffer is not None
@@ -88,7 +77,7 @@ async def test_a_refused_request_ends_its_span_with_the_outcome(tmp_path: Path) 
     dispatcher, tracing = traced_dispatcher(tmp_path, recorder)
     loop = asyncio.create_task(dispatcher.run())
     outcome = await dispatcher.handle_request(
-        "p", 0, 0, b"t", encode(request(2)), service_headers("t")
+        Record("p", 0, 0, b"t", encode(request(2)), service_headers("t"))
     )  # no worker
     loop.cancel()
     assert outcome is Outcome.REFUSED
@@ -102,7 +91,7 @@ async def test_an_unproven_request_files_its_span_under_no_tenant(tmp_path: Path
     recorder = Recorder()
     dispatcher, tracing = traced_dispatcher(tmp_path, recorder)
     forged = [("authorization", b"Bearer forged")]
-    outcome = await dispatcher.handle_request("p", 0, 0, b"t", encode(request(3)), forged)
+    outcome = await dispatcher.handle_request(Record("p", 0, 0, b"t", encode(request(3)), forged))
     assert outcome is Outcome.REFUSED
     assert tracing.buffer is not None
     by_tenant = tracing.buffer.take()

@@ -24,17 +24,14 @@ from schemas import (
     decode,
     encode,
 )
-from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
-    MemoryLedger,
-    MemoryWindowStore,
     Recorder,
-    Replies,
     bearer,
-    bus_authenticator,
     cancel,
+    memory_dispatcher,
     reply_topic,
     service_headers,
 )
@@ -79,7 +76,7 @@ class Bus:
         raw: bytes | None = None,
     ) -> Outcome:
         value = raw if raw is not None else orjson.dumps(body)
-        handled = self.dispatcher.handle_request("p", 0, 0, key, value, headers)
+        handled = self.dispatcher.handle_request(Record("p", 0, 0, key, value, headers))
         return await asyncio.wait_for(handled, 2)
 
     def chunks(self, topic: str) -> list[TokenChunk]:
@@ -147,15 +144,7 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
         home=tmp_path, tenants_file=tenants, worker_dead_after_s=0.3, vip_reserve=0.0
     )
     recorder = Recorder()
-    dispatcher = Dispatcher(
-        settings,
-        recorder,
-        MemoryWindowStore(),
-        Replies(recorder),
-        MemoryLedger(),
-        authenticator=bus_authenticator(settings.tenant_directory(), allow_unlisted=False),
-        clock=ManualClock(NOW),
-    )
+    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
     dispatcher.observe_heartbeat(heartbeat())
     loop = asyncio.create_task(dispatcher.run())
     yield Bus(dispatcher, recorder)
@@ -418,12 +407,14 @@ async def test_a_cancel_that_is_not_its_tenant_s_own_is_dead_lettered_and_goes_n
 
     message = CancelRequest(request_id="r1", tenant_id="acme", **fields)
     await bus.dispatcher.handle_cancel(
-        TOPICS.cancels,
-        0,
-        7,
-        b"acme",
-        encode(message),
-        service_headers(headers) if headers else None,
+        Record(
+            TOPICS.cancels,
+            0,
+            7,
+            b"acme",
+            encode(message),
+            service_headers(headers) if headers else None,
+        )
     )
     assert TOPICS.aborts not in bus.topics(), case
     assert not bus.dispatcher._in_flight[("acme", "r1")].cancelled

@@ -28,7 +28,7 @@ from schemas import (
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.tracing import Tracing, inject, with_path
-from workers.interface import AdapterRef, EngineDelta, EngineTimings, GenerateParams
+from workers.interface import EngineDelta, EngineTimings, GenerateParams
 from workers.replies import ReplyBatcher
 from workers.worker import (
     ENGINE_PHASES,
@@ -81,15 +81,8 @@ class ScriptedEngine(FakeEngine):
         super().__init__("tiny", max_num_seqs=4)
         self._finish = finish
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
     ) -> AsyncIterator[EngineDelta]:
         yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=0)
         if isinstance(self._finish, Exception):
@@ -251,15 +244,8 @@ class TimedEngine(ScriptedEngine):
     """Ends each request with the engine's own times, as vLLM's stats give them: queued
     as the worker hands it over, its first token 2 ms before it reaches the worker."""
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
     ) -> AsyncIterator[EngineDelta]:
         start = time.monotonic()
         await asyncio.sleep(0.020)

@@ -1,0 +1,46 @@
+"""``bench.common.run_benchmark``: a benchmark's ``main``, and the name of its result."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from bench import common
+
+
+def run(monkeypatch: pytest.MonkeyPatch, argv: list[str], name: Any) -> list[tuple[str, Any]]:
+    written: list[tuple[str, Any]] = []
+
+    def write_result(result_name: str, result: dict[str, Any]) -> Path:
+        written.append((result_name, result))
+        return Path(result_name)
+
+    monkeypatch.setattr(common, "write_result", write_result)
+    monkeypatch.setattr(common, "exit_on_sigterm", lambda: None)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", default="plain")
+    parser.add_argument("--profile", action="store_true")
+    shown: list[dict[str, Any]] = []
+
+    async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+        return {"argv": args.argv}
+
+    common.run_benchmark(parser, argv, measure, lambda result, _: shown.append(result), name)
+    assert shown == [written[0][1]]
+    return written
+
+
+def test_the_result_is_named_by_the_name_given_or_by_the_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert run(monkeypatch, [], None) == [("plain", {"argv": []})]
+    assert run(monkeypatch, ["--name", "x"], "fixed")[0][0] == "fixed"
+
+    def by_args(args: argparse.Namespace) -> str:
+        return str(args.name) + ("-profile" if args.profile else "")
+
+    assert run(monkeypatch, ["--profile"], by_args) == [("plain-profile", {"argv": ["--profile"]})]
