@@ -949,8 +949,18 @@ class Dispatcher:
         must not be seen before the ledger says this id had its answer: a job killed
         between the two would otherwise take the id's redelivered request as new, and
         run it beside its retry."""
-        entry = Entry(state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, None)
+        entry = self._entry(item, state, now, last_seq)
         await self._ledger.put_durably(home, item.tenant_id, item.request_id, entry)
+
+    def _entry(
+        self,
+        item: WorkItem,
+        state: State,
+        now: float,
+        last_seq: int,
+        forward: Forward | None = None,
+    ) -> Entry:
+        return Entry(state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, forward)
 
     def _remember(
         self,
@@ -964,9 +974,7 @@ class Dispatcher:
     ) -> None:
         """Its ledger entry, under the request's event; or, outside it (``home`` given),
         on the tenant's partition ``home``."""
-        entry = Entry(
-            state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, forward
-        )
+        entry = self._entry(item, state, now, last_seq, forward)
         if home is None:
             self._ledger.put(item.tenant_id, item.request_id, entry)
         else:
