@@ -203,28 +203,29 @@ class TableLedger:
         expiries[request_id] = entry.expires_at
 
     def put_at(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> None:
-        # Table.__setitem__ without its event: into the store, and to the changelog
-        # partition of the tenant's requests, as a write under their event would go.
-        key, value = f"{tenant_id}/{request_id}".encode(), orjson.dumps(entry.to_json())
-        self._table.data[key] = value
-        self._table.send_changelog(home, key, value)
-        self._note_expiry(tenant_id, request_id, entry)
+        self._write(home, tenant_id, request_id, entry)
 
     async def put_durably(
         self, home: int | None, tenant_id: str, request_id: str, entry: Entry
     ) -> None:
-        # As put (on the partition of the event being handled) or put_at, keeping the
+        # As put (on the partition of the event being handled) or put_at, awaiting the
         # changelog record's future: Faust resolves it once the broker acknowledged it.
         if home is None:
             event = current_event()
             if event is None:
                 raise RuntimeError("a ledger entry without a partition, outside an event")
             home = event.message.partition
+        await self._write(home, tenant_id, request_id, entry)
+
+    def _write(self, home: int, tenant_id: str, request_id: str, entry: Entry) -> Any:
+        # Table.__setitem__ without its event: into the store, and to the changelog
+        # partition of the tenant's requests, as a write under their event would go.
+        # Returns the changelog record's future.
         key, value = f"{tenant_id}/{request_id}".encode(), orjson.dumps(entry.to_json())
         self._table.data[key] = value
         sent = self._table.send_changelog(home, key, value)
         self._note_expiry(tenant_id, request_id, entry)
-        await sent
+        return sent
 
     def drop(self, tenant_id: str, request_id: str) -> None:
         self._table.pop(f"{tenant_id}/{request_id}".encode(), None)

@@ -1645,13 +1645,9 @@ class Dispatcher:
             self._requeue(waiting)
             return
         try:
-            if await self._dispatch(waiting) is Outcome.REFUSED:
-                # Answered no_worker: a refusal marks no ledger entry on its way back
-                # (``observe_usage``), so the job marks it, or a later job would adopt
-                # and run it.
-                self._remember(
-                    again, State.DONE, self._clock.time(), again.resume_seq, home=flight.home
-                )
+            # Answered no_worker, it is marked done (``_send``): a later job must not
+            # adopt and run it.
+            await self._dispatch(waiting)
         except Exception:
             log.exception("could not send %s again", request.request_id)
             self._in_flight.pop(ident, None)
