@@ -180,11 +180,15 @@ async def test_two_backlogged_tenants_share_two_to_one_by_weight(
         )
     )
 
-    # All of them wait now; then the blockers are cancelled, rather than left to run
-    # their 400 tokens, and their seats go to the two tenants at once.
+    # All of them wait now, in the job up to what it holds of one priority topic
+    # (``admit_concurrency``: 256, more by a batch's overshoot) and the rest in the
+    # topic; then the blockers are cancelled, rather than left to run their 400 tokens,
+    # and their seats go to the two tenants at once.
     await eventually(
         lambda: job_metrics(settings),
-        until=lambda m: m["tokenbus_job_num_waiting"] >= len(requests),
+        until=lambda m: (
+            m["tokenbus_job_num_waiting"] >= min(len(requests), settings.admit_concurrency)
+        ),
     )
     for blocker in blockers:
         await client.cancel(blocker)
