@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from billing.dedup import Stored
 from billing.sink import BillingSink
 from billing.storage import ClickHouseStore, StoredAttempts, UsageStore
 from schemas import UsageEvent, UsageStatus, encode
@@ -51,10 +52,10 @@ class TimedStore:
         self.inner = inner
         self.seconds = {"lookup": 0.0, "insert": 0.0}
 
-    def existing_keys(self, keys: Sequence[Any]) -> set[Any]:
+    def look_up(self, keys: Sequence[Any]) -> Stored:
         started = time.perf_counter()
         try:
-            return self.inner.existing_keys(keys)
+            return self.inner.look_up(keys)
         finally:
             self.seconds["lookup"] += time.perf_counter() - started
 

@@ -7,6 +7,15 @@ worker that crashed after reporting serves a request again. The first copy to re
 ClickHouse is the one billed; later ones are dropped here, before the insert, because
 the rollups add up whatever is inserted and only a merge, not a plain read, drops a copy.
 
+A request is billed for one run. Two attempts of it both run to their end only when
+the job presumed a worker lost that was merely slow: it sent the request again, and the
+first worker finished before the ``reassigned`` cancel reached it. The client heard one
+stream (it takes each ``seq`` once), so the run reported second is *superseded*: stored,
+with its cost in ``cost_units`` (the fleet did the work), but billed nothing and flagged
+``superseded`` (``later_runs``). Both attempts' records are keyed by tenant, so they reach
+one partition, in one order, on every replay: the same attempt is billed each time. The
+job's budgets settle by the same rule (``stream_jobs.budgets.settle``).
+
 Pure except ``write_usage``, which runs the same steps as the sink, synchronously and
 without retries, for seeding data and for benchmarks.
 """
@@ -14,23 +23,41 @@ without retries, for seeding data and for benchmarks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, cast
+from operator import itemgetter
+from typing import Any, NamedTuple, Protocol, cast
+
+import msgspec
 
 from billing.rows import USAGE_COLUMNS, usage_columns
-from billing.usage_codec import Usage
+from billing.usage_codec import Usage, UsageRecord
+from schemas import UsageStatus
 from tokenbus.pricing import Pricer
 
 UsageKey = tuple[str, str, str, int]
 """(tenant_id, session_id, request_id, attempt)."""
 Attempt = tuple[UsageKey, datetime]
 """An attempt's key and its ``created_at``."""
+RequestKey = tuple[str, str, str]
+"""(tenant_id, session_id, request_id): a request, over all its attempts."""
+SUPERSEDED = "superseded"
+"""Flag of a run stored but not billed: another attempt of its request was (``later_runs``)."""
+
+
+class Stored(NamedTuple):
+    """What ClickHouse holds of the requests of some attempts (``KeyedStore.look_up``)."""
+
+    keys: set[UsageKey]
+    """The attempts asked about that are stored."""
+    billed: set[RequestKey]
+    """Their requests that have a billed run stored: an attempt neither rejected nor
+    superseded."""
 
 
 class KeyedStore(Protocol):
-    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]: ...
+    def look_up(self, keys: Sequence[UsageKey]) -> Stored: ...
 
     def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None: ...
 
@@ -77,14 +104,23 @@ class ColumnPlan:
 
 
 def plan_keyed_columns(
-    keyed: Sequence[tuple[UsageKey, Usage]], existing: set[UsageKey], pricer: Pricer
+    keyed: Sequence[tuple[UsageKey, Usage]],
+    existing: set[UsageKey],
+    pricer: Pricer,
+    billed: set[RequestKey] | frozenset[RequestKey] = frozenset(),
 ) -> ColumnPlan:
     """The plan of the first copies ``keyed`` (with their keys) whose key is not in
-    ``existing``."""
+    ``existing``; runs of a request in ``billed`` (or billed earlier in ``keyed``) are
+    superseded (``later_runs``)."""
     new = [item for item in keyed if item[0] not in existing] if existing else keyed
     keys = [key for key, _ in new]
     events = [event for _, event in new]
-    columns = usage_columns(events, pricer.charge_nanos_each(events))
+    charges = pricer.charge_nanos_each(events)
+    for index in later_runs(new, billed):
+        events[index] = superseded(events[index])
+        weight, cost, _, version = charges[index]
+        charges[index] = (weight, cost, 0, version)
+    columns = usage_columns(events, charges)
     return ColumnPlan(
         columns,
         dedup_token(keys),
@@ -95,6 +131,42 @@ def plan_keyed_columns(
 
 
 _CREATED_AT = USAGE_COLUMNS.index("created_at")
+_ATTEMPT = itemgetter(3)
+
+
+def is_resent(keys: Iterable[UsageKey]) -> bool:
+    """Some attempt is a request's second or later: its request may have another run."""
+    return any(map(_ATTEMPT, keys))
+
+
+def later_runs(
+    keyed: Sequence[tuple[UsageKey, Usage]], billed: Collection[RequestKey] = frozenset()
+) -> list[int]:
+    """The positions in ``keyed`` (new attempts, in the order the topic holds them) of the
+    runs to supersede: a run (an attempt not rejected) of a request that is in ``billed``
+    or has an earlier run in ``keyed``. Two runs of a request need a second attempt, so a
+    batch of first attempts alone, with nothing billed, is answered at once."""
+    if not billed and not is_resent(key for key, _ in keyed):
+        return []
+    seen: set[RequestKey] = set(billed)
+    later: list[int] = []
+    for index, (key, event) in enumerate(keyed):
+        if event.status is UsageStatus.REJECTED:
+            continue  # refused before it ran: nothing was streamed, nothing is billed
+        request = (key[0], key[1], key[2])
+        if request in seen:
+            later.append(index)
+        else:
+            seen.add(request)
+    return later
+
+
+def superseded(event: Usage) -> Usage:
+    """``event`` flagged ``SUPERSEDED``."""
+    flags = event.flags if SUPERSEDED in event.flags else [*event.flags, SUPERSEDED]
+    if isinstance(event, UsageRecord):
+        return msgspec.structs.replace(event, flags=flags)
+    return event.model_copy(update={"flags": flags})
 
 
 def dedup_token(keys: Iterable[UsageKey]) -> str:
@@ -108,8 +180,8 @@ def dedup_token(keys: Iterable[UsageKey]) -> str:
 def write_usage(store: KeyedStore, events: Iterable[Usage], pricer: Pricer) -> ColumnPlan:
     """Inserts the new attempts among ``events``, by the sink's own plan, in one go."""
     keyed = keyed_first_copies(events)
-    existing = store.existing_keys([key for key, _ in keyed]) if keyed else set()
-    plan = plan_keyed_columns(keyed, existing, pricer)
+    stored = store.look_up([key for key, _ in keyed]) if keyed else Stored(set(), set())
+    plan = plan_keyed_columns(keyed, stored.keys, pricer, stored.billed)
     if plan.num_rows:
         store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
     return plan

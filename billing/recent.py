@@ -12,6 +12,10 @@ and only two kinds of attempts are *unsure*, to be looked up in ClickHouse as be
   request), or, about once in 2^64, another attempt with the same hash;
 - an attempt created before the horizon: a late copy of an old attempt, or a replay.
 
+A first attempt reported after a later attempt of its request (a worker presumed lost
+that was only slow: ``billing.dedup.later_runs``) must be unsure too, though it is not
+stored: so a stored later attempt also puts its request's first attempt in the index.
+
 Completeness is kept by construction: the sink builds the index from ClickHouse (every
 attempt created since a moment, ``from_stored``) when partitions are assigned to it, and
 adds each attempt it inserts once ClickHouse acknowledged it. Copies of an attempt share
@@ -30,7 +34,7 @@ from datetime import UTC, datetime
 from itertools import compress
 from typing import Protocol
 
-from billing.dedup import Attempt, UsageKey
+from billing.dedup import Attempt, UsageKey, is_resent
 from billing.rows import millis
 
 
@@ -104,13 +108,18 @@ class RecentAttempts:
     def add_ticks(self, keys: Sequence[UsageKey], created_ticks: Sequence[int]) -> None:
         """``add`` of attempts given as keys and their ``created_at`` in DateTime64(3)
         ticks (milliseconds since the epoch, rounded down), as the sink inserts them."""
+        if len(keys) != len(created_ticks):
+            raise ValueError(f"{len(keys)} keys but {len(created_ticks)} ticks")
+        if is_resent(keys):
+            # A first attempt reported after this one is unsure: its request ran again.
+            firsts = [(k[0], k[1], k[2], 0) for k in keys if k[3]]
+            their_ticks = [t for k, t in zip(keys, created_ticks, strict=True) if k[3]]
+            keys, created_ticks = [*keys, *firsts], [*created_ticks, *their_ticks]
         minute_of = self._minute_of
         by_minute = self._by_minute
         # Tick t stands for an instant in [t, t + 1) ms: one created before the horizon
         # (t + 1 <= horizon) is left out, as ``add`` leaves it; the minute is the same.
         last_left_out = self._horizon_s * 1000.0 - 1.0
-        if len(keys) != len(created_ticks):
-            raise ValueError(f"{len(keys)} keys but {len(created_ticks)} ticks")
         none_left_out = bool(keys) and min(created_ticks) > last_left_out
         if not (none_left_out and self._add_new(keys, created_ticks)):
             for key, ticks in zip(keys, created_ticks, strict=True):

@@ -79,7 +79,7 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from opentelemetry.trace import SpanKind
 
-from billing.dedup import ColumnPlan, keyed_first_copies, plan_keyed_columns
+from billing.dedup import ColumnPlan, Stored, is_resent, keyed_first_copies, plan_keyed_columns
 from billing.recent import RecentAttempts
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
@@ -402,14 +402,19 @@ class BillingSink:
         assert recent is not None
         firsts = keyed_first_copies(events)
         keys = recent.unsure_keys(firsts)
-        known: set[Any] = set()
+        if is_resent(key for key, _ in firsts):
+            # A second attempt's request may have a billed run stored: looked up too.
+            unsure = set(keys)
+            keys += [key for key, _ in firsts if key[3] and key not in unsure]
+        stored = Stored(set(), set())
 
         async def look_up() -> None:
-            known.update(await asyncio.to_thread(self._store.existing_keys, keys))
+            nonlocal stored
+            stored = await asyncio.to_thread(self._store.look_up, keys)
 
         if keys and not await self._until_done(look_up, stop, f"lookup of {len(keys)} attempts"):
             return None
-        return plan_keyed_columns(firsts, known, self._pricer)
+        return plan_keyed_columns(firsts, stored.keys, self._pricer, stored.billed)
 
     async def _read_recent(self) -> None:
         stored = await asyncio.to_thread(

@@ -21,7 +21,7 @@ from clickhouse_connect.datatypes.base import ClickHouseType
 from clickhouse_connect.datatypes.numeric import BigDecimal
 
 from billing.alert_rows import ALERT_COLUMNS, AlertKey
-from billing.dedup import Attempt, UsageKey
+from billing.dedup import SUPERSEDED, Attempt, RequestKey, Stored, UsageKey
 from billing.migrate import apply_migrations
 from billing.native_writers import faster_writer
 from billing.rows import USAGE_COLUMNS
@@ -48,8 +48,9 @@ class Queryable(Protocol):
 class UsageStore(Queryable, Protocol):
     """What the sink writes through. Calls come from one thread at a time."""
 
-    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
-        """The keys among ``keys`` that ``usage_events`` already holds."""
+    def look_up(self, keys: Sequence[UsageKey]) -> Stored:
+        """The keys among ``keys`` that ``usage_events`` already holds, and their requests
+        that have a billed run there (``billing.dedup.Stored``)."""
         ...
 
     def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
@@ -99,9 +100,11 @@ class ClickHouseStore:
             self._client.close()
             raise
 
-    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
+    def look_up(self, keys: Sequence[UsageKey]) -> Stored:
         wanted = set(keys)
+        requests = {key[:3] for key in wanted}
         found: set[UsageKey] = set()
+        billed: set[RequestKey] = set()
         ordered = sorted(wanted)
         for start in range(0, len(ordered), _KEYS_PER_LOOKUP):
             chunk = ordered[start : start + _KEYS_PER_LOOKUP]
@@ -112,11 +115,17 @@ class ClickHouseStore:
                 "tenants": sorted({k[0] for k in chunk}),
                 "sessions": sorted({k[1] for k in chunk}),
                 "requests": sorted({k[2] for k in chunk}),
+                "superseded": SUPERSEDED,
             }
             with self._lock:
-                result = self._client.query(_EXISTING_KEYS_SQL, parameters=parameters)
-            found.update(key for key in map(_key, result.result_rows) if key in wanted)
-        return found
+                result = self._client.query(_LOOK_UP_SQL, parameters=parameters)
+            for row in result.result_rows:
+                key = _key(row)
+                if key in wanted:
+                    found.add(key)
+                if row[4] and key[:3] in requests:
+                    billed.add(key[:3])
+        return Stored(found, billed)
 
     def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
         with self._lock:
@@ -265,8 +274,9 @@ class PriceConflict(RuntimeError):
 
 _KEYS_PER_LOOKUP = 5_000
 """Keys per lookup query: over HTTP the parameters travel in the URL, which has limits."""
-_EXISTING_KEYS_SQL = """\
-SELECT tenant_id, session_id, request_id, attempt
+_LOOK_UP_SQL = """\
+SELECT tenant_id, session_id, request_id, attempt,
+       status != 'rejected' AND NOT has(flags, {superseded:String}) AS billed
 FROM usage_events
 WHERE tenant_id IN {tenants:Array(String)}
   AND session_id IN {sessions:Array(String)}

@@ -5,8 +5,11 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from billing.dedup import (
+    SUPERSEDED,
+    Stored,
     dedup_token,
     first_copies,
+    later_runs,
     plan_keyed_columns,
     usage_key,
     write_usage,
@@ -19,6 +22,8 @@ from tokenbus.price_file import BUNDLED_PRICES, read_price_book
 from tokenbus.pricing import Pricer
 
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
+_STATUS = USAGE_COLUMNS.index("status")
+_FLAGS = USAGE_COLUMNS.index("flags")
 
 
 def _event(request: str, attempt: int = 0, **overrides: object) -> UsageEvent:
@@ -78,9 +83,17 @@ class MemoryStore:
         self.rows: list[tuple[Any, ...]] = []
         self.num_lookups = 0
 
-    def existing_keys(self, keys: Sequence[tuple[str, str, str, int]]) -> set[Any]:
+    def look_up(self, keys: Sequence[tuple[str, str, str, int]]) -> Stored:
         self.num_lookups += 1
-        return set(keys) & {tuple(r[:4]) for r in self.rows}
+        requests = {key[:3] for key in keys}
+        billed = {
+            (r[0], r[1], r[2])
+            for r in self.rows
+            if (r[0], r[1], r[2]) in requests
+            and r[_STATUS] != "rejected"
+            and SUPERSEDED not in r[_FLAGS]
+        }
+        return Stored(set(keys) & {tuple(r[:4]) for r in self.rows}, billed)
 
     def insert_columns(self, columns: Sequence[Sequence[Any]], *, dedup_token: str) -> None:
         self.rows.extend(zip(*columns, strict=True))
@@ -136,3 +149,36 @@ def test_a_column_plan_of_known_attempts_alone_is_empty() -> None:
 
     assert (plan.num_rows, plan.num_known, plan.keys) == (0, 1, [])
     assert plan.dedup_token == dedup_token([])
+
+
+def _keyed(*events: UsageEvent) -> list[tuple[tuple[str, str, str, int], UsageEvent]]:
+    return [(usage_key(e), e) for e in events]
+
+
+def test_later_runs_of_a_request_are_those_after_its_first_run() -> None:
+    keyed = _keyed(
+        _event("a", 1),
+        _event("b", 0, status=UsageStatus.REJECTED),
+        _event("a", 0),
+        _event("b", 1),
+        _event("c", 0),
+        _event("a", 2, status=UsageStatus.CANCELLED),
+    )
+
+    assert later_runs(keyed) == [2, 5]  # b's refusal ran nothing: its attempt 1 is billed
+    assert later_runs(keyed, {("acme", "sess_1", "c")}) == [2, 4, 5]
+    assert later_runs(_keyed(_event("a"), _event("b"))) == []
+
+
+def test_a_superseded_run_keeps_its_cost_and_is_billed_nothing() -> None:
+    events = [decode_usage(encode(e)) for e in (_event("a", 1), _event("a", 0), _event("b"))]
+    keyed = [(usage_key(e), e) for e in events]
+
+    plan = plan_keyed_columns(keyed, set(), PRICER, {("acme", "sess_1", "b")})
+
+    rows = [dict(zip(USAGE_COLUMNS, row, strict=True)) for row in zip(*plan.columns, strict=True)]
+    assert [(r["request_id"], r["attempt"]) for r in rows] == [("a", 1), ("a", 0), ("b", 0)]
+    assert [SUPERSEDED in r["flags"] for r in rows] == [False, True, True]
+    assert [r["billed_units"] for r in rows] == [rows[0]["cost_units"], 0, 0]
+    assert rows[1]["cost_units"] == rows[0]["cost_units"] > 0
+    assert plan.num_rows == 3 and plan.num_known == 0

@@ -181,3 +181,14 @@ def test_no_key_is_unsure_when_none_is_held_or_old(horizon: datetime | None) -> 
     assert index.unsure_keys(keyed) == []
     assert index.unsure_keys(keyed[:5] + naive[5:]) == []  # mixed: asked one by one
     assert index.unsure_keys([*keyed, (_key(0), _Event(T0))]) == [_key(0)]
+
+
+def test_a_stored_later_attempt_makes_its_request_first_attempt_unsure() -> None:
+    # A first attempt reported after a later one (its worker presumed lost, only slow)
+    # must be looked up: its request has a billed run.
+    index = RecentAttempts(capacity=100)
+    later = (*_key(1)[:3], 2)
+    index.add([(later, T0)])
+
+    assert index.is_unsure((*_key(1)[:3], 0), T0)
+    assert not index.is_unsure(_key(2), T0)

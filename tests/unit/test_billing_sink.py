@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiokafka.structs import TopicPartition
 
-from billing.dedup import UsageKey
+from billing.dedup import SUPERSEDED, Stored, UsageKey
 from billing.rows import USAGE_COLUMNS
 from billing.sink import BillingSink, billing_group_id
 from billing.storage import Row, StoredAttempts
@@ -30,6 +30,8 @@ P1 = TopicPartition(TOPICS.usage, 1)
 FAST = Backoff(initial_s=0.01, max_s=0.02)
 PRICER = Pricer(read_price_book(BUNDLED_PRICES))
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+_STATUS = USAGE_COLUMNS.index("status")
+_FLAGS = USAGE_COLUMNS.index("flags")
 
 
 @dataclass
@@ -107,14 +109,23 @@ class FakeStore:
     def request_ids(self) -> list[str]:
         return [row[2] for row in self.rows]
 
-    def existing_keys(self, keys: Sequence[UsageKey]) -> set[UsageKey]:
+    def look_up(self, keys: Sequence[UsageKey]) -> Stored:
         if self.num_lookup_failures > 0:
             self.num_lookup_failures -= 1
             self.journal.append(("lookup failed", len(keys)))
             raise ConnectionError("ClickHouse is down")
         self.journal.append(("lookup", len(keys)))
         stored = {(r[0], r[1], r[2], r[3]) for r in self.rows}
-        return set(keys) & stored
+        requests = {key[:3] for key in keys}
+        billed = {
+            (r[0], r[1], r[2])
+            for r in self.rows
+            if len(r) > _FLAGS  # a row given as its key alone was not billed
+            and (r[0], r[1], r[2]) in requests
+            and r[_STATUS] != "rejected"
+            and SUPERSEDED not in r[_FLAGS]
+        }
+        return Stored(set(keys) & stored, billed)
 
     def recent_attempts(self, limit: int, window_s: float) -> StoredAttempts:
         """Every stored attempt (a row given as its key alone was created at T0)."""
@@ -628,3 +639,49 @@ async def test_records_of_a_partition_revoked_while_gathering_are_left_to_its_ow
 
     assert store.request_ids == ["req_0"]
     assert consumer.committed == {P0: 1}
+
+
+@pytest.mark.parametrize("batch_rows", [1, 100], ids=["batch-each", "one-batch"])
+@pytest.mark.parametrize("first", [1, 0], ids=["resent-first", "first-first"])
+async def test_a_request_run_twice_is_billed_for_the_run_reported_first(
+    tmp_path: Path, batch_rows: int, first: int
+) -> None:
+    # A worker presumed lost finished anyway: both attempts ran to their end, and the
+    # client heard one stream. Whichever reports first is billed; the other is stored
+    # with its cost, billed nothing, flagged superseded. A replay bills the same one.
+    journal: list[Any] = []
+    reports = [_usage(0, attempt=a, num_completion_tokens=8) for a in (first, 1 - first)]
+    consumer = FakeConsumer(journal, {P0: [*reports, _usage(1)]})
+    store = FakeStore(journal)
+    settings = _settings(tmp_path, batch_rows=batch_rows, batch_max_rows=batch_rows)
+
+    await _run_until(
+        _sink(settings, store), consumer, FakePublish(journal), lambda: consumer.drained
+    )
+    replayed = FakeConsumer(journal, {P0: [*reports, _usage(1)]})
+    await _run_until(
+        _sink(settings, store), replayed, FakePublish(journal), lambda: replayed.drained
+    )
+
+    rows = {(r[2], r[3]): dict(zip(USAGE_COLUMNS, r, strict=True)) for r in store.rows}
+    assert len(store.rows) == 3 and len(rows) == 3  # each attempt once, replay or not
+    billed, later = rows[("req_0", first)], rows[("req_0", 1 - first)]
+    assert billed["billed_units"] == billed["cost_units"] > 0
+    assert SUPERSEDED not in billed["flags"]
+    assert later["cost_units"] == billed["cost_units"] and later["billed_units"] == 0
+    assert SUPERSEDED in later["flags"]
+    assert SUPERSEDED not in rows[("req_1", 0)]["flags"]
+
+
+async def test_a_refused_attempt_supersedes_nothing(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    refused = _usage(0, status=UsageStatus.REJECTED)
+    consumer = FakeConsumer(journal, {P0: [refused, _usage(0, attempt=1, num_completion_tokens=4)]})
+    store = FakeStore(journal)
+
+    await _run_until(
+        _sink(_settings(tmp_path), store), consumer, FakePublish(journal), lambda: consumer.drained
+    )
+
+    ran = dict(zip(USAGE_COLUMNS, store.rows[1], strict=True))
+    assert ran["attempt"] == 1 and ran["billed_units"] > 0 and SUPERSEDED not in ran["flags"]

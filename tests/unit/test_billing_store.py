@@ -15,7 +15,14 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
 
-from billing.dedup import dedup_token, plan_keyed_columns, usage_key, write_usage
+from billing.dedup import (
+    SUPERSEDED,
+    Stored,
+    dedup_token,
+    plan_keyed_columns,
+    usage_key,
+    write_usage,
+)
 from billing.migrate import Migration, apply_migrations, bundled_migrations
 from billing.queries import dashboard_query
 from billing.report import BatchTotals, SessionTotals, TenantTotals, fetch
@@ -215,19 +222,31 @@ def test_rows_round_trip(store: ClickHouseStore) -> None:
     assert [r["key_sha256"] for r in keys] == ["ab" * 32, ""]  # no key behind it: ''
 
 
-def test_existing_keys_are_exactly_the_stored_ones(store: ClickHouseStore) -> None:
+def test_a_look_up_finds_exactly_the_stored_keys(store: ClickHouseStore) -> None:
     stored = [_event("acme", "s1", n) for n in range(3)] + [_event("beta", "s2", 0)]
     write_usage(store, stored, PRICER)
     # Same tenants, sessions and requests in other combinations are not stored keys.
     crossed = ("acme", "s2", stored[0].request_id, 0)
     other_attempt = (*usage_key(stored[1])[:3], 1)
 
-    found = store.existing_keys(
-        [usage_key(stored[1]), usage_key(stored[3]), crossed, other_attempt]
-    )
+    found = store.look_up([usage_key(stored[1]), usage_key(stored[3]), crossed, other_attempt])
 
-    assert found == {usage_key(stored[1]), usage_key(stored[3])}
-    assert store.existing_keys([]) == set()
+    assert found.keys == {usage_key(stored[1]), usage_key(stored[3])}
+    assert store.look_up([]) == Stored(set(), set())
+
+
+def test_a_look_up_names_the_requests_with_a_billed_run(store: ClickHouseStore) -> None:
+    ran, refused, superseded_only = (_event("acme", "s1", n) for n in range(3))
+    refused = refused.model_copy(update={"status": UsageStatus.REJECTED})
+    superseded_only = superseded_only.model_copy(update={"flags": [SUPERSEDED]})
+    write_usage(store, [ran, refused, superseded_only], PRICER)
+    # Another attempt of each: the request's run, not the attempt, is what counts.
+    again = [(*usage_key(event)[:3], 1) for event in (ran, refused, superseded_only)]
+
+    found = store.look_up(again)
+
+    assert found.keys == set()
+    assert found.billed == {usage_key(ran)[:3]}
 
 
 def test_recent_attempts_are_all_those_of_the_window_before_the_newest(
