@@ -367,19 +367,23 @@ def settle(
     """The reservation becomes the billed cost; returns the counters it changed (none
     when there was nothing to settle: no budget applied, or this attempt settled already).
 
-    Each attempt has its own billing row: a second attempt's usage (a worker presumed
-    lost that still finished) adds its cost, as ClickHouse adds its row."""
+    A request is billed for one run: a second attempt's usage (a worker presumed lost
+    that still finished) is superseded by billing, stored but billed nothing
+    (``billing.dedup.later_runs``), so here it settles nothing either. (A request whose
+    first usage is a refusal never runs again: the job does not dispatch what it refused.)"""
     reservation = store.reservation(tenant_id, request_id)
     if reservation is None or attempt in reservation.attempts:
         return ()
-    if reservation.settled:
-        held_delta, total = num_nanos_actual, reservation.num_nanos + num_nanos_actual
-    else:
-        held_delta, total = num_nanos_actual - reservation.num_nanos, num_nanos_actual
-    for budget_id, bucket in reservation.counters:
-        store.add(tenant_id, budget_id, bucket, held_delta, num_nanos_actual)
     attempts = (*reservation.attempts, attempt)
-    settled = Reservation(total, reservation.counters, attempts, keep_until)
+    if reservation.settled:
+        superseded = Reservation(reservation.num_nanos, reservation.counters, attempts, keep_until)
+        store.put_reservation(tenant_id, request_id, superseded)
+        return ()
+    for budget_id, bucket in reservation.counters:
+        store.add(
+            tenant_id, budget_id, bucket, num_nanos_actual - reservation.num_nanos, num_nanos_actual
+        )
+    settled = Reservation(num_nanos_actual, reservation.counters, attempts, keep_until)
     store.put_reservation(tenant_id, request_id, settled)
     return reservation.counters
 
