@@ -53,6 +53,9 @@ NUM_PARTITIONS = 3
 NUM_EVENTS = 12_000
 NUM_COPIES = 600
 """Events produced a second time, later in the topic: a producer retry, a re-served request."""
+NUM_RERUNS = 300
+"""Requests run to the end a second time, as another attempt, last in the topic (a worker
+presumed lost that finished anyway): stored with their cost, billed nothing."""
 FREEZE_AT_INSERT = 3
 TIMEOUT_S = 120.0
 PEAK = PeakHours.parse("9-17")
@@ -191,14 +194,16 @@ def _count_directly(settings: Settings) -> int:
         reader.close()
 
 
-def _expected(events: list[UsageEvent], pricer: Pricer) -> dict[str, Any]:
+def _expected(events: list[UsageEvent], reruns: list[UsageEvent], pricer: Pricer) -> dict[str, Any]:
+    """Every row's tokens and cost; only ``events`` billed, ``reruns`` superseded."""
     charges = [pricer.charge(e) for e in events]
+    rows = [*events, *reruns]
     return {
-        "num_attempts": len(events),
-        "prompt_tokens": sum(e.num_prompt_tokens for e in events),
-        "completion_tokens": sum(e.num_completion_tokens for e in events),
-        "cached_tokens": sum(e.num_cached_tokens for e in events),
-        "cost_units": sum((c.cost_units for c in charges), Decimal(0)),
+        "num_attempts": len(rows),
+        "prompt_tokens": sum(e.num_prompt_tokens for e in rows),
+        "completion_tokens": sum(e.num_completion_tokens for e in rows),
+        "cached_tokens": sum(e.num_cached_tokens for e in rows),
+        "cost_units": sum((pricer.charge(e).cost_units for e in rows), Decimal(0)),
         "billed_units": sum((c.billed_units for c in charges), Decimal(0)),
     }
 
@@ -250,16 +255,30 @@ def _stored_totals(settings: Settings) -> tuple[dict[str, dict[str, Any]], int]:
         reader.close()
 
 
+def _superseded(settings: Settings) -> set[tuple[str, str, int]]:
+    reader = open_reader(settings)
+    try:
+        rows = reader.query(
+            "SELECT tenant_id, request_id, attempt FROM usage_events"
+            " WHERE has(flags, 'superseded') AND billed_units = 0"
+        )
+        return {(r["tenant_id"], r["request_id"], int(r["attempt"])) for r in rows}
+    finally:
+        reader.close()
+
+
 async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
     settings: Settings, tmp_path: Path
 ) -> None:
     rng = random.Random(6)
     events = _events(rng)
     copies = rng.sample(events, NUM_COPIES)
-    records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies]]
+    rerun = rng.sample(events, NUM_RERUNS)
+    reruns = [e.model_copy(update={"attempt": 1 - e.attempt}) for e in rerun]
+    records = [(e.tenant_id.encode(), encode(e)) for e in [*events, *copies, *reruns]]
     ends = await produce_usage(settings, records, linger_ms=5, max_batch_size=256 * 1024)
     num_records = sum(ends.values())
-    assert num_records == NUM_EVENTS + NUM_COPIES
+    assert num_records == NUM_EVENTS + NUM_COPIES + NUM_RERUNS
     log_path = tmp_path / "sinks.log"
 
     # 1. Frozen after ClickHouse acknowledged its 3rd insert, before that commit: kill.
@@ -317,16 +336,19 @@ async def test_killed_mid_batch_restarted_and_replayed_the_totals_stay_exact(
     finally:
         fourth.terminate()
     totals, num_keys = await asyncio.to_thread(_stored_totals, settings)
+    superseded = await asyncio.to_thread(_superseded, settings)
 
     assert (replay["num_inserted"], replay["num_duplicates"]) == (0, num_records)
     # Exactly the UsageEvents, each attempt once: the first copy of every key.
     distinct = list(
         {(e.tenant_id, e.session_id, e.request_id, e.attempt): e for e in events}.values()
     )
-    expected = _expected(distinct, Pricer(read_price_book(BUNDLED_PRICES), PEAK))
-    assert num_keys == len(distinct) == totals["usage_events"]["num_attempts"]
+    expected = _expected(distinct, reruns, Pricer(read_price_book(BUNDLED_PRICES), PEAK))
+    assert num_keys == len(distinct) + NUM_RERUNS == totals["usage_events"]["num_attempts"]
     for reading, got in totals.items():
         assert got == expected, reading
+    # Each request billed for one run: the run reported second is the one superseded.
+    assert superseded == {(e.tenant_id, e.request_id, e.attempt) for e in reruns}
 
 
 def _freeze_after_insert(num_inserts: int, marker: Path) -> None:

@@ -520,7 +520,7 @@ async def chaos(
                     results.append(await _run_row(stack, proxy, name, abuse_s, delay_s))
                 except Exception as exc:  # the next row still runs; this one failed
                     print(f"{name}: failed: {exc!r}", flush=True)
-                    empty = Audit(0, 0, {}, 0, 0, 0, 0, 0, 0, 0, 0, [], [])
+                    empty = Audit(0, 0, {}, 0, 0, 0, 0, 0, 0, 0, 0, 0, [], [])
                     results.append(Row(name, None, empty, f"failed: {exc!r}", False, []))
         finally:
             stack.stop()

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from billing.dedup import SUPERSEDED
 from producers import TokenbusClient
 from producers.client import TokenbusTimeout
 from schemas import InferenceRequest, SamplingParams, TokenChunk
@@ -167,7 +168,10 @@ class Audit:
     num_lost: int
     """No final chunk, a gap in its chunks, or no answer at all."""
     num_run_twice: int
-    """Requests with more than one usage row that ran to the end (status ``ok``)."""
+    """Requests billed for more than one run to the end (status ``ok``, not superseded)."""
+    num_superseded: int
+    """Requests run again to the end, the second run stored but billed nothing: a worker
+    presumed lost that finished anyway (``billing.dedup.later_runs``)."""
     num_extra_rows: int
     """Usage rows beyond one per request (attempts cut short by a failure, and copies)."""
     tokens_delivered: int
@@ -191,7 +195,7 @@ class Audit:
             f"{self.num_requests} requests ({self.num_ok} ok, errors {self.errors}), "
             f"lost {self.num_lost}, run twice {self.num_run_twice}, extra usage rows "
             f"{self.num_extra_rows}, {self.num_resumed} resumed, {self.num_attempted_again} "
-            f"attempted again, billed {self.tokens_billed} "
+            f"attempted again, {self.num_superseded} superseded, billed {self.tokens_billed} "
             f"/ delivered {self.tokens_delivered} tokens, {len(self.mismatched)} requests differ, "
             f"{self.num_unbilled} unbilled"
         )
@@ -227,9 +231,13 @@ async def audit(
     billed: Counter[str] = Counter()
     num_rows: Counter[str] = Counter()
     num_ok_rows: Counter[str] = Counter()
+    superseded: set[str] = set()
     for row in rows:
-        billed[row["request_id"]] += row["completion_tokens"]
         num_rows[row["request_id"]] += 1
+        if SUPERSEDED in row["flags"]:  # stored with its cost, billed nothing
+            superseded.add(row["request_id"])
+            continue
+        billed[row["request_id"]] += row["completion_tokens"]
         num_ok_rows[row["request_id"]] += row["status"] == "ok"
     sent = {rid: sum(c.num_tokens for c in chunks) for rid, chunks in outcomes.items()}
     return Audit(
@@ -238,6 +246,7 @@ async def audit(
         errors=dict(errors),
         num_lost=lost,
         num_run_twice=sum(1 for n in num_ok_rows.values() if n > 1),
+        num_superseded=len(superseded),
         num_extra_rows=sum(n - 1 for n in num_rows.values()),
         tokens_delivered=sum(sent.values()),
         tokens_billed=sum(billed[rid] for rid in sent),
