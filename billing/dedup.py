@@ -26,7 +26,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol, cast
 
 import msgspec
@@ -132,11 +132,18 @@ def plan_keyed_columns(
 
 _CREATED_AT = USAGE_COLUMNS.index("created_at")
 _ATTEMPT = itemgetter(3)
+_EVENT = itemgetter(1)
+_ATTEMPT_OF = attrgetter("attempt")
 
 
 def is_resent(keys: Iterable[UsageKey]) -> bool:
     """Some attempt is a request's second or later: its request may have another run."""
     return any(map(_ATTEMPT, keys))
+
+
+def any_resent(keyed: Iterable[tuple[UsageKey, Usage]]) -> bool:
+    """``is_resent`` of keyed events, in C loops: asked of every batch."""
+    return any(map(_ATTEMPT_OF, map(_EVENT, keyed)))
 
 
 def later_runs(
@@ -146,7 +153,7 @@ def later_runs(
     runs to supersede: a run (an attempt not rejected) of a request that is in ``billed``
     or has an earlier run in ``keyed``. Two runs of a request need a second attempt, so a
     batch of first attempts alone, with nothing billed, is answered at once."""
-    if not billed and not is_resent(key for key, _ in keyed):
+    if not billed and not any_resent(keyed):
         return []
     seen: set[RequestKey] = set(billed)
     later: list[int] = []

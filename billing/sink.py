@@ -79,7 +79,7 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from opentelemetry.trace import SpanKind
 
-from billing.dedup import ColumnPlan, Stored, is_resent, keyed_first_copies, plan_keyed_columns
+from billing.dedup import ColumnPlan, Stored, any_resent, keyed_first_copies, plan_keyed_columns
 from billing.recent import RecentAttempts
 from billing.rows import UnstorableEvent, check_storable
 from billing.storage import UsageStore
@@ -402,7 +402,7 @@ class BillingSink:
         assert recent is not None
         firsts = keyed_first_copies(events)
         keys = recent.unsure_keys(firsts)
-        if is_resent(key for key, _ in firsts):
+        if any_resent(firsts):
             # A second attempt's request may have a billed run stored: looked up too.
             unsure = set(keys)
             keys += [key for key, _ in firsts if key[3] and key not in unsure]
