@@ -16,8 +16,9 @@ import pytest_asyncio
 
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import InferenceRequest, TokenChunk
+from schemas import InferenceRequest
 from tests.integration.conftest import eventually
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
 
@@ -72,7 +73,7 @@ async def _until_fleet_serves(settings: Settings, workers: set[str], timeout_s: 
             seen |= {row["worker_id"] for row in rows}
 
 
-async def _drain(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def _drain(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 

@@ -20,8 +20,9 @@ from tokenizers import Tokenizer
 
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams, TokenChunk, UsageEvent, decode
+from schemas import InferenceRequest, SamplingParams, UsageEvent, decode
 from tests.integration.conftest import eventually
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours, cost_weight
 from tokenbus.kafka import make_consumer
@@ -57,7 +58,7 @@ def _prompt(tokenizer: Tokenizer, rng: random.Random, num_tokens: int) -> str:
     return " ".join(words[:low])
 
 
-async def _collect(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def _collect(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 

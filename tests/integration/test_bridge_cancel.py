@@ -25,6 +25,7 @@ from schemas import (
     encode,
 )
 from tests.integration.conftest import BridgeProcess, bridge_key, engine_busy, eventually
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
 from tokenbus.topics import Topics
@@ -140,7 +141,7 @@ async def test_a_cancel_from_another_tenant_is_ignored(
     )
     producer = make_producer(settings)
     await producer.start()
-    chunks: list[TokenChunk] = []
+    chunks: list[Chunk] = []
     try:
         async for chunk in client.stream(request):
             chunks.append(chunk)

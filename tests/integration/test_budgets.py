@@ -25,7 +25,7 @@ from billing.alerts.reconcile import reconcile
 from billing.alerts.webhook import verify
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import SamplingParams, TokenChunk
+from schemas import SamplingParams
 from tests.integration.conftest import (
     BUDGET_HARD_KEY,
     BUDGET_TEAM_KEY,
@@ -35,6 +35,7 @@ from tests.integration.conftest import (
     eventually,
 )
 from tokenbus.budget_admin import job_budgets
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack, settings_env
 
@@ -42,7 +43,7 @@ SHORT = SamplingParams(max_tokens=22, ignore_eos=True)
 RESERVED = Decimal("0.0000068")
 
 
-async def ask(client: TokenbusClient, tenant: str) -> TokenChunk:
+async def ask(client: TokenbusClient, tenant: str) -> Chunk:
     request = await client.submit(tenant_id=tenant, prompt="x", sampling=SHORT)
     return [chunk async for chunk in client.stream(request)][-1]
 

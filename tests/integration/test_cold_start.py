@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from producers import TokenbusClient
-from schemas import FinishReason, InferenceRequest, SamplingParams, TokenChunk
+from schemas import FinishReason, InferenceRequest, SamplingParams
 from tests.integration.conftest import free_port
 from tests.integration.test_quotas import job_metrics
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics
 from tokenbus_cli.stack import Service, Stack, stack_topics
@@ -27,7 +28,7 @@ NUM_PER_CLASS = 8  # 24 waiting on no capacity: demand would have read as infini
 MAX_TOKENS = 300  # above the cap tier's 256, so a cap would show
 
 
-async def collect(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def collect(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from billing.reader import open_reader
 from billing.traces import TRACE_SQL
 from producers import TokenbusClient
-from schemas import ChatMessage, InferenceRequest, SamplingParams, TokenChunk
+from schemas import ChatMessage, InferenceRequest, SamplingParams
 from tests.integration.conftest import eventually
 from tests.integration.fleet import (
     EXTRA_SEATS,
@@ -29,6 +29,7 @@ from tests.integration.fleet import (
     fleet,
     fleet_client,
 )
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
 from workers.worker import ids_digest
@@ -143,7 +144,7 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
     prompt = "Resume this stream where it stopped. " * 8
     greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
     request, victim = await _long_turn(fleet_client, settings, "resume", prompt, greedy)
-    chunks: list[TokenChunk] = []
+    chunks: list[Chunk] = []
     killed_after = 0
     async for chunk in fleet_client.stream(request):
         chunks.append(chunk)
@@ -213,7 +214,7 @@ async def test_a_worker_lost_while_the_job_is_down_resumes_its_stream_once_the_j
     greedy = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
     prompt = "Go on after the job comes back. " * 8
     request, victim = await _long_turn(fleet_client, settings, "adopt", prompt, greedy)
-    chunks: list[TokenChunk] = []
+    chunks: list[Chunk] = []
     revived: asyncio.Task[None] | None = None
     try:
         async for chunk in fleet_client.stream(request):

@@ -20,13 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from billing.queries import dashboard_query
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import InferenceRequest, SamplingParams, TokenChunk
+from schemas import InferenceRequest, SamplingParams
 from tests.integration.conftest import (
     BridgeProcess,
     bridge_key,
     eventually,
     start_bridge,
 )
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
 
@@ -69,18 +70,16 @@ async def lora_client(lora_fleet: Stack) -> AsyncIterator[TokenbusClient]:
         yield client
 
 
-async def _run(
-    client: TokenbusClient, tenant: str, model: str, **fields: object
-) -> list[TokenChunk]:
+async def _run(client: TokenbusClient, tenant: str, model: str, **fields: object) -> list[Chunk]:
     request = await client.submit(tenant_id=tenant, model=model, prompt=PROMPT, sampling=GREEDY)
     return await _drain(client, request)
 
 
-async def _drain(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def _drain(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 
-def _ids(chunks: list[TokenChunk]) -> list[int]:
+def _ids(chunks: list[Chunk]) -> list[int]:
     assert chunks[-1].error is None, chunks[-1].error
     return [i for chunk in chunks for i in chunk.token_ids]
 

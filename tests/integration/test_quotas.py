@@ -17,11 +17,11 @@ from schemas import (
     InferenceRequest,
     LoadReport,
     SamplingParams,
-    TokenChunk,
     decode,
     encode,
 )
 from tests.integration.conftest import eventually
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
 from tokenbus.price_file import load_price_book
@@ -56,7 +56,7 @@ def usage(settings: Settings, tenants: list[str]) -> list[dict[str, Any]]:
     )
 
 
-async def run(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def run(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 
@@ -84,7 +84,7 @@ async def test_three_tenants_at_three_times_their_tpm_get_their_limit(
     tenants = ["acc-a", "acc-b", "acc-c"]
     per_second = 3 * TPM / 24 / 60  # requests a second per tenant, at 3x TPM
     started = time.monotonic()
-    tasks: list[asyncio.Task[list[TokenChunk]]] = []
+    tasks: list[asyncio.Task[list[Chunk]]] = []
     i = 0
     while time.monotonic() - started < 60.0:
         for tenant in tenants:
@@ -125,7 +125,7 @@ async def test_a_smoothed_tenant_spends_its_minute_evenly(
     tenant, burst_s, allowance = "smooth", 10, TPM // 6
     per_second = 3 * TPM / 24 / 60
     started = time.monotonic()
-    tasks: list[asyncio.Task[list[TokenChunk]]] = []
+    tasks: list[asyncio.Task[list[Chunk]]] = []
     while time.monotonic() - started < 25.0:
         request = await client.submit(tenant_id=tenant, prompt=PROMPT, sampling=SHORT)
         tasks.append(asyncio.create_task(run(client, request)))

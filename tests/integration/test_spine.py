@@ -16,18 +16,18 @@ from schemas import (
     FinishReason,
     InferenceRequest,
     SamplingParams,
-    TokenChunk,
     decode,
     encode,
 )
 from tests.integration.conftest import QUOTA_TENANT, bus_key, eventually, rows_by
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id, new_session_id
 from tokenbus.kafka import make_consumer, make_producer
 from tokenbus.topics import Topics
 
 
-async def collect(client: TokenbusClient, request: InferenceRequest) -> list[TokenChunk]:
+async def collect(client: TokenbusClient, request: InferenceRequest) -> list[Chunk]:
     return [chunk async for chunk in client.stream(request)]
 
 

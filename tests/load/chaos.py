@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,7 @@ from tests.integration.test_quotas import as_time, job_metrics
 from tests.load.cpu import CpuSampler, cores
 from tests.load.delay_proxy import DelayProxy, listen_in
 from tests.load.steady import Audit, SteadyLoad, audit, worker_gauge, worker_gauges
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
@@ -105,7 +106,7 @@ async def under_steady_load(
     fault: Fault,
     *,
     baseline_s: float = BASELINE_S,
-    extra_outcomes: dict[str, list[TokenChunk]] | None = None,
+    extra_outcomes: Mapping[str, Sequence[TokenChunk]] | None = None,
     extra_tenants: tuple[str, ...] = (),
     before_load: Callable[[Stack], Awaitable[None]] | None = None,
 ) -> Row:
@@ -134,7 +135,7 @@ async def under_steady_load(
             f"fault, repaired at {repaired_at - start:+.0f}s): {load.series(start)}",
             flush=True,
         )
-    outcomes = {**load.outcomes, **(extra_outcomes or {})}
+    outcomes: dict[str, Sequence[Chunk | TokenChunk]] = {**load.outcomes, **(extra_outcomes or {})}
     result = await audit(
         stack.settings,
         outcomes,

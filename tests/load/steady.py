@@ -25,6 +25,7 @@ from producers import TokenbusClient
 from producers.client import TokenbusTimeout
 from schemas import InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.fleet import _usage
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 
 
@@ -51,7 +52,7 @@ def worker_gauges(settings: Settings) -> str:
 
 
 def num_mid_stream(
-    outcomes: Mapping[str, Sequence[TokenChunk]],
+    outcomes: Mapping[str, Sequence[Chunk | TokenChunk]],
     request_ids: Collection[str] | None = None,
     at_most_tokens: int | None = None,
 ) -> int:
@@ -78,7 +79,7 @@ class SteadyLoad:
     """How long the load runs before a fault, for the figures to compare against."""
     """Steady, not flat out: on two shared cores, under a saturating load, a restarting
     engine took 6-8 minutes to load."""
-    outcomes: dict[str, list[TokenChunk]] = field(default_factory=dict)
+    outcomes: dict[str, list[Chunk]] = field(default_factory=dict)
     delivered: list[tuple[float, int]] = field(default_factory=list)
     """(monotonic time, tokens) as the clients receive them."""
     ttft: list[tuple[float, float, str]] = field(default_factory=list)
@@ -203,7 +204,7 @@ class Audit:
 
 async def audit(
     settings: Settings,
-    outcomes: dict[str, list[TokenChunk]],
+    outcomes: Mapping[str, Sequence[Chunk | TokenChunk]],
     tenants: list[str],
     *,
     num_unanswered: int = 0,

@@ -15,10 +15,11 @@ from typing import Any
 
 from billing.reader import open_reader
 from producers import TokenbusClient
-from schemas import SamplingParams, TokenChunk
+from schemas import SamplingParams
 from stream_jobs.tiers import Tier, TierPolicy
 from tests.integration.conftest import eventually
 from tests.integration.test_quotas import as_time, job_metrics, run, usage
+from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus_cli.stack import renice_session, settings_env
 
@@ -91,7 +92,7 @@ async def test_overload_tiers_engage_and_release_within_200_ms(
     capacity = int(job_metrics(settings)["tokenbus_job_capacity"])
     long = SamplingParams(max_tokens=600, ignore_eos=True)
 
-    async def submit(tenant: str, priority: int) -> tuple[float, asyncio.Task[list[TokenChunk]]]:
+    async def submit(tenant: str, priority: int) -> tuple[float, asyncio.Task[list[Chunk]]]:
         request = await client.submit(
             tenant_id=tenant, prompt="load", priority=priority, sampling=long
         )
@@ -182,7 +183,7 @@ async def test_overload_tiers_engage_and_release_within_200_ms(
 
 async def vip_while_saturated(
     client: TokenbusClient, settings: Settings, saturated: Callable[[dict[str, float]], bool]
-) -> tuple[list[asyncio.Task[list[TokenChunk]]], list[bool]]:
+) -> tuple[list[asyncio.Task[list[Chunk]]], list[bool]]:
     """Class 0 requests every 50 ms, each noting whether class 2 held its seats then."""
     vip_runs = []
     saturated_samples = []

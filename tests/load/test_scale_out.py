@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 
 from producers import TokenbusClient
-from schemas import SamplingParams, TokenChunk
+from schemas import SamplingParams
 from tests.integration.conftest import bus_key, eventually
 from tests.integration.fleet import fleet, fleet_client
 from tests.integration.test_quotas import as_time, run, usage
+from tokenbus.chunks import Chunk
 from tokenbus_cli.stack import Stack, http_ok
 
 __all__ = ["fleet", "fleet_client"]
@@ -77,7 +78,7 @@ async def test_two_job_instances_share_the_partitions_and_one_stops_mid_window(
             through_bridges(ports, settings.served_model_name, bridges_done)
         )
         per_second = 2 * TPM / 24 / WINDOW_S  # requests a second per tenant, at 2x TPM
-        tasks: list[asyncio.Task[list[TokenChunk]]] = []
+        tasks: list[asyncio.Task[list[Chunk]]] = []
         started = time.monotonic()
         stopped_at = revived_at = None
         revive: asyncio.Task[None] | None = None

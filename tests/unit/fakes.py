@@ -14,6 +14,7 @@ from stream_jobs.dispatcher import Dispatcher
 from stream_jobs.ledger import Entry, State
 from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
+from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics
@@ -106,9 +107,9 @@ class Replies:
 
     async def read(
         self, *, reply_to: str, tenant_id: str, request_id: str, since: datetime
-    ) -> list[TokenChunk]:
+    ) -> list[Chunk]:
         return [
-            c
+            from_model(c)
             for c in self._recorder.chunks_on(reply_to)
             if c.tenant_id == tenant_id and c.request_id == request_id
         ]

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Literal
+
+import msgspec
 import orjson
 
 from bridge.errors import ApiError
 from bridge.relay import DONE, Relay, sse, sse_error
-from schemas import FinishReason, TokenChunk
+from schemas import FinishReason
 from schemas.openai_api import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -12,12 +15,14 @@ from schemas.openai_api import (
     Completion,
     CompletionChoice,
 )
+from tokenbus.chunks import Chunk
 
 
-def chunk(seq: int, text: str, n: int = 1, **fields: object) -> TokenChunk:
-    return TokenChunk.model_validate(
+def chunk(seq: int, text: str, n: int = 1, **fields: object) -> Chunk:
+    return msgspec.convert(
         {"request_id": "req_1", "tenant_id": "t", "seq": seq, "text": text, "num_tokens": n}
-        | fields
+        | fields,
+        Chunk,
     )
 
 
@@ -87,7 +92,7 @@ def test_every_token_event_is_the_models_own_dump() -> None:
             finish = FinishReason.STOP if seq == len(texts) - 1 else None
             c = chunk(seq, text, finish_reason=finish)
             relay.add(c)
-            out_finish = "stop" if finish else None
+            out_finish: Literal["stop"] | None = "stop" if finish else None
             expected: Completion | ChatCompletionChunk
             if kind == "text":
                 choice = CompletionChoice(text=text, finish_reason=out_finish)

@@ -3,9 +3,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import FinishReason, TokenChunk
+from schemas import FinishReason
 from stream_jobs.recovery import RESUMED, Delivered, delivered, resume
 from tests.unit.fakes import work_item as request
+from tokenbus.chunks import Chunk
 
 
 def chunk(
@@ -15,8 +16,8 @@ def chunk(
     request_id: str = "r1",
     tenant_id: str = "t1",
     finish: FinishReason | None = None,
-) -> TokenChunk:
-    return TokenChunk(
+) -> Chunk:
+    return Chunk(
         request_id=request_id,
         tenant_id=tenant_id,
         seq=seq,
