@@ -85,7 +85,7 @@ async def test_a_hard_budget_refuses_before_it_is_crossed_and_clickhouse_agrees(
     total = await until_billed(settings, "bud-hard", num_sent)
     assert total <= Decimal("0.00005")
     spent, reserved = job_spend(settings, "tenant:bud-hard|month@UTC")
-    assert (spent, reserved) == (total, 0)  # exactly ClickHouse's sum
+    assert (spent, reserved) == (total, Decimal(0))  # exactly ClickHouse's sum
     # The bridge answers the same refusal in OpenAI's shape.
     async with httpx.AsyncClient(timeout=30) as http:
         answer = await http.post(
@@ -139,13 +139,13 @@ async def test_soft_alerts_reach_the_webhook_once_each_across_a_job_sigkill(
     await until_billed(settings, "bud-soft", 2)
     await stack.restart("stream_job")  # SIGKILL mid-period, between thresholds
     spent, reserved = job_spend(settings, "tenant:bud-soft|month@UTC")
-    assert (spent, reserved) == (billed(settings, "bud-soft")[1], 0)  # no double, no loss
+    assert (spent, reserved) == (billed(settings, "bud-soft")[1], Decimal(0))  # no double, no loss
     assert (await ask(client, "bud-soft")).error is None  # 102%: soft, still admitted
     fired = await eventually(soft_thresholds, until=lambda t: len(t) >= 4, timeout_s=30)
     await asyncio.sleep(2)  # nothing more comes
     assert soft_thresholds() == fired == [50, 80, 95, 100]
     total = await until_billed(settings, "bud-soft", 3)
-    assert job_spend(settings, "tenant:bud-soft|month@UTC") == (total, 0)
+    assert job_spend(settings, "tenant:bud-soft|month@UTC") == (total, Decimal(0))
 
 
 async def test_moving_the_clock_into_the_next_period_admits_again(

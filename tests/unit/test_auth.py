@@ -300,7 +300,7 @@ def test_service_tokens_are_reused_for_half_their_life() -> None:
 def test_service_tokens_carry_the_narrowed_config() -> None:
     narrowed = ACME.model_copy(update={"priority_class": 2, "models": ["tiny-llama"]})
     token = ServiceTokens(SERVICE_SECRET).token(
-        "acme", "tokenbus.replies.bridge-1", narrowed=narrowed, quota_balance=50
+        "acme", "tokenbus.replies.bridge-1", narrowed=narrowed, quota_balance=Decimal(50)
     )
     caller = authenticator().authenticate(f"Bearer {token}")
     assert caller.tenant.priority_class == 2 and caller.tenant.models == ["tiny-llama"]

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from schemas import SamplingParams
-from schemas.batches import LineError, PreparedLine
+from schemas.batches import BatchEndpoint, LineError, PreparedLine
 from tokenbus.batch.lines import InputLine, InputRefused, parse_input, prepare
 
-CHAT = "/v1/chat/completions"
+CHAT: BatchEndpoint = "/v1/chat/completions"
 
 
 def line(custom_id: str, url: str = CHAT, **body: object) -> str:

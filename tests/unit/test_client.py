@@ -57,7 +57,7 @@ class Producer:
         self.records.append((topic, value, key, headers))
 
 
-def chunk(request_id: str, seq: int, finish: str | None = None) -> TokenChunk:
+def chunk(request_id: str, seq: int, finish: FinishReason | None = None) -> TokenChunk:
     return TokenChunk(
         request_id=request_id,
         tenant_id="t",
@@ -90,8 +90,10 @@ async def test_a_batch_is_fanned_out_to_its_requests_streams(tmp_path: Path) -> 
     client._consumer = Consumer(
         [
             batch(chunk("r1", 0), chunk("r2", 0), chunk("nobody", 0)),
-            batch(chunk("r2", 1, finish="stop"), chunk("r1", 1)),
-            batch(chunk("r1", 1), chunk("r1", 2, finish="length")),  # seq 1 again: dropped
+            batch(chunk("r2", 1, finish=FinishReason.STOP), chunk("r1", 1)),
+            batch(
+                chunk("r1", 1), chunk("r1", 2, finish=FinishReason.LENGTH)
+            ),  # seq 1 again: dropped
         ]
     )
     r1, r2 = request("r1"), request("r2")
@@ -111,7 +113,7 @@ async def test_a_record_that_is_not_a_batch_is_dead_lettered(tmp_path: Path) -> 
     producer = Producer()
     client._producer = producer
     bare = Record(encode(chunk("r1", 0)), b"t/r1", offset=4)  # a chunk outside a batch
-    client._consumer = Consumer([bare, batch(chunk("r1", 0, finish="stop"))])
+    client._consumer = Consumer([bare, batch(chunk("r1", 0, finish=FinishReason.STOP))])
     client.watch("r1", "t")
     await client._route_replies()
 
@@ -131,7 +133,9 @@ async def test_a_chunk_reaches_a_stream_only_from_a_batch_of_its_tenant(tmp_path
         request_id="r1", tenant_id="u", seq=0, text="u.r1.0", finish_reason=FinishReason.STOP
     )
     spoofed = Record(encode(TokenChunkBatch(tenant_id="u", chunks=[other])), reply_batch_key("u"))
-    client._consumer = Consumer([spoofed, batch(chunk("r1", 0), chunk("r1", 1, finish="stop"))])
+    client._consumer = Consumer(
+        [spoofed, batch(chunk("r1", 0), chunk("r1", 1, finish=FinishReason.STOP))]
+    )
     client.watch("r1", "t")
     await client._route_replies()
     assert [c.text async for c in client.stream(request("r1"))] == ["r1.0", "r1.1"]
@@ -153,7 +157,7 @@ async def test_a_record_keyed_for_another_tenant_is_dead_lettered(tmp_path: Path
     client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
     producer = Producer()
     client._producer = producer
-    good = batch(chunk("r1", 0, finish="stop"))
+    good = batch(chunk("r1", 0, finish=FinishReason.STOP))
     client._consumer = Consumer([Record(good.value, reply_batch_key("u"), offset=9), good])
     client.watch("r1", "t")
     await client._route_replies()
@@ -181,7 +185,7 @@ async def test_a_gap_is_filled_from_the_reply_topic(tmp_path: Path) -> None:
     client._producer = Producer()
     log = ReplyLog([chunk("r1", 0), chunk("r1", 1)])
     client._reply_log = log  # type: ignore[assignment]
-    client._consumer = Consumer([batch(chunk("r1", 1), chunk("r1", 2, finish="stop"))])
+    client._consumer = Consumer([batch(chunk("r1", 1), chunk("r1", 2, finish=FinishReason.STOP))])
     client.watch("r1", "t")
     await client._route_replies()
     seqs = [c.seq async for c in client.stream(request("r1"))]
@@ -191,7 +195,7 @@ async def test_a_gap_is_filled_from_the_reply_topic(tmp_path: Path) -> None:
 async def test_a_quiet_stream_delivers_what_the_read_back_found_at_once(tmp_path: Path) -> None:
     client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=30, client_quiet_s=0.05))
     client._producer = Producer()
-    log = ReplyLog([chunk("r1", 0), chunk("r1", 1, finish="stop")])
+    log = ReplyLog([chunk("r1", 0), chunk("r1", 1, finish=FinishReason.STOP)])
     client._reply_log = log  # type: ignore[assignment]
     client.watch("r1", "t")
     started = asyncio.get_running_loop().time()
@@ -209,7 +213,7 @@ async def _seqs(chunks: AsyncIterator[Chunk]) -> list[int]:
 async def test_a_streams_first_reply_record_tells_where_its_path_stood(tmp_path: Path) -> None:
     client = TokenbusClient(Settings(home=tmp_path, client_timeout_s=1))
     client._producer = Producer()
-    first, later = batch(chunk("r1", 0)), batch(chunk("r1", 1, finish="stop"))
+    first, later = batch(chunk("r1", 0)), batch(chunk("r1", 1, finish=FinishReason.STOP))
     first.headers, later.headers = (path_header(111),), (path_header(222),)
     client._consumer = Consumer([first, later])
     r1 = request("r1")

@@ -15,11 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas import (
     REASSIGNED,
     CancelRequest,
+    FinishReason,
     InferenceRequest,
     SamplingParams,
     TokenChunk,
     TokenChunkBatch,
     UsageEvent,
+    UsageStatus,
     WorkerStatus,
     WorkItem,
     decode,
@@ -146,7 +148,7 @@ def usage_of(n: int) -> bytes:
             session_id="s",
             tenant_id="t",
             model="m",
-            status="ok",
+            status=UsageStatus.OK,
             num_prompt_tokens=2,
             num_completion_tokens=10,
             created_at=datetime.now(UTC),
@@ -371,7 +373,7 @@ async def until(condition: Callable[[], bool], timeout_s: float = 1.0) -> None:
             await asyncio.sleep(0.01)
 
 
-def chunk(n: int, seq: int, tokens: list[int], finish: str | None = None) -> bytes:
+def chunk(n: int, seq: int, tokens: list[int], finish: FinishReason | None = None) -> bytes:
     """A worker's reply record holding one chunk of request ``n``."""
     one = TokenChunk(
         request_id=f"r{n}",
@@ -440,7 +442,7 @@ async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
     loop = asyncio.create_task(dispatcher.run())
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
     await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
-    await recorder(REPLIES, b"t", chunk(1, 1, [13], finish="stop"))
+    await recorder(REPLIES, b"t", chunk(1, 1, [13], finish=FinishReason.STOP))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await until(lambda: bool(recorder.on(TOPICS.usage)))
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]

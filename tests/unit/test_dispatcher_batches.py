@@ -11,7 +11,15 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas import InferenceRequest, SamplingParams, UsageEvent, WorkItem, decode, encode
+from schemas import (
+    InferenceRequest,
+    SamplingParams,
+    UsageEvent,
+    UsageStatus,
+    WorkItem,
+    decode,
+    encode,
+)
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from stream_jobs.metrics import job_registry
 from tests.unit.fakes import TOPICS, ManualClock, Recorder, reply_topic
@@ -218,7 +226,7 @@ async def test_a_line_s_usage_settles_the_batch_window(
                 session_id="b1.0",
                 tenant_id="acme",
                 model="m",
-                status="ok",
+                status=UsageStatus.OK,
                 priority=2,
                 num_prompt_tokens=2,
                 num_completion_tokens=2,
@@ -272,7 +280,7 @@ def line_done(n: int, tenant: str = "t", batch: str = "b1") -> bytes:
             session_id=f"{batch}.{n}",
             tenant_id=tenant,
             model="m",
-            status="ok",
+            status=UsageStatus.OK,
             priority=2,
             num_prompt_tokens=2,
             num_completion_tokens=22,
@@ -327,7 +335,7 @@ async def test_the_first_interactive_request_seats_at_once_and_holds_class_2_to_
                 session_id="i0",
                 tenant_id="t",
                 model="m",
-                status="ok",
+                status=UsageStatus.OK,
                 priority=1,
                 num_prompt_tokens=2,
                 num_completion_tokens=22,

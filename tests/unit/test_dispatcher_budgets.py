@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import UsageEvent, WorkItem, decode, encode
+from schemas import UsageEvent, UsageStatus, WorkItem, decode, encode
 from schemas.budgets import BudgetAlert
 from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from tests.unit.fakes import Recorder, bearer, reply_topic, service_headers
@@ -53,7 +53,7 @@ def usage(n: int, tenant: str, num_completion: int = 4, attempt: int = 0) -> byt
             session_id="s",
             tenant_id=tenant,
             model="m",
-            status="ok",
+            status=UsageStatus.OK,
             attempt=attempt,
             num_prompt_tokens=6,
             num_completion_tokens=num_completion,

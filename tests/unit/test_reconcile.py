@@ -12,7 +12,7 @@ from billing.alerts.reconcile import Drift, bucket_query, entity_filter, reconci
 from billing.dedup import write_usage
 from billing.reader import StoreReader
 from billing.storage import ClickHouseStore
-from schemas import UsageEvent
+from schemas import UsageEvent, UsageStatus
 from stream_jobs.budgets import Period, billed_nanos, to_units
 from tokenbus.price_file import BUNDLED_PRICES, read_price_book
 from tokenbus.pricing import Pricer
@@ -28,7 +28,7 @@ def event(n: int, tenant: str, at: datetime, key: str | None = None) -> UsageEve
         session_id="s",
         tenant_id=tenant,
         model="m",
-        status="ok",
+        status=UsageStatus.OK,
         num_prompt_tokens=6,
         num_completion_tokens=n,
         key_sha256=key,

@@ -8,6 +8,7 @@ import pytest
 
 from schemas import (
     INTERNAL_FIELDS,
+    FinishReason,
     InferenceRequest,
     SchemaError,
     TokenChunk,
@@ -85,13 +86,13 @@ def test_priority_and_tenant_are_validated() -> None:
 
 def test_last_chunk_is_the_one_with_a_finish_reason() -> None:
     assert not TokenChunk(request_id="r", tenant_id="t", seq=0).is_last
-    assert TokenChunk(request_id="r", tenant_id="t", seq=1, finish_reason="stop").is_last
+    assert TokenChunk(request_id="r", tenant_id="t", seq=1, finish_reason=FinishReason.STOP).is_last
 
 
 def test_a_batch_round_trips_its_chunks_in_order() -> None:
     chunks = [
         TokenChunk(request_id="r1", tenant_id="t", seq=0, text="a", token_ids=[1], num_tokens=1),
-        TokenChunk(request_id="r2", tenant_id="t", seq=4, finish_reason="stop"),
+        TokenChunk(request_id="r2", tenant_id="t", seq=4, finish_reason=FinishReason.STOP),
         TokenChunk(request_id="r1", tenant_id="t", seq=1, text="b", token_ids=[2], num_tokens=1),
     ]
     batch = decode(TokenChunkBatch, encode(TokenChunkBatch(tenant_id="t", chunks=chunks)))

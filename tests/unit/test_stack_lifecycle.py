@@ -148,7 +148,8 @@ def test_each_job_instance_has_a_faust_data_directory_of_its_own(
     datadir = spawned["stream_job-1"]["faust_datadir"]
     assert datadir == tmp_path / "faust-stream_job-1" != stack.settings.faust_dir
     env = settings_env(stack.settings, faust_datadir=datadir)
-    assert Settings(home=tmp_path, faust_datadir=env["TOKENBUS_FAUST_DATADIR"]).faust_dir == datadir
+    from_env = Path(env["TOKENBUS_FAUST_DATADIR"])
+    assert Settings(home=tmp_path, faust_datadir=from_env).faust_dir == datadir
     assert Settings(home=tmp_path).faust_dir == tmp_path / "faust"
 
 
