@@ -177,7 +177,13 @@ class FakePublish:
         self.journal = journal
         self.sent: list[tuple[str, bytes, bytes]] = []
 
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+    async def __call__(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.journal.append(("publish", topic))
         self.sent.append((topic, key, value))
 
@@ -498,7 +504,9 @@ async def test_a_failing_dead_letter_send_is_retried_before_the_commit(
     publish = FakePublish(journal)
     remaining = [num_failures]
 
-    async def flaky_publish(topic: str, key: bytes, value: bytes) -> None:
+    async def flaky_publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> None:
         if remaining[0] > 0:
             remaining[0] -= 1
             journal.append(("publish failed", topic))

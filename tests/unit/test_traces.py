@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -66,7 +66,9 @@ def traced_request(tenant: str, request_id: str) -> list[SpanBatch]:
         pass
     batches: list[SpanBatch] = []
 
-    async def publish(topic: str, key: bytes, value: bytes) -> None:
+    async def publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> None:
         batches.append(decode(SpanBatch, value))
 
     for tracing in (client, job, worker):

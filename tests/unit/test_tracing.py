@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode, get_current_span
 
@@ -30,8 +32,9 @@ def test_a_span_opened_under_a_records_headers_is_the_senders_child() -> None:
     job = Tracing(Settings(), "job")
     with job.tracer.start_as_current_span("job.admit", context=extract(headers)) as admit:
         pass
-    assert admit.context.trace_id == sent.context.trace_id
-    assert admit.parent is not None and admit.parent.span_id == sent.context.span_id
+    assert admit.get_span_context().trace_id == sent.get_span_context().trace_id
+    assert isinstance(admit, ReadableSpan)  # the SDK's span, which knows its parent
+    assert admit.parent is not None and admit.parent.span_id == sent.get_span_context().span_id
 
 
 def test_inject_replaces_a_traceparent_already_there() -> None:
@@ -49,7 +52,7 @@ def test_a_malformed_or_missing_traceparent_starts_a_trace_of_its_own() -> None:
         context = extract(headers)
         assert not get_current_span(context).get_span_context().is_valid
         with tracing.tracer.start_as_current_span("job.admit", context=context) as span:
-            assert span.parent is None
+            assert isinstance(span, ReadableSpan) and span.parent is None
             assert span.get_span_context().is_valid
 
 
@@ -64,7 +67,9 @@ def test_spans_are_flushed_as_one_batch_per_tenant() -> None:
         span.set_status(StatusCode.ERROR)
     sent: list[tuple[str, bytes, bytes]] = []
 
-    async def publish(topic: str, key: bytes, value: bytes) -> None:
+    async def publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> None:
         sent.append((topic, key, value))
 
     assert asyncio.run(tracing.flush(publish)) == 4
@@ -86,7 +91,9 @@ def test_a_refused_batch_is_dropped_and_the_rest_sent() -> None:
             pass
     sent: list[bytes] = []
 
-    async def publish(topic: str, key: bytes, value: bytes) -> None:
+    async def publish(
+        topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> None:
         if key == b"acme":
             raise RuntimeError("broker refused")
         sent.append(key)
