@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from schemas import TokenChunk, TokenChunkBatch, WorkItem, decode
 from stream_jobs.dispatcher import Dispatcher
@@ -16,11 +16,31 @@ from stream_jobs.window import WindowState
 from tokenbus.auth import Authenticator, mint_service_token, tenant_reply_prefix
 from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
+from tokenbus.span_buffer import SpanBuffer
 from tokenbus.tenants import TenantDirectory
 from tokenbus.topics import Topics
 
 TOPICS = Topics()
 SERVICE_SECRET = "unit-test-bus-service-secret-0123456789"
+
+
+class SpanRow(TypedDict):
+    """A span as ``SpanBuffer.record`` keeps it (``take()`` types it ``dict[str, object]``)."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    service: str
+    start_ns: int
+    end_ns: int
+    status: str
+    attributes: dict[str, object]
+
+
+def taken_spans(buffer: SpanBuffer) -> dict[str, list[SpanRow]]:
+    """``buffer.take()``, its rows typed field by field."""
+    return cast(dict[str, list[SpanRow]], buffer.take())
 
 
 class ManualClock:

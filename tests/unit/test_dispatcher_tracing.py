@@ -14,6 +14,7 @@ from tests.unit.fakes import (
     Recorder,
     memory_dispatcher,
     service_headers,
+    taken_spans,
 )
 from tests.unit.test_dispatcher import heartbeat, request
 from tokenbus.config import Settings
@@ -43,7 +44,7 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
     loop.cancel()
     assert outcome is Outcome.FORWARDED
     assert tracing.buffer is not None
-    spans = {span["name"]: span for span in tracing.buffer.take()["t"]}
+    spans = {span["name"]: span for span in taken_spans(tracing.buffer)["t"]}
     admit, queued = spans["job.admit"], spans["job.queue"]
     trace_id = f"{sent.get_span_context().trace_id:032x}"
     assert admit["trace_id"] == queued["trace_id"] == trace_id
@@ -82,7 +83,7 @@ async def test_a_refused_request_ends_its_span_with_the_outcome(tmp_path: Path) 
     loop.cancel()
     assert outcome is Outcome.REFUSED
     assert tracing.buffer is not None
-    spans = tracing.buffer.take()["t"]
+    spans = taken_spans(tracing.buffer)["t"]
     assert [s["name"] for s in spans] == ["job.admit"]
     assert spans[0]["attributes"]["tokenbus.outcome"] == "admitted"  # refused in the queue
 

@@ -25,6 +25,7 @@ from schemas import (
     decode,
     encode,
 )
+from tests.unit.fakes import taken_spans
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.tracing import Tracing, inject, with_path
@@ -283,7 +284,7 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     await worker._handle(record)
     await worker._replies.drain()
     assert worker._tracing.buffer is not None
-    spans = {s["name"]: s for s in worker._tracing.buffer.take()["acme"]}
+    spans = {s["name"]: s for s in taken_spans(worker._tracing.buffer)["acme"]}
     request = spans["worker.request"]
     assert request["trace_id"] == f"{dispatch.get_span_context().trace_id:032x}"
     assert request["parent_span_id"] == f"{dispatch.get_span_context().span_id:016x}"
