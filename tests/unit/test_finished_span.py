@@ -58,7 +58,12 @@ def test_it_is_the_span_start_span_and_end_make() -> None:
     tracer, exporter = recorder()
     for parent in (remote_parent(sampled=True), remote_parent(sampled=True, random=True)):
         context = set_span_in_context(NonRecordingSpan(parent))
-        attributes = {"tokenbus.tenant": "t", "tokenbus.attempt": 2, "ok": True, "x": 0.5}
+        attributes: dict[str, AttributeValue] = {
+            "tokenbus.tenant": "t",
+            "tokenbus.attempt": 2,
+            "ok": True,
+            "x": 0.5,
+        }
         end_span(
             tracer, "bus.dispatch", 10, 20, attributes, context=context, kind=SpanKind.CONSUMER
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import pytest
+from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
@@ -42,7 +43,7 @@ def recorder(
     return provider.get_tracer("tokenbus"), exporter
 
 
-def under(*, sampled: bool, random: bool = False) -> object:
+def under(*, sampled: bool, random: bool = False) -> Context:
     flags = (TraceFlags.SAMPLED if sampled else 0) | (TraceFlags.RANDOM_TRACE_ID if random else 0)
     parent = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(flags))
     return set_span_in_context(NonRecordingSpan(parent))

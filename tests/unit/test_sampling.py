@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -58,6 +58,7 @@ def test_a_sampled_parent_wins_over_a_ratio_of_zero_and_keeps_its_trace_state() 
 
 
 def test_it_describes_itself_as_the_sdks_chain() -> None:
-    assert ParentBasedRatio(0.25).get_description() == (
-        ParentBased(TraceIdRatioBased(0.25)).get_description()
-    )
+    # Through Sampler, whose get_description is typed (ParentBased's is not).
+    ours: Sampler = ParentBasedRatio(0.25)
+    sdks: Sampler = ParentBased(TraceIdRatioBased(0.25))
+    assert ours.get_description() == sdks.get_description()

@@ -148,11 +148,10 @@ def test_inject_writes_what_the_propagator_writes(
     PROPAGATOR.inject(sdks, context, ListSetter())
     assert [h for h in ours if h[0] != "tokenbus-path-ns"] == sdks
     written = format_traceparent(span_context)
-    assert (
-        written is None
-        if span_context == INVALID_SPAN_CONTEXT
-        else ("traceparent", written.encode()) in ours
-    )  # type: ignore[union-attr]
+    if span_context == INVALID_SPAN_CONTEXT:
+        assert written is None
+    else:
+        assert written is not None and ("traceparent", written.encode()) in ours
 
 
 def test_inject_writes_the_path_only_beside_a_traceparent() -> None:
