@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import TopicPartition
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -23,7 +23,7 @@ from stream_jobs import faust_recovery
 from tokenbus.config import Settings
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer
 
-GetMany = Callable[[Any, Any, float], Awaitable[Any]]
+GetMany = Callable[[Any, Any, float], Coroutine[Any, Any, Any]]
 
 
 async def drained_while_paused(
@@ -51,7 +51,11 @@ async def drained_while_paused(
             _ensure_consumer=lambda: consumer,
             call_thread=call_thread,
         )
-        thread._fetch_records = functools.partial(AIOKafkaConsumerThread._fetch_records, thread)
+        # The namespace stands in for Faust's consumer thread: what _fetch_records reads.
+        fake_thread = cast(AIOKafkaConsumerThread, thread)
+        thread._fetch_records = functools.partial(
+            AIOKafkaConsumerThread._fetch_records, fake_thread
+        )
         active = {asked}  # Faust's live set
         fetch = asyncio.create_task(getmany(thread, active, 3.0))
         await asyncio.sleep(0.5)  # the fetch waits: partition 1 holds nothing

@@ -9,11 +9,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import clickhouse_connect
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
+from clickhouse_connect.datatypes.temporal import DateTime64
 
 from billing.dedup import (
     SUPERSEDED,
@@ -403,7 +404,7 @@ def test_chdb_path_reads_only_directory_dsns() -> None:
 def test_timestamps_are_written_as_the_ticks_clickhouse_connect_would_write(
     at: datetime,
 ) -> None:
-    column = get_from_name("DateTime64(3, 'UTC')")
+    column = cast(DateTime64, get_from_name("DateTime64(3, 'UTC')"))
     aware = at if at.tzinfo else at.replace(tzinfo=UTC)
 
     assert ticks(at) == column._datetime64_ticks(aware)

@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 
 from bridge.admin import admin_routes
@@ -14,15 +16,13 @@ def client_for(settings: Settings, sent: list[tuple[bytes, bytes | None]]) -> Te
     async def publish(settings: Settings, key: bytes, value: bytes | None) -> None:
         sent.append((key, value))
 
-    async def api_error(request: object, exc: Exception) -> object:
-        from starlette.responses import JSONResponse
-
+    async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         return JSONResponse(exc.body(), exc.status)
 
     app = Starlette(
         routes=admin_routes(settings, publish), exception_handlers={ApiError: api_error}
-    )  # type: ignore[dict-item]
+    )
     return TestClient(app)
 
 

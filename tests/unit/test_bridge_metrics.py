@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.feed import ChunkFeed
 from bridge.gateway import Gateway
 from bridge.metrics import BridgeMetrics
 from bridge.relay import DONE, Relay
@@ -25,12 +26,14 @@ def _samples(metrics: BridgeMetrics) -> dict[tuple[str, frozenset[tuple[str, str
     }
 
 
-class Feed:
+class Feed(ChunkFeed):
+    """The chunks given, without ``ChunkFeed``'s drain task."""
+
     def __init__(self, chunks: list[Chunk]) -> None:
         self._chunks = chunks
         self.closed = False
 
-    async def get(self, wait_s: float | None) -> Chunk | None:
+    async def get(self, timeout_s: float | None) -> Chunk | None:
         return self._chunks.pop(0)
 
     def close(self) -> None:

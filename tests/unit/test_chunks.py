@@ -9,6 +9,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from schemas import (
     ErrorInfo,
@@ -78,11 +79,12 @@ KINDS = {
 
 
 def test_the_structs_have_the_models_fields_and_defaults() -> None:
-    for struct, model in [
+    pairs: list[tuple[type[msgspec.Struct], type[BaseModel]]] = [
         (Chunk, TokenChunk),
         (ChunkError, ErrorInfo),
         (ChunkBatch, TokenChunkBatch),
-    ]:
+    ]
+    for struct, model in pairs:
         info = msgspec.structs.fields(struct)
         assert {f.name for f in info} == set(model.model_fields), struct.__name__
         for f in info:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from faust.types import TableT
+from faust.types import EventT, TableT
 
 from stream_jobs.app import TableWindowStore
 from stream_jobs.window import Limits, release, reserve, settle, window_key
@@ -145,9 +145,9 @@ def test_in_event_makes_the_event_current_and_restores_the_one_before() -> None:
 
     from stream_jobs.app import in_event
 
-    outer, inner = Event(1), Event(2)
-    with in_event(cast(Any, outer)):
-        with in_event(cast(Any, inner)):
+    outer, inner = cast(EventT[Any], Event(1)), cast(EventT[Any], Event(2))
+    with in_event(outer):
+        with in_event(inner):
             assert current_event() is inner
         assert current_event() is outer
         with in_event(None):
