@@ -247,7 +247,7 @@ async def test_metrics_and_the_live_view(
     stores: tuple[ClickHouseStore, ClickHouseStore], tmp_path: Path
 ) -> None:
     class Sink:
-        newest_created_at = None
+        newest_created_at: float | None = None
 
         def stats(self) -> dict[str, int]:
             return {"num_inserted": 3}

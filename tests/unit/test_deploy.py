@@ -22,7 +22,8 @@ PLACEHOLDER = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    return loaded
 
 
 def env_of(service: dict[str, Any]) -> dict[str, str]:

@@ -52,7 +52,7 @@ def exported() -> set[str]:
     )
 
     class Sink:
-        newest_created_at = 1.0
+        newest_created_at: float | None = 1.0
 
         def stats(self) -> dict[str, int]:
             return {}

@@ -13,9 +13,12 @@ import pytest
 from tokenbus.config import Settings
 from tokenbus.logs import JsonFormatter, bind_request, logging_config, request_context
 
+Lines = tuple[logging.Logger, io.StringIO]
+"""A logger writing JSON lines, and the stream it writes them to."""
+
 
 @pytest.fixture
-def lines() -> tuple[logging.Logger, io.StringIO]:
+def lines() -> Lines:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
@@ -30,7 +33,7 @@ def read(stream: io.StringIO) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in stream.getvalue().splitlines()]
 
 
-def test_a_line_is_one_json_object_with_the_request_it_is_about(lines) -> None:
+def test_a_line_is_one_json_object_with_the_request_it_is_about(lines: Lines) -> None:
     logger, stream = lines
     logger.info("outside")
     with request_context(tenant="acme", request_id="r1", session_id="s1", attempt=0):
@@ -50,7 +53,7 @@ def test_a_line_is_one_json_object_with_the_request_it_is_about(lines) -> None:
     assert back["attempt"] == 0 and "trace_id" not in back
 
 
-def test_none_fields_are_left_out_and_unknown_ones_refused(lines) -> None:
+def test_none_fields_are_left_out_and_unknown_ones_refused(lines: Lines) -> None:
     logger, stream = lines
     with request_context(tenant="acme", session_id=None):
         logger.info("x")
@@ -61,7 +64,7 @@ def test_none_fields_are_left_out_and_unknown_ones_refused(lines) -> None:
             pass
 
 
-def test_tasks_started_inside_keep_the_context(lines) -> None:
+def test_tasks_started_inside_keep_the_context(lines: Lines) -> None:
     logger, stream = lines
 
     async def main() -> None:
@@ -80,7 +83,7 @@ def test_tasks_started_inside_keep_the_context(lines) -> None:
     assert in_task["tenant"] == "acme" and in_task["request_id"] == "r2"
 
 
-def test_exceptions_and_values_json_cannot_hold(lines) -> None:
+def test_exceptions_and_values_json_cannot_hold(lines: Lines) -> None:
     logger, stream = lines
     try:
         raise RuntimeError("boom")
@@ -106,7 +109,7 @@ def test_the_dict_config_faust_is_given_writes_json() -> None:
         root.setLevel(level)
 
 
-def test_bind_request_holds_for_the_rest_of_its_task_only(lines) -> None:
+def test_bind_request_holds_for_the_rest_of_its_task_only(lines: Lines) -> None:
     logger, stream = lines
 
     async def handler(request_id: str) -> None:

@@ -113,7 +113,9 @@ class Consumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.position = offset
 
-    async def getmany(self, tp: TopicPartition, timeout_ms: int) -> dict[TopicPartition, list]:
+    async def getmany(
+        self, tp: TopicPartition, timeout_ms: int
+    ) -> dict[TopicPartition, list[Record]]:
         self.fetched.set()
         await asyncio.sleep(0.001)
         if self.fail is not None:
