@@ -163,6 +163,7 @@ async def test_a_killed_worker_s_stream_resumes_on_another_without_gap_or_repeat
         resumed_log = await eventually(
             lambda: _resume_line(fleet, request.request_id), timeout_s=10
         )
+        assert resumed_log is not None  # eventually() waited for a line
         worker, num_prompt, prompt_digest, num_delivered, delivered_digest = resumed_log
         assert worker != victim
         tokenizer = Tokenizer.from_file(str(settings.model_dir / "tokenizer.json"))

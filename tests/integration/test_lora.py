@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.queries import dashboard_query
 from billing.reader import open_reader
+from billing.storage import Row
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams
 from tests.integration.conftest import (
@@ -84,7 +85,7 @@ def _ids(chunks: list[Chunk]) -> list[int]:
     return [i for chunk in chunks for i in chunk.token_ids]
 
 
-def _usage(settings: Settings, tenants: list[str]) -> list[dict[str, object]]:
+def _usage(settings: Settings, tenants: list[str]) -> list[Row]:
     return open_reader(settings).query(
         "SELECT request_id, tenant_id, model, adapter, worker_id, status, error_code,"
         " completion_tokens FROM usage_events WHERE tenant_id IN %(tenants)s",
@@ -226,8 +227,11 @@ async def test_billing_rows_carry_the_adapter_and_add_up(
 
     sql, values = dashboard_query("spend_by_adapter").to_sql({"tenant": "lora-a"})
     spend = open_reader(lora_fleet.settings).query(sql, values)
+
+    def key(r: Row) -> tuple[str, str]:
+        return (str(r["model"]), str(r["adapter"]))
+
     # One row per (model, adapter): a refused request keeps the model name it asked for.
-    key = lambda r: (str(r["model"]), str(r["adapter"]))  # noqa: E731
     by_adapter = {key(row): row for row in spend}
     attempts: Counter[tuple[str, str]] = Counter()
     tokens: Counter[tuple[str, str]] = Counter()

@@ -83,7 +83,8 @@ def path_ms(named: dict[str, dict[str, Any]], path: tuple[str, ...]) -> float:
         end = started(named[before]) + timedelta(microseconds=named[before]["duration_us"])
         gap_us = (started(named[after]) - end) / timedelta(microseconds=1)
         assert abs(gap_us) <= 2, f"{before} -> {after}: {gap_us} µs apart"
-    return sum(named[name]["duration_us"] / 1000 for name in path)
+    total_ms: float = sum(named[name]["duration_us"] / 1000 for name in path)
+    return total_ms
 
 
 def started(span: dict[str, Any]) -> datetime:

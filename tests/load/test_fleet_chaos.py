@@ -30,7 +30,10 @@ async def test_a_worker_above_the_kv_threshold_gets_no_new_work(
     fleet_client: TokenbusClient, fleet: Stack
 ) -> None:
     settings = fleet.settings
-    kv = lambda: worker_gauge(settings, "kv_cache_usage", SMALL_KV_WORKER)  # noqa: E731
+
+    def kv() -> float:
+        return worker_gauge(settings, "kv_cache_usage", SMALL_KV_WORKER)
+
     # The small worker's cache holds 32 blocks of 128 tokens (4,096 tokens), and it
     # takes requests of up to 2,048. A filler of 1,800 prompt tokens takes 15 blocks at
     # its prefill, so two running fillers hold 30 of 32 blocks (94%) from their first
