@@ -186,7 +186,7 @@ async def batch_worker(tmp_path: Path, engine: FakeEngine) -> tuple[Worker, Reco
     )
     worker = Worker(settings, engine)
     producer = RecordingProducer()
-    worker._producer = producer  # type: ignore[assignment]
+    worker._producer = producer
     worker._replies = ReplyBatcher(producer)
     await engine.start()
     return worker, producer

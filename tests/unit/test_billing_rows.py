@@ -93,7 +93,7 @@ def _by_column(rows: list[tuple[object, ...]]) -> list[list[object]]:
         columns[index] = [ticks(at) for at in columns[index]]
     for name in ("cost_units", "billed_units"):  # in nano-units, as the table holds them
         index = USAGE_COLUMNS.index(name)
-        columns[index] = [int(cost.scaleb(9)) for cost in columns[index]]  # type: ignore[attr-defined]
+        columns[index] = [int(cost.scaleb(9)) for cost in columns[index]]
     return columns
 
 

@@ -78,7 +78,7 @@ def app(tmp_path: Path) -> Iterator[tuple[Starlette, Recorder, Settings]]:
     )
     api = BatchApi(settings, gateway, planner)
     recorder = Recorder()
-    api._producer = recorder  # type: ignore[assignment]
+    api._producer = recorder
 
     async def api_error(http: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

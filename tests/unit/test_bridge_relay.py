@@ -86,7 +86,7 @@ def test_sse_framing_and_error_event() -> None:
 def test_every_token_event_is_the_models_own_dump() -> None:
     """Mid-stream events reuse one dump per response; each must equal the model's."""
     for kind in ("chat", "text"):
-        relay = Relay(kind, "req_1", "m", num_prompt_tokens=2)  # type: ignore[arg-type]
+        relay = Relay(kind, "req_1", "m", num_prompt_tokens=2)
         texts = ["a", 'b"c', "\u00fc\n", "d"]
         for seq, text in enumerate(texts):
             finish = FinishReason.STOP if seq == len(texts) - 1 else None

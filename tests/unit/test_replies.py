@@ -134,7 +134,7 @@ def now_ms(ago_s: float) -> int:
 
 def reply_log(tmp_path: Path, consumer: Consumer) -> KafkaReplyLog:
     log = KafkaReplyLog(Settings(home=tmp_path))
-    log._consumer = consumer  # type: ignore[assignment]
+    log._consumer = consumer
     return log
 
 

@@ -114,7 +114,7 @@ async def serve(
 ) -> tuple[Worker, RecordingProducer, list[Chunk], list[UsageEvent]]:
     worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
     producer = RecordingProducer()
-    worker._producer = producer  # type: ignore[assignment]
+    worker._producer = producer
     worker._replies = ReplyBatcher(producer)
     await engine.start()
     await worker._serve(item)
@@ -204,7 +204,7 @@ async def test_a_request_cancelled_before_it_runs_never_reaches_the_engine(
     worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
     worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="client_disconnected")
     producer = RecordingProducer()
-    worker._producer = producer  # type: ignore[assignment]
+    worker._producer = producer
     worker._replies = ReplyBatcher(producer)
     await worker._serve(work_item())
     await worker._replies.drain()
@@ -219,7 +219,7 @@ async def test_a_record_that_is_not_a_work_item_is_dead_lettered_with_its_reason
 ) -> None:
     worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
     producer = RecordingProducer()
-    worker._producer = producer  # type: ignore[assignment]
+    worker._producer = producer
     worker._replies = ReplyBatcher(producer)
     for value in (b"{not json", work_item(reply_to="tokenbus.usage").model_dump_json().encode()):
         record: ConsumerRecord[bytes, bytes] = ConsumerRecord(
@@ -260,7 +260,7 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
 ) -> None:
     worker = Worker(Settings(home=tmp_path, worker_id="w1"), TimedEngine("stop"))
     producer = RecordingProducer()
-    worker._producer = producer  # type: ignore[assignment]
+    worker._producer = producer
     worker._replies = ReplyBatcher(producer)
     job = Tracing(Settings(), "job")
     headers: list[tuple[str, bytes]] = []
