@@ -216,6 +216,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 tokens=args.max_tokens,
                 per_token_us=base,
                 requests_per_s=50,
+                gather_s=settings.span_gather_s,  # the stack's, --set included
             ),
         )
         # The bridge is not on this benchmark's path (the client produces to the job): its

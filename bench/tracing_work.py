@@ -38,7 +38,7 @@ from rich.table import Table
 from bench.common import run_benchmark
 from bench.report import uptime_load
 from billing.span_codec import decode_spans
-from billing.span_sink import GATHER_S, SpanStore
+from billing.span_sink import SpanStore
 from billing.traces import span_rows
 from tokenbus.config import Settings
 from tokenbus.finished_span import end_span
@@ -69,6 +69,7 @@ class Services:
         self.billing = Tracing(settings, "billing")
         self.all = (self.bridge, self.job, self.worker, self.billing)
         self.flush_interval_s = settings.trace_flush_interval_s
+        self.gather_s = settings.span_gather_s
 
     def bridge_request(self, http_headers: dict[str, str], n: int) -> list[tuple[str, bytes]]:
         tracer = self.bridge.tracer
@@ -233,11 +234,11 @@ def one_arm(
 ) -> tuple[dict[str, float], int]:
     """CPU seconds of each stage over ``num_requests`` requests; the spans stored. At
     ``requests_per_s``, each service flushes every ``trace_flush_interval_s`` (1 s) and
-    the sink inserts what ``GATHER_S`` (3 s) brought, as on the stack."""
+    the sink inserts what ``span_gather_s`` brought, as on the stack."""
     cpu = dict.fromkeys(STAGES, 0.0)
     clock = time.process_time
     flush_every = max(1, round(requests_per_s * services.flush_interval_s))
-    insert_every = max(1, round(requests_per_s * GATHER_S))
+    insert_every = max(1, round(requests_per_s * services.gather_s))
     pending: list[tuple[Any, ...]] = []
     num_spans = 0
     for n in range(num_requests):
@@ -283,6 +284,8 @@ def measure_sync(args: argparse.Namespace) -> dict[str, Any]:
 
     home = Path(tempfile.mkdtemp(prefix="tracing-work-"))
     settings = Settings(home=home, trace_flush_interval_s=1.0)
+    if getattr(args, "gather_s", None):
+        settings = settings.model_copy(update={"span_gather_s": args.gather_s})
     services = Services(settings)
     store = ClickHouseStore("chdb://memory")
     arms: dict[str, list[dict[str, float]]] = {"traced": [], "untraced": []}
@@ -322,6 +325,7 @@ def measure_sync(args: argparse.Namespace) -> dict[str, Any]:
         "added_us_per_request_min": round(min(added), 1),
         "added_us_per_request_max": round(max(added), 1),
         "spans_per_traced_request": round(spans["traced"] / (args.rounds * args.requests), 2),
+        "span_gather_s": settings.span_gather_s,
         "tokens_per_request": args.tokens,
         "added_us_per_token": round(added_us / args.tokens, 2),
     }
@@ -352,6 +356,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "tokens": args.tokens,
             "requests_per_s": args.requests_per_s,
             "per_token_us": args.per_token_us,
+            "gather_s": args.gather_s,
         },
         "load_start": load_start,
         "load_end": uptime_load(),
@@ -394,6 +399,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         help="tokenbus CPU µs per token untraced (bench.tracing_cost), for the share",
+    )
+    parser.add_argument(
+        "--gather-s",
+        type=float,
+        default=None,
+        help="the span sink's span_gather_s (default: the setting's)",
     )
     run_benchmark(parser, argv, measure, render, "tracing_work")
 

@@ -1,7 +1,7 @@
 """Spans --> ClickHouse ``spans``, for ``tokenbus trace``.
 
 # spans (group <prefix>-billing-spans) --> SpanBatch, key == tenant --> span_rows()
-# --> one insert per few seconds (GATHER_S) --> offset commit
+# --> one insert per ``span_gather_s`` (Settings) --> offset commit
 
 Write order: insert, then commit. Loses nothing: offsets are committed only for spans in
 ClickHouse (or unreadable: those go to the dead-letter topic with the reason), so a crash
@@ -31,9 +31,10 @@ from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
 
-GATHER_S = 3.0
-"""How long after a fetch's first span batch more are gathered for the same insert."""
 GATHER_RECORDS = 2_000
+"""Span batches (records) in one insert at most, however long the gather."""
+FETCH_WAIT_S = 0.5
+"""The longest one fetch waits, so a stop is seen within it even during a long gather."""
 
 
 class SpanStore(Protocol):
@@ -48,6 +49,7 @@ class SpanSink:
         self._store = store
         self._topics = Topics(settings.topic_prefix)
         self.group_id = f"{settings.topic_prefix}-billing-spans"
+        self._gather_s = settings.span_gather_s
         self._backoff = backoff or Backoff()
         self.num_spans = 0
         self.num_refused = 0
@@ -76,15 +78,16 @@ class SpanSink:
             await producer.stop()
 
     async def _gather(self, consumer: Any, stop: asyncio.Event) -> dict[Any, list[Any]]:
-        """Records for one insert: what arrives within ``GATHER_S`` of the first one, up
-        to ``GATHER_RECORDS``. Each insert has a fixed cost in ClickHouse, and spans are
-        no hurry: one insert every few seconds rather than one per service's flush."""
+        """Records for one insert: what arrives within ``span_gather_s`` of the first
+        one, up to ``GATHER_RECORDS``. Each insert has a fixed cost in ClickHouse, and
+        spans are no hurry: one insert every few seconds rather than one per service's
+        flush."""
         gathered: dict[Any, list[Any]] = {}
         num_records = 0
         deadline: float | None = None
         loop = asyncio.get_running_loop()
         while not stop.is_set() and num_records < GATHER_RECORDS:
-            wait_s = 0.5 if deadline is None else deadline - loop.time()
+            wait_s = FETCH_WAIT_S if deadline is None else min(FETCH_WAIT_S, deadline - loop.time())
             if wait_s <= 0:
                 break
             batch = await consumer.getmany(
@@ -96,7 +99,7 @@ class SpanSink:
             if deadline is None:
                 if not num_records:
                     return gathered  # nothing yet: the caller looks at ``stop`` again
-                deadline = loop.time() + GATHER_S
+                deadline = loop.time() + self._gather_s
         return gathered
 
     async def _rows(self, records: list[Any], publish: Any) -> list[tuple[Any, ...]]:
