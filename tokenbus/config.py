@@ -40,12 +40,13 @@ class Settings(BaseSettings):
     ``spans`` topic and ClickHouse, for ``tokenbus trace``."""
     trace_flush_interval_s: float = Field(default=1.0, gt=0.0)
     """How often a service sends the spans it ended to the ``spans`` topic."""
-    span_gather_s: float = Field(default=10.0, gt=0.0)
+    span_gather_s: float = Field(default=3.0, gt=0.0)
     """How long the span sink gathers span batches for one ClickHouse insert, from the
     first it fetches. Each insert costs ClickHouse a fixed CPU time whatever its size
-    (10 to 25 ms), which was most of the span sink's work per request at 3 s: a longer
-    gather costs less CPU per span, and a span reaches ``tokenbus trace`` later (up to
-    ``trace_flush_interval_s`` + ``span_gather_s`` after it ended)."""
+    (10 to 25 ms), most of the span sink's work per request at 3 s: a longer gather
+    costs less CPU per span but makes a larger burst on billing's core, and a span
+    reaches ``tokenbus trace`` later (up to ``trace_flush_interval_s`` + ``span_gather_s``
+    after it ended). BENCHMARKS.md measured 10 s against 3 s."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one JSON object per line, with the request's tenant, ids and trace on
     every line about a request (``tokenbus.logs``)."""
