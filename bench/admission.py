@@ -31,6 +31,7 @@ from bench.common import (
     add_settings_args,
     bench_settings,
     parse_overrides,
+    profiled_name,
     progress,
     run_benchmark,
 )
@@ -338,13 +339,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)
-    run_benchmark(
-        parser,
-        None,
-        _main,
-        _show,
-        lambda args: args.name or ("admission-profile" if args.profile else "admission"),
-    )
+    run_benchmark(parser, None, _main, _show, profiled_name("admission"))
 
 
 def _show(result: dict[str, Any], console: Console) -> None:

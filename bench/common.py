@@ -131,6 +131,12 @@ def print_table(
     console.print(f"written to {path}")
 
 
+def profiled_name(stage: str) -> Callable[[argparse.Namespace], str]:
+    """``run_benchmark``'s ``name`` for a stage benchmark: ``--name``, else the stage, with
+    ``-profile`` when ``--profile`` ran it under py-spy."""
+    return lambda args: args.name or (f"{stage}-profile" if args.profile else stage)
+
+
 def run_benchmark(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,

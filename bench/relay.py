@@ -30,6 +30,7 @@ from bench.common import (
     add_settings_args,
     bench_settings,
     parse_overrides,
+    profiled_name,
     progress,
     progress_task,
     run_benchmark,
@@ -279,13 +280,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the worker and the client")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)
-    run_benchmark(
-        parser,
-        None,
-        _main,
-        _show,
-        lambda args: args.name or ("relay-profile" if args.profile else "relay"),
-    )
+    run_benchmark(parser, None, _main, _show, profiled_name("relay"))
 
 
 def _show(result: dict[str, Any], console: Console) -> None:

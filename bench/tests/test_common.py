@@ -44,3 +44,11 @@ def test_the_result_is_named_by_the_name_given_or_by_the_arguments(
         return str(args.name) + ("-profile" if args.profile else "")
 
     assert run(monkeypatch, ["--profile"], by_args) == [("plain-profile", {"argv": ["--profile"]})]
+
+
+def test_a_stage_result_is_named_by_name_else_by_stage_and_profile() -> None:
+    named = common.profiled_name("relay")
+
+    assert named(argparse.Namespace(name=None, profile=False)) == "relay"
+    assert named(argparse.Namespace(name=None, profile=True)) == "relay-profile"
+    assert named(argparse.Namespace(name="mine", profile=True)) == "mine"
