@@ -11,12 +11,19 @@ default and what it means::
 
 Parameters travel as text and ClickHouse parses them by the type in the placeholder,
 so ``--param since=2026-03-01`` and the query server's JSON need no conversion here.
+
+Columns that several questions show alike are written once, in ``_NAME.sql`` beside
+them, and a query takes them with a line ``-- @include NAME`` (indented as they go).
+Such a file is whole only once read: ``python -m billing.queries NAME`` prints it ready
+for a ClickHouse client or a dashboard tool
+(``python -m billing.queries spend_per_batch | clickhouse client --param_tenant=acme``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,7 @@ from pathlib import Path
 DASHBOARDS_DIR = Path(__file__).with_name("dashboards")
 _PLACEHOLDER = re.compile(r"\{(\w+):([^{}]+)\}")
 _PARAM_LINE = re.compile(r"^--\s*@param\s+(\w+)\s*=\s*(.*)$")
+_INCLUDE_LINE = re.compile(r"^(\s*)--\s*@include\s+(\w+)\s*$")
 
 
 class QueryParamError(ValueError):
@@ -61,8 +69,10 @@ class DashboardQuery:
 
 
 def dashboard_queries(directory: Path = DASHBOARDS_DIR) -> dict[str, DashboardQuery]:
-    """Every query in ``directory``, by name (the file name without ``.sql``), sorted."""
-    return {path.stem: read_query(path) for path in sorted(directory.glob("*.sql"))}
+    """Every query in ``directory``, by name (the file name without ``.sql``), sorted;
+    ``_NAME.sql`` files are parts the queries include, not queries."""
+    paths = sorted(p for p in directory.glob("*.sql") if not p.name.startswith("_"))
+    return {path.stem: read_query(path) for path in paths}
 
 
 def dashboard_query(name: str, directory: Path = DASHBOARDS_DIR) -> DashboardQuery:
@@ -73,7 +83,25 @@ def dashboard_query(name: str, directory: Path = DASHBOARDS_DIR) -> DashboardQue
 
 
 def read_query(path: Path) -> DashboardQuery:
-    return parse_query(path.stem, path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    return parse_query(path.stem, include_parts(path.stem, text, path.parent))
+
+
+def include_parts(name: str, text: str, directory: Path) -> str:
+    """``text`` with each ``-- @include PART`` line replaced by the lines of
+    ``directory/_PART.sql`` but its ``--`` comments, indented as the include line."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        match = _INCLUDE_LINE.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        indent, part = match[1], directory / f"_{match[2]}.sql"
+        if not part.is_file():
+            raise QueryParamError(f"{name}: no {part.name} to include")
+        body = part.read_text(encoding="utf-8").splitlines()
+        lines.extend(f"{indent}{row}\n" for row in body if row and not row.startswith("--"))
+    return "".join(lines)
 
 
 def parse_query(name: str, text: str) -> DashboardQuery:
@@ -120,3 +148,19 @@ def _default_and_description(name: str, param: str, rest: str) -> tuple[str, str
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise QueryParamError(f"{name}: the default of {param} must be a string or a number")
     return str(value), rest[end:].strip()
+
+
+def main(argv: list[str]) -> None:
+    """Prints query ``argv[0]`` whole, its parts included, as a ClickHouse client runs it."""
+    if len(argv) != 1:
+        sys.exit(
+            f"usage: python -m billing.queries NAME (one of: {', '.join(dashboard_queries())})"
+        )
+    try:
+        sys.stdout.write(dashboard_query(argv[0]).sql)
+    except QueryParamError as exc:
+        sys.exit(str(exc))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

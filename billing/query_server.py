@@ -44,6 +44,7 @@ from billing.sql_guard import read_only_problem
 from billing.storage import Queryable, Row, chdb_path
 from billing.trace_page import render_problem, render_trace
 from billing.traces import TRACE_SQL, lookup_problem, timeline
+from tokenbus.metrics import start_metrics_server
 
 STORE_KEY = web.AppKey("store", Queryable)
 HEALTH_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("health")
@@ -163,13 +164,7 @@ def _page(status: int, html: str) -> web.Response:
 
 async def start_query_server(app: web.Application, port: int) -> web.AppRunner:
     """Serves ``app`` on 127.0.0.1:``port``; the caller awaits ``runner.cleanup()``."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
+    runner: web.AppRunner = await start_metrics_server(app, "127.0.0.1", port)
     return runner
 
 

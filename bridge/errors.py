@@ -59,13 +59,12 @@ def unauthorized(message: str = "Invalid API key or token.") -> ApiError:
 
 
 def model_not_allowed(model: str) -> ApiError:
-    return ApiError(
-        403,
-        f"Your tenant may not use the model {model!r}.",
-        type="permission_error",
-        code="model_not_allowed",
-        param="model",
-    )
+    return model_refused(f"Your tenant may not use the model {model!r}.")
+
+
+def model_refused(message: str) -> ApiError:
+    """A model the tenant may not use, in the words of whoever refused it."""
+    return ApiError(403, message, type="permission_error", code="model_not_allowed", param="model")
 
 
 def model_not_found(model: str) -> ApiError:
@@ -138,7 +137,7 @@ def rejection(error: ErrorInfo | ChunkError, *, tokens_per_minute: int) -> ApiEr
             429, error.message, type="insufficient_quota", code=error.code, headers=headers
         )
     if error.code == "model_not_allowed":
-        return ApiError(403, error.message, type="permission_error", code=error.code, param="model")
+        return model_refused(error.message)
     if error.code == "prompt_too_long":
         return too_large(error.message, None, "context_length_exceeded")
     if error.code == "invalid_request":

@@ -10,14 +10,7 @@
 SELECT
     tenant_id,
     batch_id,
-    sum(billed_units) AS billed_units,
-    sum(cost_units) AS cost_units,
-    count() AS num_attempts,
-    countIf(status = 'failed') AS num_failed,
-    sum(prompt_tokens) AS prompt_tokens,
-    sum(completion_tokens) AS completion_tokens,
-    min(created_at) AS first_created_at,
-    max(finished_at) AS last_finished_at
+    -- @include attempt_totals
 FROM usage_events FINAL
 WHERE ({tenant:String} = '' OR tenant_id = {tenant:String})
   AND batch_id != ''

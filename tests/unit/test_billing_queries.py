@@ -10,6 +10,7 @@ from billing.queries import (
     QueryParamError,
     dashboard_queries,
     dashboard_query,
+    main,
     parse_query,
 )
 
@@ -98,3 +99,38 @@ def test_an_unknown_name_lists_the_known_ones(tmp_path: Path) -> None:
 def test_the_files_ship_with_the_package() -> None:
     assert DASHBOARDS_DIR.is_dir()
     assert (DASHBOARDS_DIR / "grafana.json").is_file()
+
+
+def test_an_include_line_takes_a_parts_lines_at_its_indent(tmp_path: Path) -> None:
+    (tmp_path / "_totals.sql").write_text("-- what they are\nsum(a) AS a,\ncount() AS n\n")
+    (tmp_path / "q.sql").write_text(
+        '-- Title\n-- @param tenant = ""  one\nSELECT\n    k,\n    -- @include totals\n'
+        "FROM t WHERE ({tenant:String} = '' OR tenant_id = {tenant:String})\n"
+    )
+
+    assert list(dashboard_queries(tmp_path)) == ["q"]  # a part is not a query
+    assert dashboard_query("q", tmp_path).sql == (
+        '-- Title\n-- @param tenant = ""  one\nSELECT\n    k,\n    sum(a) AS a,\n'
+        "    count() AS n\nFROM t WHERE ({tenant:String} = '' OR tenant_id = {tenant:String})\n"
+    )
+
+
+def test_an_include_of_no_part_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "q.sql").write_text("-- Title\nSELECT\n    -- @include nothing\nFROM t\n")
+
+    with pytest.raises(QueryParamError, match=r"q: no _nothing\.sql to include"):
+        dashboard_query("q", tmp_path)
+
+
+def test_every_include_in_the_shipped_files_is_filled() -> None:
+    for query in dashboard_queries().values():
+        assert "@include" not in query.sql, query.name
+    assert "countIf(status = 'failed') AS num_failed," in dashboard_query("spend_per_batch").sql
+
+
+def test_the_module_prints_a_query_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["top_sessions_by_cost"])
+
+    assert capsys.readouterr().out == dashboard_query("top_sessions_by_cost").sql
+    with pytest.raises(SystemExit, match="no dashboard query 'nope'"):
+        main(["nope"])

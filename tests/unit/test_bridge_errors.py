@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.errors import rate_limit_headers, rejection
+from bridge.errors import model_not_allowed, rate_limit_headers, rejection
 from schemas import ErrorInfo
 
 
@@ -23,6 +23,25 @@ def test_bus_errors_map_to_http_statuses(code: str, status: int) -> None:
     error = rejection(ErrorInfo(code=code, message="m", retry_after_s=2.5), tokens_per_minute=900)
     assert error.status == status
     assert error.body()["error"]["message"] == "m"
+
+
+def test_a_job_s_model_refusal_answers_as_the_bridge_s_own() -> None:
+    by_job = rejection(ErrorInfo(code="model_not_allowed", message="m"), tokens_per_minute=900)
+    by_bridge = model_not_allowed("tiny")
+
+    assert by_job.body()["error"] == {
+        "message": "m",
+        "type": "permission_error",
+        "param": "model",
+        "code": "model_not_allowed",
+    }
+    assert (by_job.status, by_job.type, by_job.code, by_job.param) == (
+        by_bridge.status,
+        by_bridge.type,
+        by_bridge.code,
+        by_bridge.param,
+    )
+    assert by_bridge.message == "Your tenant may not use the model 'tiny'."
 
 
 def test_quota_rejection_carries_retry_after_and_token_headers() -> None:
