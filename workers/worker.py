@@ -88,7 +88,15 @@ from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
 from workers.batch_gate import BatchGate, SeatLearner
 from workers.cancels import CancelBook
-from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
+from workers.interface import (
+    AdapterRef,
+    Engine,
+    EngineDelta,
+    EngineTimings,
+    GenerateOptions,
+    GenerateParams,
+    Prompt,
+)
 from workers.metrics import WorkerMetrics
 from workers.replies import Deliveries, ReplyBatcher
 
@@ -429,7 +437,7 @@ class Worker:
         ended = False  # the engine gave its finish reason
         timings: EngineTimings | None = None
         try:
-            prompt: str | list[int]
+            prompt: Prompt
             if request.prompt is not None:
                 prompt = request.prompt
             else:
@@ -562,7 +570,7 @@ class Worker:
         self,
         request: WorkItem,
         engine_id: str,
-        prompt: str | list[int],
+        prompt: Prompt,
         params: GenerateParams,
         adapter: AdapterRef | None,
     ) -> AsyncIterator[EngineDelta]:
@@ -571,13 +579,11 @@ class Worker:
         one stream: the pause's own abort is not a finish, later parts carry no prompt
         counts, and the last delta's times start at the first part's."""
         gate = self._batch_gate
-        options: dict[str, Any] = {
-            "priority": request.priority,
-            "cache_salt": request.cache_salt,
-            "adapter": adapter,
-        }
+        options = GenerateOptions(
+            priority=request.priority, cache_salt=request.cache_salt, adapter=adapter
+        )
         if gate is None or request.priority < 2:
-            async with _closing(self._engine.generate(engine_id, prompt, params, **options)) as it:
+            async with _closing(self._engine.generate(engine_id, prompt, params, options)) as it:
                 async for delta in it:
                     yield delta
             return
@@ -611,7 +617,7 @@ class Worker:
             finished = False
             try:
                 async with _closing(
-                    self._engine.generate(part_id, part_prompt, part_params, **options)
+                    self._engine.generate(part_id, part_prompt, part_params, options)
                 ) as it:
                     async for delta in it:
                         made += delta.token_ids
