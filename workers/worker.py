@@ -42,14 +42,15 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from opentelemetry.trace import SpanKind, get_current_span, use_span
+from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span, use_span
+from opentelemetry.util.types import AttributeValue
 
 from schemas import (
     REASSIGNED,
@@ -155,6 +156,27 @@ def path_edges(taken_ns: int, engine_ns: Sequence[int], sent_ns: int) -> list[in
         edges.append(min(max(edges[-1], ns), end))
     edges.append(end)
     return edges
+
+
+def request_span(
+    tracer: Tracer,
+    headers: Sequence[tuple[str, bytes]],
+    taken_ns: int,
+    attributes: Mapping[str, AttributeValue],
+    hop_attributes: Mapping[str, AttributeValue],
+) -> Span:
+    """``worker.request`` from ``taken_ns``, under the trace context the record's headers
+    carry; before it, the record's ``bus.dispatch`` hop from where its path stood."""
+    parent = extract(headers)
+    hop_span(tracer, "bus.dispatch", path_ns(headers), taken_ns, hop_attributes, context=parent)
+    return start_span(
+        tracer,
+        "worker.request",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        start_time=taken_ns,
+    )
 
 
 def attributes_of(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
@@ -333,25 +355,13 @@ class Worker:
             attributes = work_item_attributes(
                 request, attempt=request.attempt, worker=self.worker_id
             )
-            parent = extract(record.headers)
-            hop_span(
-                self._tracer,
-                "bus.dispatch",
-                path_ns(record.headers),
-                taken_ns,
-                {ATTR_TENANT: request.tenant_id, ATTR_ATTEMPT: request.attempt},
-                context=parent,
-            )
+            hop: dict[str, AttributeValue] = {
+                ATTR_TENANT: request.tenant_id,
+                ATTR_ATTEMPT: request.attempt,
+            }
             with (
                 use_span(
-                    start_span(
-                        self._tracer,
-                        "worker.request",
-                        context=parent,
-                        kind=SpanKind.CONSUMER,
-                        attributes=attributes,
-                        start_time=taken_ns,
-                    ),
+                    request_span(self._tracer, record.headers, taken_ns, attributes, hop),
                     end_on_exit=True,
                 ) as span,
                 request_context(
