@@ -24,7 +24,7 @@ from bench.driver import run_wave
 from bench.procstat import cpu_seconds, descendants, runqueue_wait_seconds
 from bench.workload import prompts, tenant
 from tokenbus.config import Settings
-from workers.interface import GenerateParams
+from workers.interface import GenerateOptions, GenerateParams
 
 
 def build_engine(settings: Settings) -> Any:
@@ -56,13 +56,13 @@ class DirectArm:
             temperature=float(command.get("temperature", 0.0)),
             ignore_eos=True,
         )
-        salt = str(command.get("tenant", tenant(0)))
+        # The worker passes the tenant as cache salt; so does this arm.
+        options = GenerateOptions(cache_salt=str(command.get("tenant", tenant(0))))
 
         async def stream(index: int, text: str) -> AsyncIterator[int]:
             self._num_requests += 1
             request_id = f"direct-{os.getpid()}-{self._num_requests}"
-            # The worker passes the tenant as cache salt; so does this arm.
-            async for delta in self._engine.generate(request_id, text, params, cache_salt=salt):
+            async for delta in self._engine.generate(request_id, text, params, options):
                 yield len(delta.token_ids)
 
         before = self.cpu()

@@ -15,7 +15,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from workers.interface import AdapterRef, EngineDelta, EngineStats, GenerateParams
+from workers.interface import (
+    AdapterRef,
+    EngineDelta,
+    EngineStats,
+    GenerateOptions,
+    GenerateParams,
+    Prompt,
+)
 
 TOKEN_ID = 7
 TOKEN_TEXT = " tok"
@@ -77,19 +84,12 @@ class FakeEngine:
         return [ord(c) % 32_000 for c in prompt]
 
     def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+        self, request_id: str, prompt: Prompt, params: GenerateParams, options: GenerateOptions
     ) -> AsyncIterator[EngineDelta]:
         return self.deltas(request_id, prompt, params)
 
     async def deltas(
-        self, request_id: str, prompt: str | list[int], params: GenerateParams
+        self, request_id: str, prompt: Prompt, params: GenerateParams
     ) -> AsyncIterator[EngineDelta]:
         """What ``generate`` streams: a test's engine overrides this, not the contract."""
         num_prompt = (

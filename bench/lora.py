@@ -26,7 +26,7 @@ from bench.common import exit_on_sigterm, print_table
 from tokenbus.config import Settings
 from tokenbus_cli.stack import REPO_ROOT, Stack
 from workers.adapters import AdapterBook
-from workers.interface import AdapterRef, GenerateParams
+from workers.interface import AdapterRef, GenerateOptions, GenerateParams
 from workers.tiny_adapter import RANK
 
 RESULT = REPO_ROOT / ".tokenbus" / "bench" / "lora.json"
@@ -38,7 +38,7 @@ async def _one(engine: Any, rid: str, n: int, adapter: AdapterRef | None) -> tup
     started = time.perf_counter()
     ttft = None
     count = 0
-    async for delta in engine.generate(rid, PROMPT, params, adapter=adapter):
+    async for delta in engine.generate(rid, PROMPT, params, GenerateOptions(adapter=adapter)):
         if delta.token_ids and ttft is None:
             ttft = time.perf_counter() - started
         count += len(delta.token_ids)

@@ -46,7 +46,7 @@ from schemas import InferenceRequest, SamplingParams, WorkItem, encode
 from tokenbus.kafka import make_producer
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
-from workers.interface import GenerateParams
+from workers.interface import GenerateOptions, GenerateParams
 
 GOAL_PER_CORE = 50_000
 
@@ -60,7 +60,7 @@ async def engine_only_cpu_s(
     text = prompt(0, 0)
 
     async def one(i: int) -> None:
-        async for _ in engine.generate(f"r{i}", text, params):
+        async for _ in engine.generate(f"r{i}", text, params, GenerateOptions()):
             pass
 
     started = time.process_time()

@@ -45,7 +45,7 @@ from tokenbus.finished_span import end_span
 from tokenbus.lean_span import start_span
 from tokenbus.span_path import SpanPath, hop_span, path_ns
 from tokenbus.tracing import Tracing, extract, extract_http, inject, span_attributes, with_path
-from workers.worker import path_edges
+from workers.worker import PATH_PHASES, attributes_of, path_edges, request_span
 
 TENANT = "bench-0"
 STAGES = ("bridge", "job", "worker", "billing", "flush", "sink")
@@ -147,15 +147,6 @@ class Services:
     def worker_request(self, headers: list[tuple[str, bytes]], n: int) -> list[tuple[str, bytes]]:
         tracer = self.worker.tracer
         taken = time.time_ns()
-        parent = extract(headers)
-        hop_span(
-            tracer,
-            "bus.dispatch",
-            path_ns(headers),
-            taken,
-            {"tokenbus.tenant": TENANT},
-            context=parent,
-        )
         attributes = span_attributes(
             tenant=TENANT,
             request_id=f"r{n}",
@@ -166,30 +157,16 @@ class Services:
             worker="w",
         )
         usage: list[tuple[str, bytes]] = []
+        hop = {"tokenbus.tenant": TENANT}
         with use_span(
-            start_span(
-                tracer,
-                "worker.request",
-                context=parent,
-                kind=SpanKind.CONSUMER,
-                attributes=attributes,
-                start_time=taken,
-            ),
-            end_on_exit=True,
+            request_span(tracer, headers, taken, attributes, hop), end_on_exit=True
         ) as span:
-            span.set_attributes(
-                {
-                    "tokenbus.num_prompt_tokens": 16,
-                    "tokenbus.num_completion_tokens": 64,
-                    "tokenbus.num_cached_tokens": 0,
-                }
-            )
+            span.set_attributes(attributes_of(16, 64, 0))
             if span.is_recording():
                 phase_attributes = span_attributes(tenant=TENANT, request_id=f"r{n}", attempt=0)
                 edges = path_edges(taken, [taken + 10, taken + 20, taken + 30], taken + 40)
-                names = ("worker.intake", "worker.engine_queue", "worker.prefill", "worker.emit")
                 phases = [
-                    *zip(names, edges, edges[1:], strict=False),
+                    *zip(PATH_PHASES, edges, edges[1:], strict=False),
                     ("worker.decode", edges[3], edges[3] + 50),
                 ]
                 for name, start, end in phases:

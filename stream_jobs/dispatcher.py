@@ -556,7 +556,7 @@ class Dispatcher:
             )
             if not spend_verdict.admitted:
                 self.metrics.num_rejected_budget += 1
-                await self._remember_durably(item, State.DONE, now)
+                await self._remember_durably(item, now)
                 await self._refuse(item, self._budget_refusal(item, spend_verdict, cost))
                 assert spend_verdict.refused_by is not None
                 await self._alert_refused(spend_verdict.refused_by, item)
@@ -892,7 +892,7 @@ class Dispatcher:
     ) -> Outcome:
         """Refuses a request on its tenant's partition: the id has had its answer. The
         ledger holds that before the answer goes out (``_remember_durably``)."""
-        await self._remember_durably(item, State.DONE, now)
+        await self._remember_durably(item, now)
         await self._refuse(item, error, tier)
         return Outcome.REFUSED
 
@@ -936,20 +936,14 @@ class Dispatcher:
         )
 
     async def _remember_durably(
-        self,
-        item: WorkItem,
-        state: State,
-        now: float,
-        last_seq: int = 0,
-        *,
-        home: int | None = None,
+        self, item: WorkItem, now: float, last_seq: int = 0, *, home: int | None = None
     ) -> None:
-        """``_remember``, returning once the broker holds the entry. For an answer that
-        tells the client to try again (under a new id: a batch line's next one), which
-        must not be seen before the ledger says this id had its answer: a job killed
-        between the two would otherwise take the id's redelivered request as new, and
-        run it beside its retry."""
-        entry = self._entry(item, state, now, last_seq)
+        """``_remember`` of a ``DONE`` entry, returning once the broker holds it. For an
+        answer that tells the client to try again (under a new id: a batch line's next
+        one), which must not be seen before the ledger says this id had its answer: a job
+        killed between the two would otherwise take the id's redelivered request as new,
+        and run it beside its retry."""
+        entry = self._entry(item, State.DONE, now, last_seq)
         await self._ledger.put_durably(home, item.tenant_id, item.request_id, entry)
 
     def _entry(
@@ -1378,7 +1372,6 @@ class Dispatcher:
             live = sorted(self._registry.models(self._clock.monotonic()))
             await self._remember_durably(
                 waiting.request,
-                State.DONE,
                 self._clock.time(),
                 waiting.request.resume_seq,
                 home=waiting.home,

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias
+
+Prompt: TypeAlias = str | list[int]
+"""Prompt text, or the token ids of one (a chat the engine rendered, or a resumed run)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,18 @@ class AdapterRef:
     lora_int_id: int
 
 
+@dataclass(frozen=True)
+class GenerateOptions:
+    """How the engine runs one request, beside its prompt and sampling."""
+
+    priority: int = 0
+    """vLLM's priority scheduling: a lower value runs first."""
+    cache_salt: str | None = None
+    """Separates prefix-cache entries: only requests with the same salt share blocks."""
+    adapter: AdapterRef | None = None
+    """The LoRA adapter to run with; ``None``: the base model."""
+
+
 class Engine(Protocol):
     model_name: str
     max_num_seqs: int
@@ -91,17 +106,10 @@ class Engine(Protocol):
         included (the rule of vLLM's /v1/completions)."""
 
     def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+        self, request_id: str, prompt: Prompt, params: GenerateParams, options: GenerateOptions
     ) -> AsyncIterator[EngineDelta]:
         """Streams deltas until one carries a finish_reason. Raises on engine failure.
-        With ``adapter``, the engine loads it if it does not hold it."""
+        With ``options.adapter``, the engine loads it if it does not hold it."""
 
     async def load_adapter(self, adapter: AdapterRef) -> None:
         """Loads an adapter into the engine's adapter cache (evicting the least recently

@@ -38,7 +38,9 @@ from workers.interface import (
     EngineDelta,
     EngineStats,
     EngineTimings,
+    GenerateOptions,
     GenerateParams,
+    Prompt,
 )
 
 GiB = 1 << 30
@@ -203,14 +205,7 @@ class VllmEngine:
         return list(self._engine().get_tokenizer().encode(prompt))
 
     async def generate(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: GenerateParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        adapter: AdapterRef | None = None,
+        self, request_id: str, prompt: Prompt, params: GenerateParams, options: GenerateOptions
     ) -> AsyncIterator[EngineDelta]:
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
@@ -226,8 +221,10 @@ class VllmEngine:
             if isinstance(prompt, str)
             else TokensPrompt(prompt_token_ids=list(prompt))
         )
-        if cache_salt is not None:
-            engine_prompt["cache_salt"] = cache_salt  # separates tenants in the prefix cache
+        if options.cache_salt is not None:
+            engine_prompt["cache_salt"] = (
+                options.cache_salt
+            )  # separates tenants in the prefix cache
         first = True
         # aclosing: if our caller stops early, vLLM's generator closes now and aborts.
         async with aclosing(
@@ -235,8 +232,8 @@ class VllmEngine:
                 engine_prompt,
                 sampling,
                 request_id,
-                priority=priority,
-                lora_request=_lora_request(adapter) if adapter else None,
+                priority=options.priority,
+                lora_request=_lora_request(options.adapter) if options.adapter else None,
             )
         ) as outputs:
             async for out in outputs:

@@ -42,14 +42,15 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from opentelemetry.trace import SpanKind, get_current_span, use_span
+from opentelemetry.trace import Span, SpanKind, Tracer, get_current_span, use_span
+from opentelemetry.util.types import AttributeValue
 
 from schemas import (
     REASSIGNED,
@@ -88,7 +89,15 @@ from tokenbus.usage import usage_of
 from workers.adapters import AdapterBook
 from workers.batch_gate import BatchGate, SeatLearner
 from workers.cancels import CancelBook
-from workers.interface import AdapterRef, Engine, EngineDelta, EngineTimings, GenerateParams
+from workers.interface import (
+    AdapterRef,
+    Engine,
+    EngineDelta,
+    EngineTimings,
+    GenerateOptions,
+    GenerateParams,
+    Prompt,
+)
 from workers.metrics import WorkerMetrics
 from workers.replies import Deliveries, ReplyBatcher
 
@@ -147,6 +156,27 @@ def path_edges(taken_ns: int, engine_ns: Sequence[int], sent_ns: int) -> list[in
         edges.append(min(max(edges[-1], ns), end))
     edges.append(end)
     return edges
+
+
+def request_span(
+    tracer: Tracer,
+    headers: Sequence[tuple[str, bytes]],
+    taken_ns: int,
+    attributes: Mapping[str, AttributeValue],
+    hop_attributes: Mapping[str, AttributeValue],
+) -> Span:
+    """``worker.request`` from ``taken_ns``, under the trace context the record's headers
+    carry; before it, the record's ``bus.dispatch`` hop from where its path stood."""
+    parent = extract(headers)
+    hop_span(tracer, "bus.dispatch", path_ns(headers), taken_ns, hop_attributes, context=parent)
+    return start_span(
+        tracer,
+        "worker.request",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        start_time=taken_ns,
+    )
 
 
 def attributes_of(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
@@ -325,25 +355,13 @@ class Worker:
             attributes = work_item_attributes(
                 request, attempt=request.attempt, worker=self.worker_id
             )
-            parent = extract(record.headers)
-            hop_span(
-                self._tracer,
-                "bus.dispatch",
-                path_ns(record.headers),
-                taken_ns,
-                {ATTR_TENANT: request.tenant_id, ATTR_ATTEMPT: request.attempt},
-                context=parent,
-            )
+            hop: dict[str, AttributeValue] = {
+                ATTR_TENANT: request.tenant_id,
+                ATTR_ATTEMPT: request.attempt,
+            }
             with (
                 use_span(
-                    start_span(
-                        self._tracer,
-                        "worker.request",
-                        context=parent,
-                        kind=SpanKind.CONSUMER,
-                        attributes=attributes,
-                        start_time=taken_ns,
-                    ),
+                    request_span(self._tracer, record.headers, taken_ns, attributes, hop),
                     end_on_exit=True,
                 ) as span,
                 request_context(
@@ -429,7 +447,7 @@ class Worker:
         ended = False  # the engine gave its finish reason
         timings: EngineTimings | None = None
         try:
-            prompt: str | list[int]
+            prompt: Prompt
             if request.prompt is not None:
                 prompt = request.prompt
             else:
@@ -562,7 +580,7 @@ class Worker:
         self,
         request: WorkItem,
         engine_id: str,
-        prompt: str | list[int],
+        prompt: Prompt,
         params: GenerateParams,
         adapter: AdapterRef | None,
     ) -> AsyncIterator[EngineDelta]:
@@ -571,13 +589,11 @@ class Worker:
         one stream: the pause's own abort is not a finish, later parts carry no prompt
         counts, and the last delta's times start at the first part's."""
         gate = self._batch_gate
-        options: dict[str, Any] = {
-            "priority": request.priority,
-            "cache_salt": request.cache_salt,
-            "adapter": adapter,
-        }
+        options = GenerateOptions(
+            priority=request.priority, cache_salt=request.cache_salt, adapter=adapter
+        )
         if gate is None or request.priority < 2:
-            async with _closing(self._engine.generate(engine_id, prompt, params, **options)) as it:
+            async with _closing(self._engine.generate(engine_id, prompt, params, options)) as it:
                 async for delta in it:
                     yield delta
             return
@@ -611,7 +627,7 @@ class Worker:
             finished = False
             try:
                 async with _closing(
-                    self._engine.generate(part_id, part_prompt, part_params, **options)
+                    self._engine.generate(part_id, part_prompt, part_params, options)
                 ) as it:
                     async for delta in it:
                         made += delta.token_ids

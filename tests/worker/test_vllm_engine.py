@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from tests.fidelity_corpus import CHATS, PROMPTS
 from tokenbus.prompt_tokens import PromptCounter
-from workers.interface import EngineDelta, GenerateParams
+from workers.interface import EngineDelta, GenerateOptions, GenerateParams
 from workers.tiny_model import build_tiny_model
 from workers.vllm_engine import VllmEngine
 
@@ -67,7 +67,7 @@ async def collect(
 ) -> list[EngineDelta]:
     request_id = uuid.uuid4().hex
     async with asyncio.timeout(TIMEOUT_S):
-        stream = engine.generate(request_id, prompt, params, cache_salt=cache_salt)
+        stream = engine.generate(request_id, prompt, params, GenerateOptions(cache_salt=cache_salt))
         return [delta async for delta in stream]
 
 
@@ -125,7 +125,7 @@ async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
     deltas: list[EngineDelta] = []
 
     async with asyncio.timeout(TIMEOUT_S):
-        async for delta in engine.generate(request_id, "abort me", params):
+        async for delta in engine.generate(request_id, "abort me", params, GenerateOptions()):
             deltas.append(delta)
             if len(deltas) == 2:
                 await engine.abort(request_id)
