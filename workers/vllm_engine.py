@@ -222,9 +222,8 @@ class VllmEngine:
             else TokensPrompt(prompt_token_ids=list(prompt))
         )
         if options.cache_salt is not None:
-            engine_prompt["cache_salt"] = (
-                options.cache_salt
-            )  # separates tenants in the prefix cache
+            # Separates tenants in the prefix cache.
+            engine_prompt["cache_salt"] = options.cache_salt
         first = True
         # aclosing: if our caller stops early, vLLM's generator closes now and aborts.
         async with aclosing(
