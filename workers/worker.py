@@ -601,6 +601,8 @@ class Worker:
         made: list[int] = []  # token ids this attempt generated, over all its parts
         prompt_ids: list[int] | None = None
         first: EngineTimings | None = None
+        counted = False  # the request's prompt counts went out, on a delta yielded
+        held: tuple[int, int | None] | None = None  # counts a swallowed pause carried
         part = 0
         paused = False
         while True:
@@ -631,12 +633,23 @@ class Worker:
                 ) as it:
                     async for delta in it:
                         made += delta.token_ids
-                        if part:
-                            delta = replace(delta, num_prompt_tokens=None, num_cached_tokens=None)
+                        if part and (counted or held is not None):
+                            # A later part's prompt holds the tokens made before it: the
+                            # request's counts are the first part's, sent or held.
+                            num_prompt, num_cached = (None, None) if counted else held or (0, 0)
+                            delta = replace(
+                                delta, num_prompt_tokens=num_prompt, num_cached_tokens=num_cached
+                            )
                         if delta.finish_reason == "abort" and gate.is_paused(key):
                             first = first or delta.timings
                             if delta.token_ids or delta.text:
+                                counted |= delta.num_prompt_tokens is not None
                                 yield replace(delta, finish_reason=None, timings=None)
+                            elif delta.num_prompt_tokens is not None:
+                                # Paused before its first token (vLLM answers the abort
+                                # with the prompt's counts and no token): they go out
+                                # with the line's first token, whichever part makes it.
+                                held = (delta.num_prompt_tokens, delta.num_cached_tokens)
                             break
                         if delta.finish_reason is not None:
                             finished = True
@@ -645,6 +658,7 @@ class Worker:
                                     delta,
                                     timings=replace(first, last_token=delta.timings.last_token),
                                 )
+                        counted |= delta.num_prompt_tokens is not None
                         yield delta
                         if finished:
                             return

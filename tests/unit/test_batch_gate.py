@@ -264,3 +264,48 @@ async def test_interactive_lines_are_never_paused_and_a_cancel_while_paused_ends
     assert [c.seq for c in r1] == list(range(len(r1))) and r1[
         -1
     ].finish_reason is FinishReason.ABORT
+
+
+class AbortsBeforeItsFirstToken(RecordingEngine):
+    """As vLLM answers the abort of a request that has made no token yet: one delta with
+    the prompt's counts and no token. The part after the pause runs as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = asyncio.Event()
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.set()
+
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncIterator[EngineDelta]:
+        if request_id.endswith("/part1"):
+            async for delta in super().deltas(request_id, prompt, params):
+                yield delta
+            return
+        self.parts.append((request_id, -1, params.max_tokens))
+        await self.aborted.wait()
+        yield EngineDelta("", [], "abort", num_prompt_tokens=6, num_cached_tokens=2)
+
+
+async def test_a_line_paused_before_its_first_token_is_billed_its_prompt(tmp_path: Path) -> None:
+    engine = AbortsBeforeItsFirstToken()
+    worker, producer = await batch_worker(tmp_path, engine)
+    gate = worker._batch_gate
+    assert gate is not None
+    line = asyncio.create_task(worker._serve(work_item(max_tokens=20, priority=2)))
+    await until(lambda: len(engine.parts) == 1)
+    gate.interactive_started()
+    await asyncio.sleep(0.05)
+    gate.interactive_ended()
+    await asyncio.wait_for(line, 2.0)
+    await worker._replies.drain()  # type: ignore[union-attr]
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    assert sum(c.num_tokens for c in chunks) == 20
+    assert [p[0] for p in engine.parts] == ["acme/r1/0", "acme/r1/0/part1"]
+    (usage,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
+    # The first part's counts, which its abort carried: not 0, and not the second part's
+    # (whose prompt, as token ids, the pretend engine counts one a character).
+    assert (usage.num_prompt_tokens, usage.num_cached_tokens) == (6, 2)
+    assert usage.num_completion_tokens == 20 and gate.num_pauses == 1
