@@ -76,7 +76,9 @@ class Runner:
     async def serve(self) -> None:
         self._producer = make_producer(self._settings)
         await self._producer.start()
-        consumer = make_consumer(self._settings, group_id=runner_group_id(self._settings))
+        consumer = make_consumer(
+            self._settings, group_id=runner_group_id(self._settings), background=True
+        )
         consumer.subscribe([self._topics.batches], listener=_FromTheStart(self, consumer))
         await consumer.start()
         loads = asyncio.create_task(self._follow_load()) if self._shares else None
@@ -95,7 +97,9 @@ class Runner:
         """The job's load reports, from now on, into the shared pacer. No group and no
         commits: every runner reads every report, and old ones say nothing about now."""
         assert self._shares is not None and self._producer is not None
-        consumer = make_consumer(self._settings, group_id=None, auto_offset_reset="latest")
+        consumer = make_consumer(
+            self._settings, group_id=None, auto_offset_reset="latest", background=True
+        )
         await consumer.start()
         try:
             await consumer.topics()  # loads metadata, so the partitions below are known

@@ -65,7 +65,9 @@ class AlertSink:
         self.num_alerts = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = make_consumer(self._settings, self._topics.budget_alerts, group_id=self.group_id)
+        consumer = make_consumer(
+            self._settings, self._topics.budget_alerts, group_id=self.group_id, background=True
+        )
         await consumer.start()
         try:
             while not stop.is_set():

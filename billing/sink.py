@@ -234,7 +234,10 @@ class BillingSink:
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set, then flushes the batch in hand and returns."""
         consumer = make_consumer(
-            self._settings, group_id=self.group_id, max_partition_fetch_bytes=8 << 20
+            self._settings,
+            group_id=self.group_id,
+            background=True,
+            max_partition_fetch_bytes=8 << 20,
         )
         consumer.subscribe([self._topics.usage], listener=self.rebalance_listener())
         self.consumer = consumer

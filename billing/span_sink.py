@@ -55,7 +55,9 @@ class SpanSink:
         self.num_refused = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = make_consumer(self._settings, self._topics.spans, group_id=self.group_id)
+        consumer = make_consumer(
+            self._settings, self._topics.spans, group_id=self.group_id, background=True
+        )
         producer = make_producer(self._settings)
         await consumer.start()
         await producer.start()

@@ -695,7 +695,9 @@ def create_app(settings: Settings) -> faust.App:
     @app.task
     async def follow_heartbeats() -> None:
         # No consumer group: every instance of the job must see every worker.
-        consumer = make_consumer(settings, group_id=None, auto_offset_reset="latest")
+        consumer = make_consumer(
+            settings, group_id=None, auto_offset_reset="latest", background=True
+        )
         await consumer.start()
         try:
             await consumer.topics()  # loads metadata, so the partitions below are known
@@ -712,7 +714,9 @@ def create_app(settings: Settings) -> faust.App:
     async def follow_budgets() -> None:
         # No consumer group: every instance applies every budget change, from the start
         # of the compacted topic; admission waits until it has read up to the end.
-        consumer = make_consumer(settings, group_id=None, auto_offset_reset="earliest")
+        consumer = make_consumer(
+            settings, group_id=None, auto_offset_reset="earliest", background=True
+        )
         await consumer.start()
         try:
             await consumer.topics()

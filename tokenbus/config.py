@@ -91,6 +91,14 @@ class Settings(BaseSettings):
     consumers polling it. Measured through the whole pipeline on tansu at concurrency 1
     (worker to client p50; pipeline CPU per 1k tokens): 5 ms 6 ms, 10.5 s; 20 ms 9 ms,
     6.6 s; 100 ms 21 ms, 3.9 s (BENCHMARKS.md)."""
+    background_fetch_max_wait_ms: int | None = None
+    """The same, for consumers whose records no request waits on: the job's heartbeat
+    and budget readers, billing's usage, span and alert sinks, the alerts service, and
+    the batch runner's commands and load reports (``background_fetch_wait_ms``
+    resolves it; never below ``consumer_fetch_wait_ms``). Unset: 500 ms with ``kafka``,
+    as every consumer there; 100 ms with ``tansu``, where each idle consumer polls the
+    broker: at 20 ms they cost the idle stack about a third of a core, broker included
+    (BENCHMARKS.md)."""
     job_fetch_max_wait_ms: int = 5
     """The same, for the Faust job's consumer. It holds many partitions, and one left
     out of a parked fetch (its records still buffered, or paused by Faust's flow
@@ -469,6 +477,15 @@ class Settings(BaseSettings):
         if self.fetch_max_wait_ms is not None:
             return self.fetch_max_wait_ms
         return 500 if self.broker_profile == "kafka" else 20
+
+    @property
+    def background_fetch_wait_ms(self) -> int:
+        """``background_fetch_max_wait_ms``, or its default for the broker profile."""
+        if self.background_fetch_max_wait_ms is not None:
+            wait_ms = self.background_fetch_max_wait_ms
+        else:
+            wait_ms = 500 if self.broker_profile == "kafka" else 100
+        return max(wait_ms, self.consumer_fetch_wait_ms)
 
     @property
     def served_precision(self) -> str:

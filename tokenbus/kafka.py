@@ -63,15 +63,24 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 
 
 def make_consumer(
-    settings: Settings, *topics: str, group_id: str | None, **overrides: Any
+    settings: Settings,
+    *topics: str,
+    group_id: str | None,
+    background: bool = False,
+    **overrides: Any,
 ) -> AIOKafkaConsumer:
+    """A consumer on the settings' broker. ``background``: no request waits on what it
+    reads (heartbeats, usage, spans, alerts, batch commands), so it takes the longer
+    ``Settings.background_fetch_wait_ms`` and polls an idle broker less."""
     tansu.install_for_consumers(settings)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "fetch_max_wait_ms": settings.consumer_fetch_wait_ms,
+        "fetch_max_wait_ms": (
+            settings.background_fetch_wait_ms if background else settings.consumer_fetch_wait_ms
+        ),
         "request_timeout_ms": settings.request_timeout_ms,
         "session_timeout_ms": int(settings.faust_session_timeout_s * 1000),
         "heartbeat_interval_ms": int(settings.faust_heartbeat_interval_s * 1000),

@@ -50,7 +50,9 @@ async def send_alerts(
 ) -> None:
     """``consumers`` gets the alerts consumer under ``alerts`` (its lag is a metric)."""
     topics = Topics(settings.topic_prefix)
-    consumer = make_consumer(settings, topics.budget_alerts, group_id=alerts_group_id(settings))
+    consumer = make_consumer(
+        settings, topics.budget_alerts, group_id=alerts_group_id(settings), background=True
+    )
     if consumers is not None:
         consumers["alerts"] = consumer
     await consumer.start()

@@ -54,6 +54,22 @@ async def test_the_kafka_profile_installs_no_patch(
     assert consumer._fetch_max_wait_ms == settings.consumer_fetch_wait_ms == 500
 
 
+async def test_background_consumers_wait_longer_on_the_bundled_broker_only(
+    as_shipped: dict[str, Any],
+) -> None:
+    def waits(settings: Settings) -> tuple[int, int]:
+        request_path = make_consumer(settings, "tokenbus.replies", group_id=None)
+        background = make_consumer(settings, "tokenbus.usage", group_id=None, background=True)
+        return request_path._fetch_max_wait_ms, background._fetch_max_wait_ms
+
+    assert waits(Settings()) == (500, 500)  # Kafka answers a parked fetch at once
+    assert waits(Settings(broker_profile="tansu")) == (20, 100)
+    assert waits(Settings(broker_profile="tansu", background_fetch_max_wait_ms=250)) == (20, 250)
+    # Never below the request path's wait, whatever is set.
+    assert waits(Settings(broker_profile="tansu", fetch_max_wait_ms=300)) == (300, 300)
+    assert waits(Settings(fetch_max_wait_ms=50, background_fetch_max_wait_ms=10)) == (50, 50)
+
+
 async def test_the_kafka_profile_makes_idempotent_producers_with_acks_all() -> None:
     producer = make_producer(Settings())
     assert producer._txn_manager is not None  # aiokafka's idempotence machinery
