@@ -1,0 +1,111 @@
+"""What an idle stack costs: each service's CPU, in cores, with no traffic at all.
+
+    .venvs/stream/bin/python -m bench.idle [--seconds 40] [--set FIELD=VALUE ...]
+
+The whole development stack (``tokenbus_cli.stack.Stack``: the bundled broker, the Faust
+job, one worker, billing, alerts, the batch runner, the bridge) on the tiny model, left
+alone for ``--settle-s`` and then measured for ``--seconds`` from /proc, each service with
+the processes under it. On the bundled broker every consumer polls with a fetch each
+``fetch_max_wait_ms``, so this is the price of those waits; ``--set`` tries others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import (
+    add_settings_args,
+    bench_settings,
+    model_dir,
+    parse_overrides,
+    run_benchmark,
+)
+from bench.procstat import cpu_seconds, descendants
+from bench.report import uptime_load
+from tokenbus_cli.stack import Stack
+
+
+def cores(
+    before: Mapping[str, float], after: Mapping[str, float], seconds: float
+) -> dict[str, float]:
+    """CPU seconds spent per service between two readings, as cores, and their total."""
+    spent = {name: max(0.0, after[name] - before.get(name, 0.0)) / seconds for name in after}
+    return {
+        **{name: round(v, 3) for name, v in spent.items()},
+        "total": round(sum(spent.values()), 3),
+    }
+
+
+def _read(pids: Mapping[str, int]) -> dict[str, float]:
+    return {
+        name: sum(cpu_seconds(p) for p in (pid, *descendants(pid))) for name, pid in pids.items()
+    }
+
+
+async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    load_start = uptime_load()
+    settings = bench_settings(model_path=model_dir(), **parse_overrides(args.set))
+    stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
+    try:
+        await stack.start()
+        await asyncio.sleep(args.settle_s)
+        pids = {service.name: service.process.pid for service in stack.services}
+        before, started = _read(pids), time.monotonic()
+        await asyncio.sleep(args.seconds)
+        idle = cores(before, _read(pids), time.monotonic() - started)
+    finally:
+        stack.stop()
+        if not args.keep:
+            shutil.rmtree(settings.home, ignore_errors=True)
+    return {
+        "load_start": load_start,
+        "load_end": uptime_load(),
+        "seconds": args.seconds,
+        "overrides": args.set,
+        "fetch_waits_ms": {
+            "request_path": settings.consumer_fetch_wait_ms,
+            "background": settings.background_fetch_wait_ms,
+            "job": settings.job_fetch_max_wait_ms,
+        },
+        "idle_cores": idle,
+    }
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    waits = result["fetch_waits_ms"]
+    table = Table(
+        title=(
+            "idle stack, cores per service (fetch waits: request path "
+            f"{waits['request_path']} ms, background {waits['background']} ms, "
+            f"job {waits['job']} ms)"
+        )
+    )
+    table.add_column("service")
+    table.add_column("cores", justify="right")
+    for name, value in result["idle_cores"].items():
+        table.add_row(name, f"{value:.3f}")
+    console.print(table)
+    console.print(
+        f"[dim]load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}[/]"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=40.0, help="measured")
+    parser.add_argument("--settle-s", type=float, default=20.0, help="after start, not measured")
+    parser.add_argument("--name", default="idle", help="result file name")
+    add_settings_args(parser)
+    run_benchmark(parser, argv, measure, render)
+
+
+if __name__ == "__main__":
+    main()
