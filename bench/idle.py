@@ -81,20 +81,16 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 def render(result: dict[str, Any], console: Console) -> None:
     waits = result["fetch_waits_ms"]
-    table = Table(
-        title=(
-            "idle stack, cores per service (fetch waits: request path "
-            f"{waits['request_path']} ms, background {waits['background']} ms, "
-            f"job {waits['job']} ms)"
-        )
-    )
+    table = Table(title="idle stack: cores per service")
     table.add_column("service")
     table.add_column("cores", justify="right")
     for name, value in result["idle_cores"].items():
         table.add_row(name, f"{value:.3f}")
     console.print(table)
     console.print(
-        f"[dim]load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}[/]"
+        f"[dim]fetch waits: request path {waits['request_path']} ms, background "
+        f"{waits['background']} ms, job {waits['job']} ms; load "
+        f"{result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}[/]"
     )
 
 
