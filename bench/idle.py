@@ -28,25 +28,18 @@ from bench.common import (
     parse_overrides,
     run_benchmark,
 )
-from bench.procstat import cpu_seconds, descendants
+from bench.procstat import CpuMeter, descendants
 from bench.report import uptime_load
 from tokenbus_cli.stack import Stack
 
 
-def cores(
-    before: Mapping[str, float], after: Mapping[str, float], seconds: float
-) -> dict[str, float]:
-    """CPU seconds spent per service between two readings, as cores, and their total."""
-    spent = {name: max(0.0, after[name] - before.get(name, 0.0)) / seconds for name in after}
+def cores(spent: Mapping[str, float], seconds: float) -> dict[str, float]:
+    """CPU seconds each service spent over ``seconds``, as cores, and their total. A
+    service whose process went away reads less than at the start: it counts nothing."""
+    per_second = {name: max(0.0, cpu) / seconds for name, cpu in spent.items()}
     return {
-        **{name: round(v, 3) for name, v in spent.items()},
-        "total": round(sum(spent.values()), 3),
-    }
-
-
-def _read(pids: Mapping[str, int]) -> dict[str, float]:
-    return {
-        name: sum(cpu_seconds(p) for p in (pid, *descendants(pid))) for name, pid in pids.items()
+        **{name: round(v, 3) for name, v in per_second.items()},
+        "total": round(sum(per_second.values()), 3),
     }
 
 
@@ -57,10 +50,13 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     try:
         await stack.start()
         await asyncio.sleep(args.settle_s)
-        pids = {service.name: service.process.pid for service in stack.services}
-        before, started = _read(pids), time.monotonic()
+        meter = CpuMeter(
+            {s.name: [s.process.pid, *descendants(s.process.pid)] for s in stack.services}
+        )
+        meter.start()
+        started = time.monotonic()
         await asyncio.sleep(args.seconds)
-        idle = cores(before, _read(pids), time.monotonic() - started)
+        idle = cores(meter.delta(), time.monotonic() - started)
     finally:
         stack.stop()
         if not args.keep:
