@@ -623,7 +623,7 @@ def create_app(settings: Settings) -> faust.App:
         async for event in stream.events():
             dispatcher().note_lag("usage", event.message.timestamp)
             dispatcher().observe_usage(event.message.value)
-            await dispatcher().publish_alerts()
+            await dispatcher().publish_raised()
 
     cancels_topic = app.topic(topics.cancels, key_type=bytes, value_type=bytes)
 

@@ -88,7 +88,7 @@ from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
-from stream_jobs.ledger import Entry, Forward, Ledger, State, Verdict, judge
+from stream_jobs.ledger import Entry, Forward, Ledger, State, Verdict, carried, ended, judge
 from stream_jobs.load import LoadTracker, load_report
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
@@ -383,7 +383,10 @@ class Dispatcher:
         )
         self._alerts: list[BudgetAlert] = []
         self._drops: list[CancelRequest] = []
-        """``reassigned`` cancels ``observe_usage`` raised, sent by ``publish_alerts``."""
+        """``reassigned`` cancels ``observe_usage`` raised, sent by ``publish_raised``."""
+        self._owed: list[tuple[str, str, str, range]] = []
+        """(reply_to, tenant, request_id, seqs): the answers owed to the copies of the
+        requests ``observe_usage`` saw end, sent by ``publish_raised``."""
         self._wake = asyncio.Event()
         self._started_at = clock.monotonic()
         self._last_forward_at = self._started_at
@@ -495,7 +498,15 @@ class Dispatcher:
             elif verdict is Verdict.DUPLICATE:
                 assert entry is not None
                 done = entry.state is State.DONE
-                await self._answer_duplicate(item, entry.last_seq + 1 if done else 0, done)
+                if done:  # after the stream and every answer before this one
+                    entry = entry.answered_once_more()
+                    self._ledger.put(*ident, entry)
+                await self._answer_duplicate(item, entry.last_seq if done else 0, done)
+            elif entry is not None:
+                # Its producer reads the one stream; this copy is answered after it, once
+                # the request has ended (``ledger.ended``), for it may have been sent
+                # after the stream's last chunk.
+                self._ledger.put(*ident, entry.with_copy())
             return Outcome.DUPLICATE
 
         error = self._identity_problem(request, principal, key)
@@ -556,8 +567,9 @@ class Dispatcher:
             )
             if not spend_verdict.admitted:
                 self.metrics.num_rejected_budget += 1
-                await self._remember_durably(item, now)
+                owed = await self._remember_durably(item, now)
                 await self._refuse(item, self._budget_refusal(item, spend_verdict, cost))
+                await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
                 assert spend_verdict.refused_by is not None
                 await self._alert_refused(spend_verdict.refused_by, item)
                 return Outcome.REFUSED
@@ -636,7 +648,8 @@ class Dispatcher:
         outcome = await admitted.waiting.done
         # A forward is in the ledger already (``_send``), with where it runs.
         if outcome is not Outcome.FORWARDED:  # cancelled while waiting, or refused: answered
-            self._remember(item, State.DONE, self._clock.time(), last_seq=item.resume_seq)
+            owed = self._remember(item, State.DONE, self._clock.time(), last_seq=item.resume_seq)
+            await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
             # Never ran: give the tenant its reservation back (in this agent's context).
             window = window_key(item.tenant_id, item.batch_id)
             state = self._store.load(window)
@@ -730,7 +743,7 @@ class Dispatcher:
         chunk is acknowledged, so the client's stream has ended and this usage bills it.
         The later attempt would stream and bill the same tokens again: it is dropped here,
         and its worker drops it without a chunk or a usage event more (the cancel goes out
-        from ``publish_alerts``)."""
+        from ``publish_raised``)."""
         flight = self._in_flight.get(ident)
         waiting = self._waiting.get(ident)
         if flight is not None and flight.request.attempt > attempt:
@@ -763,9 +776,13 @@ class Dispatcher:
         self._update_tier()
         self._wake.set()
 
-    async def publish_alerts(self) -> None:
-        """Sends what ``observe_usage`` raised: budget alerts, and the ``reassigned``
-        cancels of attempts superseded (``_supersede``); the usage agent calls it next."""
+    async def publish_raised(self) -> None:
+        """Sends what ``observe_usage`` raised: the answers owed to copies of the requests
+        that ended, budget alerts, and the ``reassigned`` cancels of attempts superseded
+        (``_supersede``); the usage agent calls it next."""
+        owed, self._owed = self._owed, []
+        for reply_to, tenant_id, request_id, seqs in owed:
+            await self._answer_copies(reply_to, tenant_id, request_id, seqs)
         drops, self._drops = self._drops, []
         for drop in drops:
             await self._publish(self._topics.aborts, drop.tenant_id.encode(), encode(drop))
@@ -892,8 +909,9 @@ class Dispatcher:
     ) -> Outcome:
         """Refuses a request on its tenant's partition: the id has had its answer. The
         ledger holds that before the answer goes out (``_remember_durably``)."""
-        await self._remember_durably(item, now)
+        owed = await self._remember_durably(item, now)
         await self._refuse(item, error, tier)
+        await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
         return Outcome.REFUSED
 
     def _check_tenant_rules(
@@ -937,14 +955,16 @@ class Dispatcher:
 
     async def _remember_durably(
         self, item: WorkItem, now: float, last_seq: int = 0, *, home: int | None = None
-    ) -> None:
+    ) -> range:
         """``_remember`` of a ``DONE`` entry, returning once the broker holds it. For an
         answer that tells the client to try again (under a new id: a batch line's next
         one), which must not be seen before the ledger says this id had its answer: a job
         killed between the two would otherwise take the id's redelivered request as new,
         and run it beside its retry."""
-        entry = self._entry(item, State.DONE, now, last_seq)
+        previous = self._ledger.get(item.tenant_id, item.request_id)
+        entry, owed = ended(previous, self._entry(item, State.DONE, now, last_seq))
         await self._ledger.put_durably(home, item.tenant_id, item.request_id, entry)
+        return owed
 
     def _entry(
         self,
@@ -965,14 +985,22 @@ class Dispatcher:
         *,
         home: int | None = None,
         forward: Forward | None = None,
-    ) -> None:
+    ) -> range:
         """Its ledger entry, under the request's event; or, outside it (``home`` given),
-        on the tenant's partition ``home``."""
+        on the tenant's partition ``home``. Returns the seqs of the ``duplicate_request``
+        answers owed to copies taken while it ran, if this ends it (``ledger.ended``)."""
+        previous = self._ledger.get(item.tenant_id, item.request_id)
         entry = self._entry(item, state, now, last_seq, forward)
+        owed = range(0)
+        if state is State.DONE:
+            entry, owed = ended(previous, entry)
+        else:
+            entry = carried(previous, entry)
         if home is None:
             self._ledger.put(item.tenant_id, item.request_id, entry)
         else:
             self._ledger.put_at(home, item.tenant_id, item.request_id, entry)
+        return owed
 
     def _holds(self, ident: Key) -> bool:
         """Whether this instance holds the request, waiting or in flight."""
@@ -1071,13 +1099,16 @@ class Dispatcher:
     async def _answer_duplicate(self, item: WorkItem, seq: int, finished: bool) -> None:
         """A repeat of a request that ran: one chunk, after the stream it repeats (so no
         seq is repeated), and no UsageEvent (the run has its one)."""
-        status = "finished" if finished else "running for another reply topic"
-        error = ErrorInfo(
-            code="duplicate_request",
-            message=f"request {item.request_id!r} of tenant {item.tenant_id!r} has "
-            f"run already ({status}); it runs once per id",
-        )
+        error = _duplicate(item.tenant_id, item.request_id, finished)
         await self._reply_only(item.reply_to, item.tenant_id, item.request_id, seq, error)
+
+    async def _answer_copies(
+        self, reply_to: str, tenant_id: str, request_id: str, owed: range
+    ) -> None:
+        """The answers owed to the copies taken while the request ran, after its own."""
+        for seq in owed:
+            error = _duplicate(tenant_id, request_id, True)
+            await self._reply_only(reply_to, tenant_id, request_id, seq, error)
 
     # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
     def note_lag(self, stream: str, since: float) -> None:
@@ -1139,13 +1170,18 @@ class Dispatcher:
             # job marks its own refusals itself: a refusal of a producer it could not
             # identify must not mark the id of the tenant that producer named.)
             entry = self._ledger.get(*ident)
-            done = Entry(
-                State.DONE,
-                entry.reply_to if entry else "",
-                self._clock.time() + self._settings.request_dedupe_s,
-                usage.last_seq or 0,
+            done, owed = ended(
+                entry,
+                Entry(
+                    State.DONE,
+                    entry.reply_to if entry else "",
+                    self._clock.time() + self._settings.request_dedupe_s,
+                    usage.last_seq or 0,
+                ),
             )
             self._ledger.put(*ident, done)
+            if owed:
+                self._owed.append((done.reply_to, *ident, owed))
         if usage.status is not UsageStatus.REJECTED:
             self._supersede(ident, usage.attempt)
         flight = self._in_flight.get(ident)
@@ -1370,21 +1406,20 @@ class Dispatcher:
         if picked is None:
             self.metrics.num_no_worker += 1
             live = sorted(self._registry.models(self._clock.monotonic()))
-            await self._remember_durably(
-                waiting.request,
-                self._clock.time(),
-                waiting.request.resume_seq,
-                home=waiting.home,
+            request = waiting.request
+            owed = await self._remember_durably(
+                request, self._clock.time(), request.resume_seq, home=waiting.home
             )
             await self._refuse(
-                waiting.request,
+                request,
                 ErrorInfo(
                     code="no_worker",
-                    message=f"no live worker serves model {waiting.request.requested_model!r}"
+                    message=f"no live worker serves model {request.requested_model!r}"
                     f" (served now: {', '.join(live) or 'none'})",
                     retry_after_s=1.0,
                 ),
             )
+            await self._answer_copies(request.reply_to, request.tenant_id, request.request_id, owed)
             return Outcome.REFUSED
         forwarded, topic = picked
         # Admitted (or sent again) to forwarded: the fair queue's wait, the route, the
@@ -1762,6 +1797,15 @@ class Dispatcher:
             self._publish(request.reply_to, reply_batch_key(request.tenant_id), encode(batch)),
             self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage)),
         )
+
+
+def _duplicate(tenant_id: str, request_id: str, finished: bool) -> ErrorInfo:
+    status = "finished" if finished else "running for another reply topic"
+    return ErrorInfo(
+        code="duplicate_request",
+        message=f"request {request_id!r} of tenant {tenant_id!r} has run already "
+        f"({status}); it runs once per id",
+    )
 
 
 def _forwarded_copy(value: bytes | None, ident: Key) -> WorkItem | None:

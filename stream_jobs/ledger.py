@@ -3,6 +3,7 @@
 # admitted --> ADMITTED --> forwarded to a worker --> FORWARDED
 # its UsageEvent (ok, cancelled, failed; never a refusal) --> DONE, with its last seq
 # the same (tenant, request_id) produced again --> judge() --> Verdict
+# a copy taken while it ran (SAME_STREAM) --> counted (with_copy) --> answered when it ends
 # a job (re)started, or given partitions --> FORWARDED entries --> adopted (Forward)
 
 Producers retry, and the bundled broker has no idempotent producers, so the same
@@ -20,11 +21,19 @@ its requests in flight in memory, and a job that restarts (or that is given anot
 instance's partitions) would otherwise not know them: were their worker lost later, no
 one would send them again. So the job adopts every FORWARDED entry of the partitions it
 is given, reading the forwarded copies back, and watches their worker runs as its own.
+
+Every copy is answered. A copy of a running request that names the same reply topic
+is counted in its entry (``with_copy``), and answered ``duplicate_request`` after the
+stream, when the job learns that the request ended (``ended``). The job cannot tell a
+copy sent while the stream ran from one sent just after its last chunk (the worker
+writes that chunk; the job hears of the end a moment later, from its UsageEvent), and
+the second must not go unanswered. Every answer after the stream takes the next seq
+(``last_seq`` counts them), so a reply topic never holds one seq twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from typing import Any, Protocol
 
@@ -69,16 +78,31 @@ class Entry:
     last_seq: int = 0
     forward: Forward | None = None
     """Set while FORWARDED: where the request runs."""
+    copies: int = 0
+    """Copies taken while it ran (ADMITTED or FORWARDED), each owed a ``duplicate_request``
+    answer after the stream. Always 0 once DONE: ``ended`` says which answers they are owed."""
 
     def to_json(self) -> list[Any]:
         data = [self.state.value, self.reply_to, self.expires_at, self.last_seq]
-        return data if self.forward is None else [*data, self.forward.to_json()]
+        forward = None if self.forward is None else self.forward.to_json()
+        if self.copies:
+            return [*data, forward, self.copies]
+        return data if forward is None else [*data, forward]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> Entry:
         state, reply_to, expires_at, last_seq, *rest = data
         forward = Forward.from_json(rest[0]) if rest and rest[0] is not None else None
-        return cls(State(state), reply_to, float(expires_at), int(last_seq), forward)
+        copies = int(rest[1]) if len(rest) > 1 else 0
+        return cls(State(state), reply_to, float(expires_at), int(last_seq), forward, copies)
+
+    def with_copy(self) -> Entry:
+        """This entry, with one more copy owed its answer (a SAME_STREAM verdict)."""
+        return replace(self, copies=self.copies + 1)
+
+    def answered_once_more(self) -> Entry:
+        """A DONE entry after one more ``duplicate_request`` answer, at ``last_seq + 1``."""
+        return replace(self, last_seq=self.last_seq + 1)
 
 
 class Verdict(Enum):
@@ -105,6 +129,29 @@ def judge(entry: Entry | None, reply_to: str, now: float, *, in_memory: bool) ->
     if entry.state is State.ADMITTED and not in_memory:
         return Verdict.RUN
     return Verdict.SAME_STREAM if reply_to == entry.reply_to else Verdict.DUPLICATE
+
+
+def carried(previous: Entry | None, entry: Entry) -> Entry:
+    """``entry`` (ADMITTED or FORWARDED) in place of ``previous``: the copies owed an
+    answer are still owed."""
+    if previous is None or previous.state is State.DONE:
+        return entry
+    return replace(entry, copies=previous.copies)
+
+
+def ended(previous: Entry | None, entry: Entry) -> tuple[Entry, range]:
+    """The DONE ``entry`` of a request whose answer ended at ``entry.last_seq``, in place
+    of ``previous``; and the seqs of the ``duplicate_request`` answers owed to the copies
+    taken while it ran, one each, after that answer. Settled twice (a refusal's entry is
+    written before its answer and again after it): nothing more is owed, and no seq
+    already answered is taken back."""
+    assert entry.state is State.DONE
+    if previous is not None and previous.state is State.DONE:
+        last_seq = max(previous.last_seq, entry.last_seq)
+        return replace(entry, last_seq=last_seq, copies=0), range(0)
+    copies = 0 if previous is None else previous.copies
+    owed = range(entry.last_seq + 1, entry.last_seq + 1 + copies)
+    return replace(entry, last_seq=entry.last_seq + copies, copies=0), owed
 
 
 class Ledger(Protocol):

@@ -425,7 +425,7 @@ async def test_a_run_presumed_lost_that_finishes_after_all_drops_the_attempt_sen
     await until(lambda: len(recorder.on("w-topic")) == 2)  # attempt 1, on run-2
     # Run-1 was only slow: attempt 0 ends, its usage reported after its last chunk.
     dispatcher.observe_usage(encode(attempt_usage(1, attempt=0)))
-    await dispatcher.publish_alerts()
+    await dispatcher.publish_raised()
     assert not dispatcher._in_flight and dispatcher.metrics.num_superseded == 1
     drops = [decode(CancelRequest, v) for v in recorder.on(TOPICS.aborts)]
     assert ("r1", 1, REASSIGNED) in {(d.request_id, d.attempt, d.reason) for d in drops}

@@ -84,7 +84,7 @@ async def test_a_hard_budget_refuses_what_would_cross_it_in_openai_s_terms(
     assert (alert.threshold, alert.reason, alert.entity) == (100, "refused", "tenant:team")
     # Settling on the billed cost frees the rest of the reservation.
     dispatcher.observe_usage(usage(1, "team"))
-    await dispatcher.publish_alerts()
+    await dispatcher.publish_raised()
     (row,) = [r for r in dispatcher.budget_rows() if r["entity"] == "tenant:team"]
     assert (row["spent"], row["reserved"]) == ("0.000009000", "0.000018000")
     assert await (await admit(dispatcher, request(4, tenant="team"))) is Outcome.FORWARDED
@@ -122,7 +122,7 @@ async def test_a_soft_budget_only_alerts_each_threshold_once(settings: Settings)
         assert await (await admit(dispatcher, request(n, tenant="soft"))) is Outcome.FORWARDED
         dispatcher.observe_usage(usage(n, "soft"))
         dispatcher.observe_usage(usage(n, "soft"))  # a redelivery: counted once
-        await dispatcher.publish_alerts()
+        await dispatcher.publish_raised()
     fired = [decode(BudgetAlert, v) for v in recorder.on(ALERTS)]
     assert [a.threshold for a in fired] == [50, 80, 95, 100]
     assert all(a.reason == "threshold" and a.enforce == "soft" for a in fired)

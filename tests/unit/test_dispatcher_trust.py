@@ -322,17 +322,59 @@ async def test_flags_come_only_from_a_service_token(bus: Bus) -> None:
 async def test_the_same_request_three_times_runs_once(bus: Bus) -> None:
     request = body()
     assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
-    # Running, same reply topic: its producer already has the one stream.
+    # Running, same reply topic: nothing breaks into the one stream...
     assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
     assert len(bus.forwarded()) == 1 and not bus.chunks(ACME) and not bus.usage()
     bus.finish("acme", "r1", last_seq=4)
-    # Finished: one duplicate_request chunk after its stream, and no UsageEvent.
-    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    # ...and the copy has its answer once the stream has ended: one duplicate_request
+    # chunk after it, and no UsageEvent.
+    await bus.dispatcher.publish_raised()
     chunk = only(bus.chunks(ACME))
     assert chunk.error.code == "duplicate_request" and chunk.seq == 5
     assert chunk.finish_reason == "rejected"
+    # Finished: each copy one chunk more, each with a seq of its own.
+    for _ in range(2):
+        assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    assert [c.seq for c in bus.chunks(ACME)] == [5, 6, 7]
+    assert {c.error and c.error.code for c in bus.chunks(ACME)} == {"duplicate_request"}
     assert len(bus.forwarded()) == 1 and not bus.usage()
-    assert bus.dispatcher.metrics.num_duplicates == 2
+    assert bus.dispatcher.metrics.num_duplicates == 3
+
+
+async def test_a_copy_sent_as_its_stream_ends_is_answered(bus: Bus) -> None:
+    """The worker writes the last chunk, and the job hears of the end from its UsageEvent
+    a moment later: a copy taken in between must not go unanswered."""
+    request = body()
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    # (the stream's last chunk, seq 3, is on the reply topic now; its usage is not read)
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    await bus.dispatcher.publish_raised()
+    assert not bus.chunks(ACME)  # not before the end: it would cut into the stream
+    bus.finish("acme", "r1", last_seq=3)
+    await bus.dispatcher.publish_raised()
+    answers = [(c.seq, c.error and c.error.code) for c in bus.chunks(ACME)]
+    assert answers == [(4, "duplicate_request")]
+    await bus.dispatcher.publish_raised()
+    assert len(bus.chunks(ACME)) == 1  # answered once
+
+
+async def test_a_copy_of_a_request_cancelled_while_it_waited_is_answered_after_its_end(
+    bus: Bus,
+) -> None:
+    for n in range(8):  # the worker's eight seats
+        assert await bus.produce(body(f"busy{n}"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    request = body("r9")
+    first = asyncio.create_task(bus.produce(request, headers=bearer(ACME_KEY)))
+    await asyncio.sleep(0.05)
+    assert not first.done()  # waiting for a seat
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    await cancel(bus.dispatcher, "acme", "r9")
+    assert await first is Outcome.CANCELLED
+    mine = [c for c in bus.chunks(ACME) if c.request_id == "r9"]
+    assert [(c.seq, c.error and c.error.code) for c in mine] == [
+        (0, "cancelled"),
+        (1, "duplicate_request"),
+    ]
 
 
 async def test_a_running_request_asked_for_on_another_reply_topic_is_a_duplicate(

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from stream_jobs.ledger import Entry, Forward, State, Verdict, judge
+from stream_jobs.ledger import Entry, Forward, State, Verdict, carried, ended, judge
 
 NOW = 1_000.0
 MINE = "tokenbus.replies.t.c1"
@@ -77,3 +77,41 @@ def test_a_forwarded_entry_keeps_where_it_runs_and_older_entries_still_read() ->
     assert entry.forward is not None and entry.forward.place == ("tokenbus.worker.w", 1, 42)
     # An entry written before entries said where they run: no forward, not adopted.
     assert Entry.from_json(["forwarded", "r", 1.5, 0]) == Entry(State.FORWARDED, "r", 1.5, 0)
+
+
+def test_an_entry_with_copies_owed_round_trips_with_or_without_a_forward() -> None:
+    forward = Forward(home=0, topic="tokenbus.worker.w", partition=0, offset=7)
+    for entry in (
+        Entry(State.ADMITTED, MINE, NOW, copies=2),
+        Entry(State.FORWARDED, MINE, NOW, 0, forward, copies=1),
+    ):
+        assert Entry.from_json(entry.to_json()) == entry
+    # With none owed, the table form is the one written before copies were counted.
+    assert Entry(State.DONE, MINE, NOW, 3).to_json() == ["done", MINE, NOW, 3]
+
+
+def test_copies_owed_are_carried_from_admitted_to_forwarded() -> None:
+    admitted = Entry(State.ADMITTED, MINE, NOW).with_copy().with_copy()
+    forwarded = Entry(State.FORWARDED, MINE, NOW + 1, 0, Forward(0, "w", 0, 1))
+    assert carried(admitted, forwarded) == Entry(
+        State.FORWARDED, MINE, NOW + 1, 0, Forward(0, "w", 0, 1), copies=2
+    )
+    assert carried(None, forwarded) == forwarded
+
+
+@pytest.mark.parametrize("copies", [0, 1, 3])
+def test_a_request_that_ends_owes_each_copy_a_seq_after_its_stream(copies: int) -> None:
+    running = Entry(State.FORWARDED, MINE, NOW, copies=copies)
+    done, owed = ended(running, Entry(State.DONE, MINE, NOW + 5, last_seq=9))
+    assert list(owed) == list(range(10, 10 + copies))
+    # The next answer after these takes the seq after the last one owed.
+    assert done == Entry(State.DONE, MINE, NOW + 5, last_seq=9 + copies)
+    assert done.answered_once_more().last_seq == 10 + copies
+
+
+def test_a_request_ended_twice_owes_nothing_more_and_takes_no_seq_back() -> None:
+    running = Entry(State.ADMITTED, MINE, NOW, copies=2)
+    first, owed = ended(running, Entry(State.DONE, MINE, NOW, last_seq=0))
+    assert list(owed) == [1, 2]
+    again, owed_again = ended(first, Entry(State.DONE, MINE, NOW + 1, last_seq=0))
+    assert list(owed_again) == [] and again.last_seq == 2 and again.expires_at == NOW + 1
