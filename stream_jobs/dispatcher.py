@@ -502,10 +502,13 @@ class Dispatcher:
                     entry = entry.answered_once_more()
                     self._ledger.put(*ident, entry)
                 await self._answer_duplicate(item, entry.last_seq if done else 0, done)
-            elif entry is not None:
+            else:
                 # Its producer reads the one stream; this copy is answered after it, once
                 # the request has ended (``ledger.ended``), for it may have been sent
                 # after the stream's last chunk.
+                if entry is None:  # held here past its dedupe window: remembered again
+                    held = State.ADMITTED if ident in self._waiting else State.FORWARDED
+                    entry = self._entry(item, held, now, 0)
                 self._ledger.put(*ident, entry.with_copy())
             return Outcome.DUPLICATE
 

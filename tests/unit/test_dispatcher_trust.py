@@ -358,6 +358,21 @@ async def test_a_copy_sent_as_its_stream_ends_is_answered(bus: Bus) -> None:
     assert len(bus.chunks(ACME)) == 1  # answered once
 
 
+async def test_a_copy_of_a_request_running_past_its_dedupe_window_is_answered(bus: Bus) -> None:
+    request = body()
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    clock = bus.dispatcher._clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(Settings().request_dedupe_s + 1)  # its entry expires, and is swept
+    bus.dispatcher.observe_heartbeat(heartbeat())  # (the worker is still there)
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    assert len(bus.forwarded()) == 1
+    bus.finish("acme", "r1", last_seq=2)
+    await bus.dispatcher.publish_raised()
+    answers = [(c.seq, c.error and c.error.code) for c in bus.chunks(ACME)]
+    assert answers == [(3, "duplicate_request")]
+
+
 async def test_a_copy_of_a_request_cancelled_while_it_waited_is_answered_after_its_end(
     bus: Bus,
 ) -> None:
