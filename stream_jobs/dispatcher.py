@@ -629,9 +629,10 @@ class Dispatcher:
                 now,
             )
         if decision.duplicate:
-            # Ran and settled within the window, its ledger entry gone: still a repeat.
+            # Ran and settled within the window, its ledger entry gone: still a repeat
+            # (its last seq unknown: the answer takes seq 0).
             self.metrics.num_duplicates += 1
-            await self._answer_duplicate(item, 0, False)
+            await self._answer_duplicate(item, 0, True)
             return Outcome.DUPLICATE
         self._store.save(window, state)
         self._remember(item, State.ADMITTED, now)
@@ -1803,11 +1804,17 @@ class Dispatcher:
 
 
 def _duplicate(tenant_id: str, request_id: str, finished: bool) -> ErrorInfo:
-    status = "finished" if finished else "running for another reply topic"
+    """``finished``: the request has had its answer (its stream, or a refusal), earlier
+    on this reply topic; otherwise it runs now, for another reply topic."""
+    where = (
+        "has had its answer, earlier on this reply topic"
+        if finished
+        else "is running, for another reply topic"
+    )
     return ErrorInfo(
         code="duplicate_request",
-        message=f"request {request_id!r} of tenant {tenant_id!r} has run already "
-        f"({status}); it runs once per id",
+        message=f"request {request_id!r} of tenant {tenant_id!r} {where}; an id runs "
+        "once (send a retry under a new id)",
     )
 
 

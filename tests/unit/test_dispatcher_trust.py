@@ -331,6 +331,7 @@ async def test_the_same_request_three_times_runs_once(bus: Bus) -> None:
     await bus.dispatcher.publish_raised()
     chunk = only(bus.chunks(ACME))
     assert chunk.error.code == "duplicate_request" and chunk.seq == 5
+    assert "has had its answer, earlier on this reply topic" in chunk.error.message
     assert chunk.finish_reason == "rejected"
     # Finished: each copy one chunk more, each with a seq of its own.
     for _ in range(2):
@@ -401,6 +402,7 @@ async def test_a_running_request_asked_for_on_another_reply_topic_is_a_duplicate
     assert await bus.produce(again, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
     chunk = only(bus.chunks(other))
     assert chunk.error.code == "duplicate_request" and chunk.seq == 0
+    assert "is running, for another reply topic" in chunk.error.message
     assert len(bus.forwarded()) == 1 and not bus.usage() and not bus.chunks(ACME)
 
 
