@@ -88,7 +88,17 @@ from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
-from stream_jobs.ledger import Entry, Forward, Ledger, State, Verdict, carried, ended, judge
+from stream_jobs.ledger import (
+    MAX_COPIES,
+    Entry,
+    Forward,
+    Ledger,
+    State,
+    Verdict,
+    carried,
+    ended,
+    judge,
+)
 from stream_jobs.load import LoadTracker, load_report
 from stream_jobs.prompt_tokens import PromptCounter
 from stream_jobs.recovery import Delivered, delivered, resume
@@ -509,7 +519,15 @@ class Dispatcher:
                 if entry is None:  # held here past its dedupe window: remembered again
                     held = State.ADMITTED if ident in self._waiting else State.FORWARDED
                     entry = self._entry(item, held, now, 0)
-                self._ledger.put(*ident, entry.with_copy())
+                if entry.copies < MAX_COPIES:
+                    self._ledger.put(*ident, entry.with_copy())
+                else:  # a flood: kept where an operator finds it, and nothing more
+                    await self._dead_letter(
+                        record,
+                        f"duplicate_request: more than {MAX_COPIES} copies of request "
+                        f"{item.request_id!r} while it runs; the first {MAX_COPIES} are "
+                        "answered after its stream",
+                    )
             return Outcome.DUPLICATE
 
         error = self._identity_problem(request, principal, key)
@@ -1087,18 +1105,28 @@ class Dispatcher:
         await self._publish(self._topics.usage, item.tenant_id.encode(), encode(usage))
 
     async def _reply_only(
-        self, reply_to: str, tenant_id: str, request_id: str, seq: int, error: ErrorInfo
+        self,
+        reply_to: str,
+        tenant_id: str,
+        request_id: str,
+        seq: int | range,
+        error: ErrorInfo,
     ) -> None:
-        """One refusal chunk and nothing else: no UsageEvent, no ledger entry."""
-        chunk = TokenChunk(
-            request_id=request_id,
-            tenant_id=tenant_id,
-            seq=seq,
-            finish_reason=FinishReason.REJECTED,
-            error=error,
-        )
-        batch = TokenChunkBatch(tenant_id=tenant_id, chunks=[chunk])
-        await self._publish(reply_to, reply_batch_key(tenant_id), encode(batch))
+        """One refusal chunk (a chunk a seq, in one record, for a ``range``) and nothing
+        else: no UsageEvent, no ledger entry."""
+        chunks = [
+            TokenChunk(
+                request_id=request_id,
+                tenant_id=tenant_id,
+                seq=n,
+                finish_reason=FinishReason.REJECTED,
+                error=error,
+            )
+            for n in (range(seq, seq + 1) if isinstance(seq, int) else seq)
+        ]
+        if chunks:
+            batch = TokenChunkBatch(tenant_id=tenant_id, chunks=chunks)
+            await self._publish(reply_to, reply_batch_key(tenant_id), encode(batch))
 
     async def _answer_duplicate(self, item: WorkItem, seq: int, finished: bool) -> None:
         """A repeat of a request that ran: one chunk, after the stream it repeats (so no
@@ -1109,10 +1137,10 @@ class Dispatcher:
     async def _answer_copies(
         self, reply_to: str, tenant_id: str, request_id: str, owed: range
     ) -> None:
-        """The answers owed to the copies taken while the request ran, after its own."""
-        for seq in owed:
-            error = _duplicate(tenant_id, request_id, True)
-            await self._reply_only(reply_to, tenant_id, request_id, seq, error)
+        """The answers owed to the copies taken while the request ran, after its own: one
+        record (at most ``MAX_COPIES`` chunks)."""
+        error = _duplicate(tenant_id, request_id, True)
+        await self._reply_only(reply_to, tenant_id, request_id, owed, error)
 
     # -- observations (usage runs in the tenant's agent; the rest anywhere) ----------------
     def note_lag(self, stream: str, since: float) -> None:

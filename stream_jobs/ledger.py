@@ -23,8 +23,9 @@ one would send them again. So the job adopts every FORWARDED entry of the partit
 is given, reading the forwarded copies back, and watches their worker runs as its own.
 
 Every copy is answered. A copy of a running request that names the same reply topic
-is counted in its entry (``with_copy``), and answered ``duplicate_request`` after the
-stream, when the job learns that the request ended (``ended``). The job cannot tell a
+is counted in its entry (``with_copy``, up to ``MAX_COPIES``), and answered
+``duplicate_request`` after the stream, when the job learns that the request ended
+(``ended``). The job cannot tell a
 copy sent while the stream ran from one sent just after its last chunk (the worker
 writes that chunk; the job hears of the end a moment later, from its UsageEvent), and
 the second must not go unanswered. Every answer after the stream takes the next seq
@@ -36,6 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from typing import Any, Protocol
+
+MAX_COPIES = 64
+"""Copies of one running request answered after its stream. A producer's retries make a
+few; more is a flood, which the job dead-letters rather than answer (each copy answered
+is a ledger write now and a chunk later, and costs its producer no quota)."""
 
 
 class State(StrEnum):

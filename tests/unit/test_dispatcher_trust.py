@@ -17,6 +17,7 @@ import pytest
 from schemas import (
     DeadLetter,
     TokenChunk,
+    TokenChunkBatch,
     UsageEvent,
     UsageStatus,
     WorkerStatus,
@@ -25,6 +26,7 @@ from schemas import (
     encode,
 )
 from stream_jobs.dispatcher import Dispatcher, Outcome, Record
+from stream_jobs.ledger import MAX_COPIES
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
@@ -357,6 +359,25 @@ async def test_a_copy_sent_as_its_stream_ends_is_answered(bus: Bus) -> None:
     assert answers == [(4, "duplicate_request")]
     await bus.dispatcher.publish_raised()
     assert len(bus.chunks(ACME)) == 1  # answered once
+
+
+async def test_a_flood_of_copies_is_answered_up_to_a_bound_and_the_rest_dead_lettered(
+    bus: Bus,
+) -> None:
+    request = body()
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    for _ in range(MAX_COPIES + 3):
+        assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    flooded = bus.dead_letters()
+    assert len(flooded) == 3 and f"more than {MAX_COPIES} copies" in flooded[0].reason
+    bus.finish("acme", "r1", last_seq=1)
+    await bus.dispatcher.publish_raised()
+    # One record, a chunk a copy, each with a seq of its own after the stream's.
+    (record,) = bus.recorder.on(ACME)
+    batch = decode(TokenChunkBatch, record)
+    assert [c.seq for c in batch.chunks] == list(range(2, 2 + MAX_COPIES))
+    assert {c.error and c.error.code for c in batch.chunks} == {"duplicate_request"}
+    assert len(bus.forwarded()) == 1 and not bus.usage()
 
 
 async def test_a_copy_of_a_request_running_past_its_dedupe_window_is_answered(bus: Bus) -> None:
