@@ -30,6 +30,7 @@ from schemas import (
     decode,
 )
 from schemas.export import schema_path
+from stream_jobs.ledger import MAX_COPIES
 from tests.integration.conftest import BUS_JWT_SECRET, bus_key, eventually
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
@@ -509,6 +510,34 @@ async def test_the_same_request_three_times_runs_once(
     assert [c.error and c.error.code for c in copies] == ["duplicate_request"] * 2
     rows = await eventually(lambda: billing_rows(settings, rid))
     assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 60)]
+
+
+async def test_a_flood_of_copies_of_a_running_request_is_answered_up_to_a_bound(
+    settings: Settings, listener: TokenbusClient, dlq: Tap
+) -> None:
+    """A copy costs its producer no quota: past ``MAX_COPIES`` of one running request,
+    copies are dead-lettered, and the ones before are answered after the stream."""
+    value = body(listener.reply_topic, tenant_id=A)
+    value["sampling"] = {"max_tokens": 1000, "ignore_eos": True}  # runs while they arrive
+    rid = value["request_id"]
+    listener.watch(rid, A)
+    await produce(settings, value, key=A, headers=bearer(bus_key(A)), times=1 + MAX_COPIES + 3)
+    chunks = await asyncio.wait_for(answer(listener, rid, A), 120)
+    assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 1000
+    letters = await dead_letters(dlq, rid)
+    assert len(letters) == 3, [letter.reason for letter in letters]
+    assert all(f"more than {MAX_COPIES} copies" in letter.reason for letter in letters)
+    deadline = time.monotonic() + 30
+    while True:
+        on_topic = await read_reply_topic(settings, listener.reply_topic, rid)
+        if len(on_topic) >= len(chunks) + MAX_COPIES or time.monotonic() > deadline:
+            break
+    assert on_topic[: len(chunks)] == chunks
+    copies = on_topic[len(chunks) :]
+    assert [c.seq for c in copies] == list(range(len(chunks), len(chunks) + MAX_COPIES))
+    assert {c.error and c.error.code for c in copies} == {"duplicate_request"}
+    rows = await eventually(lambda: billing_rows(settings, rid))
+    assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 1000)]
 
 
 # -- the prefix cache ------------------------------------------------------------------------------
