@@ -588,9 +588,7 @@ class Dispatcher:
             )
             if not spend_verdict.admitted:
                 self.metrics.num_rejected_budget += 1
-                owed = await self._remember_durably(item, now)
-                await self._refuse(item, self._budget_refusal(item, spend_verdict, cost))
-                await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
+                await self._turn_down(item, self._budget_refusal(item, spend_verdict, cost), now)
                 assert spend_verdict.refused_by is not None
                 await self._alert_refused(spend_verdict.refused_by, item)
                 return Outcome.REFUSED
@@ -927,11 +925,18 @@ class Dispatcher:
         return None
 
     async def _turn_down(
-        self, item: WorkItem, error: ErrorInfo, now: float, tier: Tier = Tier.NORMAL
+        self,
+        item: WorkItem,
+        error: ErrorInfo,
+        now: float,
+        tier: Tier = Tier.NORMAL,
+        *,
+        home: int | None = None,
     ) -> Outcome:
-        """Refuses a request on its tenant's partition: the id has had its answer. The
-        ledger holds that before the answer goes out (``_remember_durably``)."""
-        owed = await self._remember_durably(item, now)
+        """Refuses a request on its tenant's partition (``home``, outside its event): the
+        id has had its answer. The ledger holds that before the answer goes out
+        (``_remember_durably``); the copies taken while it waited are answered after it."""
+        owed = await self._remember_durably(item, now, item.resume_seq, home=home)
         await self._refuse(item, error, tier)
         await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
         return Outcome.REFUSED
@@ -1438,21 +1443,17 @@ class Dispatcher:
         if picked is None:
             self.metrics.num_no_worker += 1
             live = sorted(self._registry.models(self._clock.monotonic()))
-            request = waiting.request
-            owed = await self._remember_durably(
-                request, self._clock.time(), request.resume_seq, home=waiting.home
-            )
-            await self._refuse(
-                request,
+            return await self._turn_down(
+                waiting.request,
                 ErrorInfo(
                     code="no_worker",
-                    message=f"no live worker serves model {request.requested_model!r}"
+                    message=f"no live worker serves model {waiting.request.requested_model!r}"
                     f" (served now: {', '.join(live) or 'none'})",
                     retry_after_s=1.0,
                 ),
+                self._clock.time(),
+                home=waiting.home,
             )
-            await self._answer_copies(request.reply_to, request.tenant_id, request.request_id, owed)
-            return Outcome.REFUSED
         forwarded, topic = picked
         # Admitted (or sent again) to forwarded: the fair queue's wait, the route, the
         # send. The worker's spans are its children.

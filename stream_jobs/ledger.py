@@ -25,11 +25,11 @@ is given, reading the forwarded copies back, and watches their worker runs as it
 Every copy is answered. A copy of a running request that names the same reply topic
 is counted in its entry (``with_copy``, up to ``MAX_COPIES``), and answered
 ``duplicate_request`` after the stream, when the job learns that the request ended
-(``ended``). The job cannot tell a
-copy sent while the stream ran from one sent just after its last chunk (the worker
-writes that chunk; the job hears of the end a moment later, from its UsageEvent), and
-the second must not go unanswered. Every answer after the stream takes the next seq
-(``last_seq`` counts them), so a reply topic never holds one seq twice.
+(``ended``). The job cannot tell a copy sent while the stream ran from one sent just
+after its last chunk (the worker writes that chunk; the job hears of the end a moment
+later, from its UsageEvent), and the second must not go unanswered. Every answer after
+the stream takes the next seq (``last_seq`` counts them), so a reply topic never holds
+one seq twice.
 """
 
 from __future__ import annotations

@@ -431,22 +431,23 @@ async def _admitted(settings: Settings, ended: float) -> list[tuple[float, int]]
     from billing.reader import open_reader
     from tests.integration.test_quotas import usage
 
+    reader = open_reader(settings)
     deadline = time.monotonic() + 60
-    while True:
-        rows = await asyncio.to_thread(usage, settings, [ABUSER])
-        ok = [r for r in rows if r["status"] == "ok"]
-        spans = await asyncio.to_thread(
-            open_reader(settings).query, ADMITTED_SQL, {"tenant": ABUSER}
-        )
-        queued = {span["request_id"]: span["queued_us"] / 1e6 for span in spans}
-        complete = ok and all(r["request_id"] in queued for r in ok)
-        if complete and as_time(ok[-1]["created_at"]).timestamp() > ended - 5:
-            break
-        if time.monotonic() > deadline:
+    try:
+        while True:
+            rows = await asyncio.to_thread(usage, settings, [ABUSER])
+            ok = [r for r in rows if r["status"] == "ok"]
+            spans = await asyncio.to_thread(reader.query, ADMITTED_SQL, {"tenant": ABUSER})
+            queued = {span["request_id"]: span["queued_us"] / 1e6 for span in spans}
             missing = sum(1 for r in ok if r["request_id"] not in queued)
-            print(f"{missing} of the abuser's {len(ok)} requests have no job.queue span yet")
-            break
-        await asyncio.sleep(1)
+            if ok and not missing and as_time(ok[-1]["created_at"]).timestamp() > ended - 5:
+                break
+            if time.monotonic() > deadline:
+                print(f"{missing} of the abuser's {len(ok)} requests have no job.queue span yet")
+                break
+            await asyncio.sleep(1)
+    finally:
+        reader.close()
     return [
         (queued[r["request_id"]], r["prompt_tokens"] + r["completion_tokens"])
         for r in ok
