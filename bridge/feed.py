@@ -35,6 +35,16 @@ class ChunkFeed:
             raise item
         return item
 
+    def ready(self) -> Chunk | None:
+        """The next chunk if one is already here, without waiting; None otherwise (and
+        when the next item is the stream's error, which ``get`` then raises)."""
+        items = self._inbox.items
+        if items and not isinstance(items[0], Exception):
+            item = items.popleft()
+            assert not isinstance(item, Exception)
+            return item
+        return None
+
     def close(self) -> None:
         """Stops reading; the client forgets the request once the drain task unwinds."""
         self._task.cancel()

@@ -65,6 +65,8 @@ from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes, with_pa
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
+_MAX_EVENTS_PER_WRITE = 256
+"""The most SSE events the bridge joins into one write (what a feed holds at once)."""
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
@@ -411,16 +413,36 @@ class Gateway:
         first_event: Span | None = None,
         clock: WriteClock | None = None,
     ) -> AsyncGenerator[bytes, None]:
-        """``spans`` end with the stream, however it ends; ``first_event`` once the first
+        """The stream's SSE events. What the feed already holds goes out in one write:
+        a client that fell behind (a burst of reply records, a busy bridge) costs one
+        ASGI send for the burst, not one per token; a client that keeps up gets each
+        event as its chunk arrives.
+
+        ``spans`` end with the stream, however it ends; ``first_event`` once the first
         event is written (the response resumes this generator after each send), at the
         instant the response began writing it (``clock``)."""
         relayed = self._metrics.tokens_relayed.labels(labels[0])
         first_at = time.monotonic()
         first_tokens = chunk.num_tokens if chunk is not None else 0
         self._metrics.active_streams.inc()
+        gathered: list[bytes] = []  # events of the chunks at hand, not yet written
+        num_tokens = 0  # their tokens
+
+        def written() -> None:  # events were sent: the first one among them, if still open
+            nonlocal first_event
+            if first_event is not None:
+                first_event.end(end_time=(clock.writing_ns if clock is not None else 0) or None)
+                first_event = None
+
         try:
             while True:
                 if chunk is None:
+                    if gathered:  # nothing more at hand: write what is
+                        yield b"".join(gathered)
+                        gathered.clear()
+                        relayed.inc(num_tokens)
+                        num_tokens = 0
+                        written()
                     try:
                         chunk = await feed.get(self._settings.bridge_heartbeat_s)
                     except Exception as exc:  # the headers are out: end with an error event
@@ -440,24 +462,28 @@ class Gateway:
                 relay.add(chunk)
                 if chunk.error is not None:
                     self._outcome(labels, chunk.error.code)
-                    yield sse_error(rejection(chunk.error, tokens_per_minute=caller.tenant.tpm))
+                    relayed.inc(num_tokens)
+                    error = sse_error(rejection(chunk.error, tokens_per_minute=caller.tenant.tpm))
+                    yield b"".join([*gathered, error])
+                    if gathered:
+                        written()
                     yield DONE
                     return
                 event = relay.event(chunk)
                 if event is not None:
-                    yield event
-                    if first_event is not None:
-                        written = clock.writing_ns if clock is not None else 0
-                        first_event.end(end_time=written or None)
-                        first_event = None
-                relayed.inc(chunk.num_tokens)
+                    gathered.append(event)
+                num_tokens += chunk.num_tokens
                 if chunk.is_last:
+                    relayed.inc(num_tokens)
                     self._finished(labels, first_at, relay.num_completion_tokens - first_tokens)
+                    if gathered:
+                        yield b"".join(gathered)
+                        written()
                     if include_usage:
                         yield relay.usage_event()
                     yield DONE
                     return
-                chunk = None
+                chunk = feed.ready() if len(gathered) < _MAX_EVENTS_PER_WRITE else None
         finally:
             self._metrics.active_streams.dec()
             feed.close()
