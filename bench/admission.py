@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from tokenbus_cli.stack import Stack
 
 GOAL_PER_CORE = 5_000
 Headers = list[tuple[str, bytes]]
+JobStarter = Callable[[Stack, str], Awaitable[None]]
 
 
 def reply_topic(settings: Settings) -> str:
@@ -117,7 +118,10 @@ async def run_admission(
     profile_to: Path | None = None,
     num_latency_probes: int = 100,
     on_progress: Callable[[int], None] = lambda n: None,
+    job: JobStarter | None = None,
 ) -> dict[str, Any]:
+    """``job`` starts what admits, as ``stream_job``, forwarding to the topic it is given
+    (``bench.faust_floor``); by default the Faust job itself."""
     settings = bench_settings(**(overrides or {}))
     topics = Topics(settings.topic_prefix)
     replies = reply_topic(settings)
@@ -131,7 +135,7 @@ async def run_admission(
         await stack.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
-        await start_job(stack)
+        await (job or _the_job)(stack, topics.worker(workers[0]))
         await counter.start()
         await _probe(settings, producer, counter, credentials)
         latency_ms = await _idle_latency(
@@ -192,6 +196,10 @@ async def run_admission(
         "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
         "profile": profile,
     }
+
+
+async def _the_job(stack: Stack, forward_to: str) -> None:
+    await start_job(stack)  # it finds the workers' topics by their heartbeats
 
 
 async def _idle_latency(

@@ -428,10 +428,11 @@ def keep_producer_topics(app: faust.App) -> None:
     producer._new_producer = new_producer_keeping_topics
 
 
-def create_app(settings: Settings) -> faust.App:
+def faust_app(settings: Settings) -> faust.App:
+    """The job's Faust app as configured, with no agent yet: the broker, serializers,
+    timeouts and producer settings every instance of the job shares."""
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     faust_recovery.install()  # Faust loses fetched records otherwise, on any broker
-    topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
         settings.faust_app_id,
@@ -454,6 +455,12 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     keep_producer_topics(app)
+    return app
+
+
+def create_app(settings: Settings) -> faust.App:
+    app = faust_app(settings)
+    topics = Topics(settings.topic_prefix)
 
     def table(name: str) -> Any:
         """A changelog-backed table of bytes, keyed tenant first, one partition per
