@@ -7,7 +7,9 @@ only send heartbeats. The benchmark produces a burst of InferenceRequests as fas
 can and counts what the job forwards to the pretend workers' topics. Each record is
 produced as a tokenbus service produces it: keyed by its tenant, with a service token
 (one per tenant, minted before the clock starts, as the bridge reuses its tokens) in
-its ``authorization`` header, naming the benchmark's own reply topic. Per core means
+its ``authorization`` header, naming the benchmark's own reply topic. The job counts
+each prompt with the served model's tokenizer (the tiny model's, built once), as it
+does in production. Per core means
 requests divided by the CPU seconds the job's process spent (all its threads), so the
 figure does not depend on what else the shared machine is doing; wall-clock rate is
 reported beside it.
@@ -30,6 +32,7 @@ from rich.table import Table
 from bench.common import (
     add_settings_args,
     bench_settings,
+    model_dir,
     parse_overrides,
     profiled_name,
     progress,
@@ -122,7 +125,9 @@ async def run_admission(
 ) -> dict[str, Any]:
     """``job`` starts what admits, as ``stream_job``, forwarding to the topic it is given
     (``bench.faust_floor``); by default the Faust job itself."""
-    settings = bench_settings(**(overrides or {}))
+    # The served model's tokenizer, as in production: the job counts each prompt's
+    # tokens with it for the quota's reservation.
+    settings = bench_settings(model_path=model_dir(), **(overrides or {}))
     topics = Topics(settings.topic_prefix)
     replies = reply_topic(settings)
     credentials = Credentials(settings)
