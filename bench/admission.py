@@ -7,7 +7,9 @@ only send heartbeats. The benchmark produces a burst of InferenceRequests as fas
 can and counts what the job forwards to the pretend workers' topics. Each record is
 produced as a tokenbus service produces it: keyed by its tenant, with a service token
 (one per tenant, minted before the clock starts, as the bridge reuses its tokens) in
-its ``authorization`` header, naming the benchmark's own reply topic. Per core means
+its ``authorization`` header, naming the benchmark's own reply topic. The job counts
+each prompt with the served model's tokenizer (the tiny model's, built once), as it
+does in production. Per core means
 requests divided by the CPU seconds the job's process spent (all its threads), so the
 figure does not depend on what else the shared machine is doing; wall-clock rate is
 reported beside it.
@@ -19,7 +21,7 @@ import argparse
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from rich.table import Table
 from bench.common import (
     add_settings_args,
     bench_settings,
+    model_dir,
     parse_overrides,
     profiled_name,
     progress,
@@ -50,6 +53,7 @@ from tokenbus_cli.stack import Stack
 
 GOAL_PER_CORE = 5_000
 Headers = list[tuple[str, bytes]]
+JobStarter = Callable[[Stack, str], Awaitable[None]]
 
 
 def reply_topic(settings: Settings) -> str:
@@ -117,8 +121,13 @@ async def run_admission(
     profile_to: Path | None = None,
     num_latency_probes: int = 100,
     on_progress: Callable[[int], None] = lambda n: None,
+    job: JobStarter | None = None,
 ) -> dict[str, Any]:
-    settings = bench_settings(**(overrides or {}))
+    """``job`` starts what admits, as ``stream_job``, forwarding to the topic it is given
+    (``bench.faust_floor``); by default the Faust job itself."""
+    # The served model's tokenizer, as in production: the job counts each prompt's
+    # tokens with it for the quota's reservation.
+    settings = bench_settings(model_path=model_dir(), **(overrides or {}))
     topics = Topics(settings.topic_prefix)
     replies = reply_topic(settings)
     credentials = Credentials(settings)
@@ -131,7 +140,7 @@ async def run_admission(
         await stack.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
-        await start_job(stack)
+        await (job or _the_job)(stack, topics.worker(workers[0]))
         await counter.start()
         await _probe(settings, producer, counter, credentials)
         latency_ms = await _idle_latency(
@@ -192,6 +201,10 @@ async def run_admission(
         "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
         "profile": profile,
     }
+
+
+async def _the_job(stack: Stack, forward_to: str) -> None:
+    await start_job(stack)  # it finds the workers' topics by their heartbeats
 
 
 async def _idle_latency(

@@ -52,6 +52,7 @@ from typing import Any, cast
 import faust
 import orjson
 from aiokafka import TopicPartition
+from faust.sensors import Sensor
 from faust.streams import _current_event, current_event
 from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
@@ -428,10 +429,29 @@ def keep_producer_topics(app: faust.App) -> None:
     producer._new_producer = new_producer_keeping_topics
 
 
-def create_app(settings: Settings) -> faust.App:
+def drop_faust_monitor(app: faust.App) -> None:
+    """Faust's Monitor sensor is fed on every message in, every stream event in and out,
+    every table read and write and every send (counters, timestamps, deques): a share
+    of each request's CPU that only Faust's own stats pages read. tokenbus exports its
+    own metrics (``stream_jobs.metrics``), so the job starts without it; ``app.monitor``
+    still exists (Faust's consumer writes offsets to it directly). A sensor that does
+    nothing takes its place: Faust warns at every rebalance when no sensor keeps state."""
+    init_dependencies = app.on_init_dependencies
+
+    def without_monitor() -> Any:
+        dependencies = init_dependencies()  # adds the monitor to the sensors
+        app.sensors.remove(app.monitor)
+        app.sensors.add(Sensor())
+        return dependencies
+
+    app.on_init_dependencies = without_monitor  # type: ignore[method-assign]
+
+
+def faust_app(settings: Settings) -> faust.App:
+    """The job's Faust app as configured, with no agent yet: the broker, serializers,
+    timeouts and producer settings every instance of the job shares."""
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     faust_recovery.install()  # Faust loses fetched records otherwise, on any broker
-    topics = Topics(settings.topic_prefix)
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
         settings.faust_app_id,
@@ -454,6 +474,13 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     keep_producer_topics(app)
+    drop_faust_monitor(app)
+    return app
+
+
+def create_app(settings: Settings) -> faust.App:
+    app = faust_app(settings)
+    topics = Topics(settings.topic_prefix)
 
     def table(name: str) -> Any:
         """A changelog-backed table of bytes, keyed tenant first, one partition per
