@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import (
@@ -50,8 +50,8 @@ from bridge.relay import DONE, HEARTBEAT, Kind, Relay, sse_error
 from bridge.sessions import SessionIssuer
 from bridge.sse import EventStreamResponse, WriteClock
 from bridge.throttle import KeyThrottle
-from producers import TokenbusTimeout
-from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
+from producers import SubmitOptions, TokenbusTimeout
+from schemas import ErrorInfo, InferenceRequest
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
@@ -81,14 +81,7 @@ class Bus(Protocol):
         self,
         *,
         tenant_id: str,
-        prompt: str | None = None,
-        messages: list[ChatMessage] | None = None,
-        model: str | None = None,
-        priority: int = 1,
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        request_id: str | None = None,
-        credential: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> InferenceRequest: ...
 
     def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]: ...
