@@ -44,8 +44,16 @@ from tokenbus.config import Settings
 from tokenbus.finished_span import end_span
 from tokenbus.lean_span import start_span
 from tokenbus.span_path import SpanPath, hop_span, path_ns
-from tokenbus.tracing import Tracing, extract, extract_http, inject, span_attributes, with_path
-from workers.worker import PATH_PHASES, attributes_of, path_edges, request_span
+from tokenbus.tracing import (
+    Tracing,
+    extract,
+    extract_http,
+    inject,
+    span_attributes,
+    token_attributes,
+    with_path,
+)
+from workers.worker import PATH_PHASES, path_edges, request_span
 
 TENANT = "bench-0"
 STAGES = ("bridge", "job", "worker", "billing", "flush", "sink")
@@ -161,7 +169,7 @@ class Services:
         with use_span(
             request_span(tracer, headers, taken, attributes, hop), end_on_exit=True
         ) as span:
-            span.set_attributes(attributes_of(16, 64, 0))
+            span.set_attributes(token_attributes(16, 64, 0))
             if span.is_recording():
                 phase_attributes = span_attributes(tenant=TENANT, request_id=f"r{n}", attempt=0)
                 edges = path_edges(taken, [taken + 10, taken + 20, taken + 30], taken + 40)

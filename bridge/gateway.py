@@ -18,17 +18,10 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import (
-    NoOpTracer,
-    Span,
-    SpanKind,
-    StatusCode,
-    Tracer,
-    set_span_in_context,
-)
+from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -50,8 +43,8 @@ from bridge.relay import DONE, HEARTBEAT, Kind, Relay, sse_error
 from bridge.sessions import SessionIssuer
 from bridge.sse import EventStreamResponse, WriteClock
 from bridge.throttle import KeyThrottle
-from producers import TokenbusTimeout
-from schemas import ChatMessage, ErrorInfo, InferenceRequest, SamplingParams
+from producers import SubmitOptions, TokenbusTimeout
+from schemas import ErrorInfo, InferenceRequest
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
 from tokenbus.chunks import Chunk
@@ -83,14 +76,7 @@ class Bus(Protocol):
         self,
         *,
         tenant_id: str,
-        prompt: str | None = None,
-        messages: list[ChatMessage] | None = None,
-        model: str | None = None,
-        priority: int = 1,
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        request_id: str | None = None,
-        credential: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> InferenceRequest: ...
 
     def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]: ...
@@ -117,9 +103,9 @@ class Gateway:
         planner: Planner,
         metrics: BridgeMetrics,
         tokens: ServiceTokens,
-        tracer: Tracer | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
-        self._tracer = tracer or NoOpTracer()
+        self._tracer = tracer or trace.NoOpTracer()
         self._settings = settings
         self._bus = bus
         self._auth = authenticator
@@ -198,11 +184,11 @@ class Gateway:
             tracer,
             "bridge.request",
             context=extract_http(http.headers),
-            kind=SpanKind.SERVER,
+            kind=trace.SpanKind.SERVER,
             start_time=arrived or received,  # as the front end, or the server, had it
         )
         # For the rest of this request's task, the streamed relay included.
-        otel_context.attach(set_span_in_context(span))
+        otel_context.attach(trace.set_span_in_context(span))
         path = SpanPath(tracer, received)
         try:
             with path.step("bridge.auth") as auth:
@@ -229,14 +215,20 @@ class Gateway:
                     plan = self._planner.plan_completion(text, caller)
             response = await self._complete(http, caller, plan, kind, span, path)
         except BaseException as exc:
-            span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+            span.set_status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
             span.end()
             raise
         return response
 
     # -- one completion -------------------------------------------------------------------
     async def _complete(
-        self, http: Request, caller: Caller, plan: Plan, kind: Kind, span: Span, path: SpanPath
+        self,
+        http: Request,
+        caller: Caller,
+        plan: Plan,
+        kind: Kind,
+        span: trace.Span,
+        path: SpanPath,
     ) -> Response:
         ids = ids_of(http)
         for flag in plan.flags:
@@ -258,7 +250,7 @@ class Gateway:
         # engine's prefill. The request carries this span, and where the path stands, to
         # the job: the spans of the bus, the job and the worker tile this one.
         waiting = path.begin("bridge.admission_wait", attributes=tenant)
-        submitting = otel_context.attach(with_path(path.at, set_span_in_context(waiting)))
+        submitting = otel_context.attach(with_path(path.at, trace.set_span_in_context(waiting)))
         try:
             try:
                 request = await self._bus.submit(
@@ -329,13 +321,13 @@ class Gateway:
         return JSONResponse(body, headers=ids)
 
     def _reply_hop(
-        self, request: InferenceRequest, waiting: Span, taken_ns: int, tenant: dict[str, str]
+        self, request: InferenceRequest, waiting: trace.Span, taken_ns: int, tenant: dict[str, str]
     ) -> None:
         """``bus.reply``: the first reply record's way from the worker to this handler,
         the last span of the admission wait's path."""
         sent = self._bus.reply_sent_ns(request)
         if sent is not None:  # (``waiting`` has ended: its context is the parent's)
-            context = set_span_in_context(waiting)
+            context = trace.set_span_in_context(waiting)
             hop_span(self._tracer, "bus.reply", sent, taken_ns, tenant, context=context)
 
     async def _next_chunk(
@@ -407,10 +399,10 @@ class Gateway:
         chunk: Chunk | None,
         include_usage: bool,
         caller: Caller,
-        spans: tuple[Span, ...] = (),
+        spans: tuple[trace.Span, ...] = (),
         *,
         labels: tuple[str, str, str],
-        first_event: Span | None = None,
+        first_event: trace.Span | None = None,
         clock: WriteClock | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The stream's SSE events. What the feed already holds goes out in one write:

@@ -4,6 +4,6 @@
 #   batch runner, ``tokenbus ask``, tests, benchmarks)
 """
 
-from producers.client import RequestFailed, TokenbusClient, TokenbusTimeout
+from producers.client import RequestFailed, SubmitOptions, TokenbusClient, TokenbusTimeout
 
-__all__ = ["RequestFailed", "TokenbusClient", "TokenbusTimeout"]
+__all__ = ["RequestFailed", "SubmitOptions", "TokenbusClient", "TokenbusTimeout"]

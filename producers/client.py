@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Self
+from typing import Self, TypedDict, Unpack
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError
@@ -77,6 +77,23 @@ Credential = str | Callable[[str, str], str]
 """A tenant's API key or JWT, or ``(tenant_id, reply_topic) -> token`` for many tenants."""
 StreamKey = tuple[str, str]
 """(tenant, request_id)."""
+
+
+class SubmitOptions(TypedDict, total=False):
+    """What a producer may say of one request beyond its tenant (``submit``'s keywords).
+
+    Left out: ``priority`` 1, ``model`` the served model, ``sampling`` the defaults,
+    new session and request IDs, and the client's own credential. Naming a batch is
+    not among them: only ``TokenbusClient.submit`` takes ``batch_id``."""
+
+    prompt: str | None
+    messages: list[ChatMessage] | None
+    model: str | None
+    priority: int
+    sampling: SamplingParams | None
+    session_id: str | None
+    request_id: str | None
+    credential: str | None
 
 
 class TokenbusClient:
@@ -202,15 +219,8 @@ class TokenbusClient:
         self,
         *,
         tenant_id: str | None = None,
-        prompt: str | None = None,
-        messages: list[ChatMessage] | None = None,
-        model: str | None = None,
-        priority: int = 1,
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        request_id: str | None = None,
-        credential: str | None = None,
         batch_id: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> InferenceRequest:
         """Produces the request; read its chunks with ``stream(request)``.
 
@@ -221,16 +231,17 @@ class TokenbusClient:
         if tenant is None:
             raise ValueError("submit needs tenant_id= (this client serves many tenants)")
         created = datetime.now(UTC)
-        text = {"prompt": prompt} if prompt is not None else {"messages": messages}
+        prompt, priority = options.get("prompt"), options.get("priority", 1)
+        text = {"prompt": prompt} if prompt is not None else {"messages": options.get("messages")}
         request = InferenceRequest.model_validate(
             {
-                "request_id": request_id or new_request_id(),
-                "session_id": session_id or new_session_id(),
+                "request_id": options.get("request_id") or new_request_id(),
+                "session_id": options.get("session_id") or new_session_id(),
                 "tenant_id": tenant,
                 "priority": priority,
-                "model": model or self._settings.served_model_name,
+                "model": options.get("model") or self._settings.served_model_name,
                 **text,
-                "sampling": sampling or SamplingParams(),
+                "sampling": options.get("sampling") or SamplingParams(),
                 "reply_to": self.reply_topic,
                 "created_at": created,
                 **({"batch_id": batch_id} if batch_id is not None else {}),
@@ -240,7 +251,7 @@ class TokenbusClient:
         if self._reply_reader:
             self.watch(request.request_id, tenant)
             self._created[key] = created
-        headers = self.headers(tenant, credential)
+        headers = self.headers(tenant, options.get("credential"))
         context = None
         if self._request_spans and self._reply_reader:
             assert self._tracing is not None

@@ -4,6 +4,7 @@
 are written in."""
 
 from schemas.codec import SchemaError, decode, encode
+from schemas.fleet import LoadReport, WorkerStatus
 from schemas.messages import (
     INTERNAL_FIELDS,
     REASSIGNED,
@@ -14,18 +15,12 @@ from schemas.messages import (
     CancelRequest,
     ChatMessage,
     DeadLetter,
-    ErrorInfo,
-    FinishReason,
     InferenceRequest,
-    LoadReport,
     SamplingParams,
-    TokenChunk,
-    TokenChunkBatch,
-    UsageEvent,
-    UsageStatus,
-    WorkerStatus,
     WorkItem,
 )
+from schemas.replies import ErrorInfo, FinishReason, TokenChunk, TokenChunkBatch
+from schemas.usage import UsageEvent, UsageStatus
 
 __all__ = [
     "INTERNAL_FIELDS",

@@ -14,15 +14,10 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
-from schemas.messages import (
-    CancelRequest,
-    DeadLetter,
-    InferenceRequest,
-    LoadReport,
-    TokenChunkBatch,
-    UsageEvent,
-    WorkerStatus,
-)
+from schemas.fleet import LoadReport, WorkerStatus
+from schemas.messages import CancelRequest, DeadLetter, InferenceRequest
+from schemas.replies import TokenChunkBatch
+from schemas.usage import UsageEvent
 
 BUS_MESSAGES: tuple[type[BaseModel], ...] = (
     InferenceRequest,

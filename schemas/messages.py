@@ -1,13 +1,16 @@
-"""Every message on the bus. Data only: nothing here imports another tokenbus package.
+"""The bus's base ``Message``, and the request side: what producers send, what the job
+hands a worker, cancels and dead letters. Data only: nothing here imports another
+tokenbus package.
 
 Each message carries ``schema_version``. A consumer that meets a version it does not
-know sends the message to the dead-letter topic (see ``schemas.codec``).
+know sends the message to the dead-letter topic (see ``schemas.codec``). Replies, usage
+and the fleet's reports have modules of their own (``schemas.replies``,
+``schemas.usage``, ``schemas.fleet``).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -16,7 +19,7 @@ from pydantic.config import JsonDict
 SCHEMA_VERSION: Literal[1] = 1
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -217,177 +220,6 @@ class WorkItem(Message):
         return f"{self.tenant_id}/{self.request_id}/{self.attempt}"
 
 
-class FinishReason(StrEnum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"
-    REJECTED = "rejected"
-
-
-class ErrorInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    code: str
-    """Machine-readable: ``quota_exceeded``, ``no_worker``, ``engine_error``, ..."""
-    message: str
-    retry_after_s: float | None = None
-    limit_kind: Literal["tokens", "requests"] | None = None
-    """On ``quota_exceeded``: the per-minute limit that refused the request."""
-    num_limit: int | None = None
-    """That limit, per minute."""
-    num_remaining: int | None = None
-    """What the window has left of it (tokens may be left, just fewer than needed)."""
-
-
-class TokenChunk(Message):
-    """A slice of one request's output, sent to the request's ``reply_to`` topic inside
-    a ``TokenChunkBatch`` (never as a record of its own)."""
-
-    request_id: str
-    tenant_id: str
-    seq: Annotated[int, Field(ge=0)]
-    """0, 1, 2, ... per request: a gap or a repeat is visible to the client."""
-    text: str = ""
-    token_ids: list[int] = Field(default_factory=list)
-    num_tokens: Annotated[int, Field(ge=0)] = 0
-    finish_reason: FinishReason | None = None
-    error: ErrorInfo | None = None
-    num_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
-    """On the last chunk from a worker: the prompt's length as the engine counted it."""
-
-    @property
-    def is_last(self) -> bool:
-        return self.finish_reason is not None
-
-
-class TokenChunkBatch(Message):
-    """The one kind of record on a reply topic, keyed by tenant: chunks of one tenant.
-
-    A worker sends one per engine step per (reply topic, tenant); a single chunk is a
-    batch of one. Chunks of one request appear in ``seq`` order, within a batch and
-    across the topic's batches.
-    """
-
-    tenant_id: str
-    chunks: Annotated[list[TokenChunk], Field(min_length=1)]
-
-    @model_validator(mode="after")
-    def _one_tenant(self) -> TokenChunkBatch:
-        if any(chunk.tenant_id != self.tenant_id for chunk in self.chunks):
-            raise ValueError("every chunk must belong to the batch's tenant_id")
-        return self
-
-
-class UsageStatus(StrEnum):
-    OK = "ok"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-
-class UsageEvent(Message):
-    """Exactly one per request attempt, produced to ``usage`` keyed by tenant."""
-
-    request_id: str
-    session_id: str
-    tenant_id: str
-    model: str
-    worker_id: str | None = None
-    priority: Priority = 1
-    attempt: int = 0
-    status: UsageStatus
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_completion_tokens: int = 0
-    num_cached_tokens: int = 0
-    queue_ms: float = 0.0
-    ttft_ms: float | None = None
-    total_ms: float = 0.0
-    error_code: str | None = None
-    overload_tier: Annotated[int, Field(ge=0, le=2)] = 0
-    precision: str = "fp16"
-    """Weights precision (fp32, fp16, bf16, int8), for the cost weights."""
-    flags: list[str] = Field(default_factory=list)
-    key_sha256: str | None = None
-    """The credential's hash the job charged key budgets to (``WorkItem.key_sha256``)."""
-    created_at: datetime
-    """When the job admitted the request: what prices and peak hours go by."""
-    finished_at: datetime = Field(default_factory=_now)
-    last_seq: int | None = None
-    """The ``seq`` of the request's last chunk, so a duplicate's answer continues it."""
-    adapter: str | None = None
-    """The LoRA adapter that served it (``model`` is the base model); None: the base."""
-    batch_id: str | None = None
-    """The batch job the request was a line of (``WorkItem.batch_id``)."""
-
-
-class WorkerStatus(Message):
-    """A worker's heartbeat, produced to ``heartbeats`` keyed by worker id."""
-
-    worker_id: str
-    model: str
-    request_topic: str
-    num_running: int = 0
-    num_waiting: int = 0
-    max_num_seqs: int = 1
-    kv_cache_usage: float = 0.0
-    tokens_per_s: float = 0.0
-    draining: bool = False
-    incarnation: str = ""
-    """Unique to one run of the worker: a new value means the previous run is gone."""
-    max_loras: int = 0
-    """LoRA adapters one engine step may use; 0: the worker serves no adapters."""
-    adapters: list[str] = Field(default_factory=list)
-    """Adapters the engine holds now (loaded, up to its ``max_cpu_loras``)."""
-    num_adapter_loads: int = 0
-    """Adapters this run has loaded (a first use, or again after eviction)."""
-    last_adapter_load_ms: float | None = None
-    """How long the latest of those loads took."""
-    sent_at: datetime = Field(default_factory=_now)
-
-
-class LoadReport(Message):
-    """The job's view of one model's load over the last interval, produced every
-    ``load_report_interval_s`` to ``<prefix>.load`` keyed by model: what batch pacers
-    read to yield to interactive traffic. Each job instance reports what it holds; a
-    reader of several instances' reports tells them apart by ``instance``."""
-
-    model: str
-    """The base model (an adapter's requests count under their base)."""
-    instance: str
-    """The job instance that sent it."""
-    interval_s: float
-    """The span the interval figures (queue wait, TTFT) cover."""
-    num_waiting_by_class: Annotated[list[int], Field(min_length=3, max_length=3)]
-    """Requests admitted and waiting at the job for a seat, by class 0, 1, 2."""
-    interactive_queue_ms_p50: float | None = None
-    """Class 0/1 queue wait (admission to forward) over the interval; None: none sent."""
-    interactive_queue_ms_p99: float | None = None
-    num_interactive_dispatched: int = 0
-    """Class 0/1 requests forwarded in the interval (the queue-wait samples)."""
-    interactive_ttft_ms_p50: float | None = None
-    """Class 0/1 time to first token, from the UsageEvents of the interval; None: none."""
-    interactive_ttft_ms_p99: float | None = None
-    num_interactive_finished: int = 0
-    """Class 0/1 UsageEvents with a TTFT read in the interval (the TTFT samples)."""
-    num_workers: int = 0
-    """Live workers serving the model."""
-    num_running: int = 0
-    """The workers' running requests, summed (their last heartbeats)."""
-    num_waiting: int = 0
-    """Requests waiting inside the workers' engines, summed."""
-    max_num_seqs: int = 0
-    """The workers' seats, summed."""
-    kv_cache_usage: float = 0.0
-    """The highest KV-cache use among the workers (0-1)."""
-    num_in_flight: int = 0
-    """Requests the job forwarded to the model's workers and has no usage for yet."""
-    num_batch_in_flight: int = 0
-    """Of those, batch lines (requests with a ``batch_id``)."""
-    sent_at: datetime = Field(default_factory=_now)
-
-
 REASSIGNED = "reassigned"
 """Cancel reason the dispatcher gives when it sends a lost worker's request elsewhere:
 a worker that was only presumed dead drops that attempt without a word, so the client
@@ -406,7 +238,7 @@ class CancelRequest(Message):
     """``client_cancelled``, ``timeout``, ... or ``reassigned`` (see ``REASSIGNED``)."""
     attempt: int | None = None
     """Only this attempt of the request; None: whichever attempt runs."""
-    sent_at: datetime = Field(default_factory=_now)
+    sent_at: datetime = Field(default_factory=utc_now)
 
 
 class DeadLetter(Message):
@@ -420,4 +252,4 @@ class DeadLetter(Message):
     key: str | None = None
     payload: str
     """The original bytes, decoded as UTF-8 with replacement."""
-    failed_at: datetime = Field(default_factory=_now)
+    failed_at: datetime = Field(default_factory=utc_now)

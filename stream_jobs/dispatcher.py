@@ -64,25 +64,12 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from schemas import (
-    REASSIGNED,
-    Adapter,
-    CancelRequest,
-    ErrorInfo,
-    FinishReason,
-    InferenceRequest,
-    LoadReport,
-    SchemaError,
-    TokenChunk,
-    TokenChunkBatch,
-    UsageEvent,
-    UsageStatus,
-    WorkerStatus,
-    WorkItem,
-    decode,
-    encode,
-)
 from schemas.budgets import BudgetAlert
+from schemas.codec import SchemaError, decode, encode
+from schemas.fleet import LoadReport, WorkerStatus
+from schemas.messages import REASSIGNED, Adapter, CancelRequest, InferenceRequest, WorkItem
+from schemas.replies import ErrorInfo, FinishReason, TokenChunk, TokenChunkBatch
+from schemas.usage import UsageEvent, UsageStatus
 from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity

@@ -39,15 +39,21 @@ from tokenbus.sampling import ParentBasedRatio
 from tokenbus.span_buffer import STATUS_UNSET, SpanBuffer
 
 _SCALARS = frozenset({str, bool, int, float})
-_RANDOM_TRACE_ID = 0x02
-"""W3C trace flags' random bit: a child keeps its parent's (the SDK does the same)."""
 
 
 def new_span_context(
-    tracer: sdk_trace.Tracer, trace_id: int, flags: int, trace_state: TraceState | None
+    tracer: sdk_trace.Tracer,
+    trace_id: int,
+    sampled: bool,
+    random_trace_id: bool,
+    trace_state: TraceState | None,
 ) -> SpanContext:
     """A new local span's context, with a span id from the tracer's generator and the
-    sampler's trace state, as ``Tracer.start_span`` makes it."""
+    sampler's trace state, as ``Tracer.start_span`` makes it: its W3C flags say whether it
+    was sampled, and keep the random-trace-id bit of its trace (a child, its parent's)."""
+    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+    if random_trace_id:
+        flags |= TraceFlags.RANDOM_TRACE_ID
     return SpanContext(
         trace_id,
         tracer.id_generator.generate_span_id(),
@@ -84,7 +90,7 @@ def end_span(
     buffer = lone_buffer(tracer)
     if buffer is not None:
         # ParentBasedRatio's decision for a valid parent: the parent's.
-        if parent.trace_flags & TraceFlags.SAMPLED:
+        if parent.trace_flags.sampled:
             span_id = tracer.id_generator.generate_span_id()
             buffer.record(
                 trace_id, span_id, parent.span_id, name, start_ns, end_ns, STATUS_UNSET, attributes
@@ -93,10 +99,10 @@ def end_span(
     sampling = tracer.sampler.should_sample(context, trace_id, name, kind, attributes)
     if sampling.decision is Decision.DROP:
         return
-    flags = parent.trace_flags & _RANDOM_TRACE_ID
-    if sampling.decision is Decision.RECORD_AND_SAMPLE:
-        flags |= TraceFlags.SAMPLED
-    span_context = new_span_context(tracer, trace_id, flags, sampling.trace_state)
+    sampled = sampling.decision is Decision.RECORD_AND_SAMPLE
+    span_context = new_span_context(
+        tracer, trace_id, sampled, parent.trace_flags.random_trace_id, sampling.trace_state
+    )
     tracer.span_processor.on_end(
         sdk_trace.ReadableSpan(
             name,

@@ -41,7 +41,6 @@ from opentelemetry.trace import (
     Span,
     SpanContext,
     SpanKind,
-    TraceFlags,
     Tracer,
     TraceState,
     get_current_span,
@@ -238,17 +237,15 @@ def start_span(
     trace_state: TraceState | None
     if buffer is not None and parent is not None:
         # ParentBasedRatio follows a valid parent, and keeps its trace state.
-        sampled = parent.trace_flags & TraceFlags.SAMPLED
+        sampled = parent.trace_flags.sampled
         decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
         trace_state = parent.trace_state
         kept = attributes if sampled else None
     else:
         sampling = tracer.sampler.should_sample(context, trace_id, name, kind, attributes)
         decision, trace_state, kept = sampling.decision, sampling.trace_state, sampling.attributes
-    flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
-    if random_trace_id:
-        flags |= TraceFlags.RANDOM_TRACE_ID
-    span_context = new_span_context(tracer, trace_id, flags, trace_state)
+    sampled = decision is Decision.RECORD_AND_SAMPLE
+    span_context = new_span_context(tracer, trace_id, sampled, random_trace_id, trace_state)
     record_end_metrics = tracer._tracer_metrics.start_span(parent, decision)
     if decision is Decision.DROP:
         return NonRecordingSpan(span_context)

@@ -61,6 +61,7 @@ ATTR_WORKER = "tokenbus.worker"
 ATTR_BATCH = "tokenbus.batch_id"
 ATTR_PROMPT_TOKENS = "tokenbus.num_prompt_tokens"
 ATTR_COMPLETION_TOKENS = "tokenbus.num_completion_tokens"
+ATTR_CACHED_TOKENS = "tokenbus.num_cached_tokens"
 ATTR_OUTCOME = "tokenbus.outcome"
 
 Headers = MutableSequence[tuple[str, bytes]]
@@ -231,3 +232,12 @@ def work_item_attributes(
         worker=worker,
         batch_id=item.batch_id,
     )
+
+
+def token_attributes(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
+    """A finished request's token counts, as its span attributes."""
+    return {
+        ATTR_PROMPT_TOKENS: num_prompt,
+        ATTR_COMPLETION_TOKENS: num_completion,
+        ATTR_CACHED_TOKENS: num_cached,
+    }

@@ -76,13 +76,12 @@ from tokenbus.span_path import hop_span, path_ns
 from tokenbus.topics import Topics
 from tokenbus.tracing import (
     ATTR_ATTEMPT,
-    ATTR_COMPLETION_TOKENS,
-    ATTR_PROMPT_TOKENS,
     ATTR_TENANT,
     Tracing,
     extract,
     inject,
     span_attributes,
+    token_attributes,
     work_item_attributes,
 )
 from tokenbus.usage import usage_of
@@ -177,14 +176,6 @@ def request_span(
         attributes=attributes,
         start_time=taken_ns,
     )
-
-
-def attributes_of(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, int]:
-    return {
-        ATTR_PROMPT_TOKENS: num_prompt,
-        ATTR_COMPLETION_TOKENS: num_completion,
-        "tokenbus.num_cached_tokens": num_cached,
-    }
 
 
 def _elapsed_ms(since: datetime, until: datetime) -> float:
@@ -559,7 +550,7 @@ class Worker:
         self._engine_spans(
             request,
             timings,
-            attributes_of(num_prompt, num_completion, num_cached),
+            token_attributes(num_prompt, num_completion, num_cached),
             taken_ns,
             first_sent_ns,
         )

@@ -128,7 +128,13 @@ class SteadyLoad:
 
     def ttft_quantiles(self, since: float, until: float) -> tuple[float, float]:
         """p50 and p99 of the time to first token of requests submitted in the span."""
-        samples = sorted(s for t, s, _ in self.ttft if since <= t < until)
+        return self.ttft_quantiles_over([(since, until)])
+
+    def ttft_quantiles_over(self, spans: Sequence[tuple[float, float]]) -> tuple[float, float]:
+        """``ttft_quantiles`` of the requests submitted in any of ``spans``, pooled."""
+        samples = sorted(
+            s for t, s, _ in self.ttft if any(since <= t < until for since, until in spans)
+        )
         if not samples:
             return float("nan"), float("nan")
         return tuple(  # type: ignore[return-value]

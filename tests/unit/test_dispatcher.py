@@ -12,21 +12,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas import (
-    REASSIGNED,
-    CancelRequest,
-    FinishReason,
-    InferenceRequest,
-    SamplingParams,
-    TokenChunk,
-    TokenChunkBatch,
-    UsageEvent,
-    UsageStatus,
-    WorkerStatus,
-    WorkItem,
-    decode,
-    encode,
-)
+from schemas.codec import decode, encode
+from schemas.fleet import WorkerStatus
+from schemas.messages import REASSIGNED, CancelRequest, InferenceRequest, SamplingParams, WorkItem
+from schemas.replies import FinishReason, TokenChunk, TokenChunkBatch
+from schemas.usage import UsageEvent, UsageStatus
 from stream_jobs.dispatcher import STALL_WARN_S, Dispatcher, Outcome, Record
 from stream_jobs.ledger import Entry, State
 from stream_jobs.metrics import job_registry

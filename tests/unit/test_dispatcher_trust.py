@@ -14,17 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from schemas import (
-    DeadLetter,
-    TokenChunk,
-    TokenChunkBatch,
-    UsageEvent,
-    UsageStatus,
-    WorkerStatus,
-    WorkItem,
-    decode,
-    encode,
-)
+from schemas.codec import decode, encode
+from schemas.fleet import WorkerStatus
+from schemas.messages import DeadLetter, WorkItem
+from schemas.replies import TokenChunk, TokenChunkBatch
+from schemas.usage import UsageEvent, UsageStatus
 from stream_jobs.dispatcher import Dispatcher, Outcome, Record
 from stream_jobs.ledger import MAX_COPIES
 from tests.unit.fakes import (

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.gateway import Bus
+from producers import SubmitOptions
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -35,3 +36,4 @@ def test_a_batch_id_in_an_interactive_body_is_refused_by_name(
 def test_the_gateway_submits_without_a_batch_id() -> None:
     # The bus the interactive endpoints produce through has no way to name a batch.
     assert "batch_id" not in inspect.signature(Bus.submit).parameters
+    assert "batch_id" not in SubmitOptions.__annotations__
