@@ -12,7 +12,13 @@ C. a batch alone (``--batch-lines`` lines, submitted as ``tokenbus batch submit`
    ramped, against B (goal >= 0.8);
 D. the same c=1 and c=16 waves while the batch runs: TTFT p99 against A (goal <= 1.5);
 E. after D: seconds until the batch's tokens/s (3-s mean) is back to >= 80% of C
-   (goal <= 30 s).
+   (goal <= 30 s);
+F. the batch cancelled (as ``tokenbus batch cancel`` does) and drained, A's waves once
+   more: the baseline after. "Without the batch" is A and F pooled, the same number of
+   requests before and after, so that what changed over the run and is not the batch
+   (the machine's load; the bundled broker, whose fetches cost more the more record
+   batches a partition holds, and the batch filled the shared topics) weighs on both
+   sides of the ratio alike. The before-only and after-only ratios are printed beside it.
 
 Batch tokens are counted from the usage topic: every ``UsageEvent`` with ``batch_id`` set,
 bucketed per second by ``finished_at``. The runner's ``/metrics`` is scraped each second
@@ -31,7 +37,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiokafka import TopicPartition
 from rich.console import Console
@@ -177,22 +183,40 @@ def report_summary(reports: Sequence[dict[str, Any]], start: float, end: float) 
     }
 
 
+def pooled(*waves: WaveResult) -> WaveResult:
+    """One wave of every request of ``waves`` (same concurrency): a baseline taken in parts."""
+    return WaveResult(
+        waves[0].concurrency,
+        sum(w.wall_s for w in waves),
+        [t for w in waves for t in w.traces],
+    )
+
+
 def goals(
     ttft_p99: dict[str, dict[int, float]],
     full_rate: float,
     batch_rate: float,
     recovered_s: float | None,
 ) -> list[dict[str, Any]]:
-    """Each acceptance line's figure beside its goal."""
+    """Each acceptance line's figure beside its goal. ``ttft_p99["alone"]`` is the
+    baseline the verdict takes; ``"alone_before"`` and ``"alone_after"``, when given, are
+    its parts, each ratio shown beside it."""
     rows: list[dict[str, Any]] = []
     for concurrency in sorted(ttft_p99["alone"]):
-        value = ratio(ttft_p99["with_batch"][concurrency], ttft_p99["alone"][concurrency])
+        with_batch = ttft_p99["with_batch"][concurrency]
+        value = ratio(with_batch, ttft_p99["alone"][concurrency])
+        parts = {
+            part: ratio(with_batch, ttft_p99[f"alone_{part}"][concurrency])
+            for part in ("before", "after")
+            if concurrency in ttft_p99.get(f"alone_{part}", {})
+        }
         rows.append(
             {
                 "figure": f"interactive TTFT p99 with/without batch, c={concurrency}",
                 "value": value,
                 "goal": f"<= {GOAL_TTFT_RATIO}",
                 "met": value <= GOAL_TTFT_RATIO,
+                **({"against_each_part": parts} if parts else {}),
             }
         )
     share = ratio(batch_rate, full_rate)
@@ -356,16 +380,35 @@ def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
     return doc.id
 
 
-async def send_create(settings: Settings, batch_id: str) -> None:
+async def send_command_once(
+    settings: Settings, kind: Literal["create", "cancel"], batch_id: str
+) -> None:
+    """The batch's create or cancel, as ``tokenbus batch`` sends it."""
     from tokenbus.batch.commands import send_command
     from tokenbus.kafka import make_producer
 
     producer = make_producer(settings)
     await producer.start()
     try:
-        await send_command(producer, settings, "create", BATCH_TENANT, batch_id)
+        await send_command(producer, settings, kind, BATCH_TENANT, batch_id)
     finally:
         await producer.stop()
+
+
+async def drain(
+    follower: UsageFollower, scraper: MetricsScraper, *, quiet_s: float, timeout_s: float
+) -> bool:
+    """Waits until the cancelled batch has no line in flight (the runner's ``/metrics``)
+    and no batch line ended for ``quiet_s``; False if ``timeout_s`` passed first."""
+    started = time.time()
+    while time.time() - started < timeout_s:
+        await asyncio.sleep(0.5)
+        last = scraper.samples[-1] if scraper.samples else None
+        idle = last is not None and last.at > started and not last.in_flight
+        last_line = max((at for at, _ in follower.events), default=0.0)
+        if idle and time.time() - max(last_line, started) >= quiet_s:
+            return True
+    return False
 
 
 @dataclass
@@ -401,7 +444,23 @@ def wave_summary(wave: WaveResult) -> dict[str, Any]:
         (t for t in wave.traces if t.ttft_s is not None), key=lambda t: t.index, default=None
     )
     first_ms = None if first is None or first.ttft_s is None else round(first.ttft_s * 1000, 3)
-    return {**wave.summary(), "first_ttft_ms": first_ms}
+    return {**wave.summary(), "first_ttft_ms": first_ms, "sequence": ttft_sequence(wave)}
+
+
+def ttft_sequence(wave: WaveResult) -> list[tuple[float, float | None]]:
+    """(ms from the wave's first start, TTFT ms) of each request in start order: where in
+    the wave the slow requests fell."""
+    traces = sorted(wave.traces, key=lambda t: t.started)
+    if not traces:
+        return []
+    origin = traces[0].started
+    return [
+        (
+            round((t.started - origin) * 1000, 1),
+            None if t.ttft_s is None else round(t.ttft_s * 1000, 1),
+        )
+        for t in traces
+    ]
 
 
 def ttft_p99(wave: WaveResult) -> float:
@@ -417,7 +476,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     console.print(f"[dim]TOKENBUS_HOME={settings.home}  load {load_start['load_1_5_15']}[/]")
     stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
     say = console.print
-    waves: dict[str, dict[int, WaveResult]] = {"alone": {}, "with_batch": {}}
+    waves: dict[str, dict[int, WaveResult]] = {
+        "alone_before": {},
+        "with_batch": {},
+        "alone_after": {},
+    }
     phases: dict[str, tuple[float, float]] = {}
     follower = UsageFollower(settings)
     scraper = MetricsScraper(f"http://127.0.0.1:{settings.batch_port}/metrics")
@@ -431,7 +494,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             # A
             for concurrency in args.concurrency:
                 say(f"A: class 1 c={concurrency}, no batch")
-                waves["alone"][concurrency] = await bus.wave(
+                waves["alone_before"][concurrency] = await bus.wave(
                     0, max(args.min_requests, 4 * concurrency), concurrency
                 )
             # B
@@ -451,7 +514,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             lines = [prompt(2, i) for i in range(args.batch_lines)]
             batch_id = await asyncio.to_thread(submit_batch, settings, lines, args.max_tokens)
             submitted = time.time()
-            await send_create(settings, batch_id)
+            await send_command_once(settings, "create", batch_id)
             while not follower.events:
                 if time.time() - submitted > 120:
                     raise RuntimeError("the batch produced no tokens in 120 s")
@@ -491,7 +554,21 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 if recovered is not None:
                     break
             await asyncio.sleep(2.0)
-            phases["E_after_interactive"] = (d_end, time.time())
+            e_end = time.time()
+            phases["E_after_interactive"] = (d_end, e_end)
+            # F
+            say("F: cancelling the batch; waiting for its running lines to end")
+            await send_command_once(settings, "cancel", batch_id)
+            drained = await drain(follower, scraper, quiet_s=args.quiet_s, timeout_s=120.0)
+            say(f"F: batch drained: {drained}")
+            f_start = time.time()
+            for concurrency in args.concurrency:
+                say(f"F: class 1 c={concurrency}, the batch gone")
+                waves["alone_after"][concurrency] = await bus.wave(
+                    4, max(args.min_requests, 4 * concurrency), concurrency
+                )
+            phases["F_batch_cancelled"] = (e_end, f_start)
+            phases["F_interactive_after"] = (f_start, time.time())
             stack.check()
     finally:
         for task in tasks:
@@ -503,6 +580,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         shutil.rmtree(settings.home, ignore_errors=True)
     buckets = per_second(follower.events)
     reports = {int(r["at"]): r for r in follower.reports}
+    waves["alone"] = {
+        c: pooled(w, waves["alone_after"][c]) for c, w in waves["alone_before"].items()
+    }
     p99 = {k: {c: ttft_p99(w) for c, w in v.items()} for k, v in waves.items()}
     origin = phases["C_batch_alone"][0]
     return {
@@ -557,20 +637,40 @@ def _spread(ttft_ms: dict[str, float]) -> str:
 
 def render(result: dict[str, Any], console: Console) -> None:
     table = Table(title="Batch jobs: interference (tiny model)")
-    for column in ("figure", "value", "goal", "met"):
+    for column in ("figure", "value", "goal", "met", "against before / after alone"):
         table.add_column(column, justify="right")
     for row in result["goals"]:
-        table.add_row(row["figure"], str(row["value"]), row["goal"], "yes" if row["met"] else "NO")
+        parts = row.get("against_each_part")
+        table.add_row(
+            row["figure"],
+            str(row["value"]),
+            row["goal"],
+            "yes" if row["met"] else "NO",
+            f"{parts['before']} / {parts['after']}" if parts else "",
+        )
     console.print(table)
-    ttft = Table(title="interactive class 1 TTFT (ms)")
-    columns = ("conc", "n", "p50 / p99 / max alone", "p50 / p99 / max w/ batch", "first w/ batch")
+    ttft = Table(title="interactive class 1 TTFT (ms), p50 / p99 / max")
+    columns = (
+        "conc",
+        "n",
+        "alone before",
+        "alone after",
+        "alone, both",
+        "w/ batch",
+        "first w/ batch",
+    )
     for column in columns:
         ttft.add_column(column, justify="right")
-    alone, beside = result["interactive"]["alone"], result["interactive"]["with_batch"]
-    for c in alone:
-        a, b = alone[c]["ttft_ms"], beside[c]["ttft_ms"]
+    interactive = result["interactive"]
+    for c, beside in interactive["with_batch"].items():
+        arms = [interactive[k][c]["ttft_ms"] for k in ("alone_before", "alone_after", "alone")]
+        b = beside["ttft_ms"]
         ttft.add_row(
-            c, f"{a['n']} / {b['n']}", _spread(a), _spread(b), str(beside[c]["first_ttft_ms"])
+            c,
+            f"{arms[2]['n']} / {b['n']}",
+            *(_spread(a) for a in arms),
+            _spread(b),
+            str(beside["first_ttft_ms"]),
         )
     console.print(ttft)
     phases = Table(title="pacer limit / batch lines in flight per phase (min/median/max)")
@@ -618,6 +718,12 @@ def main(argv: list[str] | None = None) -> None:
         "--ramp-timeout-s", type=float, default=40.0, help="C: most wait for the pacer's ceiling"
     )
     parser.add_argument("--recovery-timeout-s", type=float, default=60.0)
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=5.0,
+        help="F: seconds with no batch line ending before the baseline after is taken",
+    )
     parser.add_argument("--name", default="batch_interference", help="result file name")
     add_settings_args(parser)
     run_benchmark(parser, argv, measure, render)

@@ -1,18 +1,27 @@
 from __future__ import annotations
 
+import asyncio
+import time
+
 from bench.batch_interference import (
+    MetricsScraper,
     Sample,
+    UsageFollower,
+    drain,
     first_below,
     goals,
     parse_metrics,
     per_second,
+    pooled,
     recovery_s,
     report_summary,
     timeline_summary,
     trace_rate,
+    ttft_sequence,
     window_rate,
 )
-from bench.driver import RequestTrace
+from bench.driver import RequestTrace, WaveResult
+from tokenbus.config import Settings
 
 METRICS = """\
 # HELP tokenbus_batch_pacer_limit Lines the runner's batches may keep in flight together
@@ -95,3 +104,62 @@ def test_report_summary_reads_the_job_reports_inside_the_window() -> None:
     assert summary["with_interactive_waiting"] == 1
     assert summary["ttft_p99_ms"]["n"] == 1 and summary["ttft_p99_ms"]["max"] == 100.0
     assert summary["queue_p99_ms"]["n"] == 2
+
+
+def test_ttft_sequence_is_in_start_order_from_the_first_start() -> None:
+    late = RequestTrace(index=0, started=12.0, arrivals=[(12.05, 1)])
+    early = RequestTrace(index=1, started=10.0, arrivals=[(10.3, 1)])
+    failed = RequestTrace(index=2, started=11.0, error="boom")
+    wave = WaveResult(concurrency=1, wall_s=2.1, traces=[late, early, failed])
+    assert ttft_sequence(wave) == [(0.0, 300.0), (1000.0, None), (2000.0, 50.0)]
+    assert ttft_sequence(WaveResult(concurrency=1, wall_s=0.0, traces=[])) == []
+
+
+def test_goals_judge_the_pooled_baseline_and_show_each_part_beside_it() -> None:
+    rows = goals(
+        {
+            "alone": {1: 100.0},
+            "alone_before": {1: 80.0},
+            "alone_after": {1: 120.0},
+            "with_batch": {1: 140.0},
+        },
+        full_rate=1000.0,
+        batch_rate=850.0,
+        recovered_s=2.0,
+    )
+    assert rows[0]["value"] == 1.4 and rows[0]["met"] is True
+    assert rows[0]["against_each_part"] == {"before": 1.75, "after": 1.167}
+
+
+def test_pooled_keeps_every_request_of_both_parts() -> None:
+    before = WaveResult(1, 2.0, [RequestTrace(index=i, started=0.0) for i in range(3)])
+    after = WaveResult(1, 3.0, [RequestTrace(index=i, started=9.0) for i in range(2)])
+    both = pooled(before, after)
+    assert (both.concurrency, both.wall_s, len(both.traces)) == (1, 5.0, 5)
+    assert both.traces[:3] == before.traces and both.traces[3:] == after.traces
+
+
+def test_drain_waits_for_no_line_in_flight_and_a_quiet_spell() -> None:
+    follower = UsageFollower(Settings())
+    scraper = MetricsScraper("http://unused")
+
+    async def run() -> tuple[bool, float]:
+        now = time.time()
+        follower.events.append((now, 16))  # a line just ended
+        scraper.samples.append(Sample(now + 1.0, 64.0, 3.0))  # three still running
+        task = asyncio.create_task(drain(follower, scraper, quiet_s=1.0, timeout_s=5.0))
+        await asyncio.sleep(0.7)
+        assert not task.done()
+        scraper.samples.append(Sample(time.time() + 0.1, 64.0, 0.0))
+        started = time.monotonic()
+        return await task, time.monotonic() - started
+
+    drained, waited = asyncio.run(run())
+    assert drained is True and waited < 2.0
+
+
+def test_drain_gives_up_at_its_timeout() -> None:
+    follower = UsageFollower(Settings())
+    scraper = MetricsScraper("http://unused")
+    scraper.samples.append(Sample(time.time() + 60.0, 64.0, 5.0))
+    assert asyncio.run(drain(follower, scraper, quiet_s=0.1, timeout_s=0.6)) is False
