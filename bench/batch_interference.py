@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import time
@@ -52,6 +53,7 @@ from bench.common import (
     run_benchmark,
 )
 from bench.driver import RequestTrace, WaveResult, run_wave
+from bench.procstat import cpu_seconds, descendants
 from bench.report import uptime_load
 from bench.stats import ratio, summarize
 from bench.workload import prompt, prompts, tenant
@@ -240,6 +242,33 @@ def goals(
 
 
 # -- I/O ------------------------------------------------------------------------------------
+
+
+class PhaseCpu:
+    """Cores each process used in each phase: CPU seconds between marks over wall seconds.
+    A phase is named at its end (``mark``); the first mark only starts the clock."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self._groups = groups
+        self._last = (time.monotonic(), self._read())
+        self._phases: dict[str, dict[str, float]] = {}
+        self._started = False
+
+    def _read(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self._groups.items()}
+
+    def mark(self, phase: str) -> None:
+        now, seconds = time.monotonic(), self._read()
+        then, before = self._last
+        if self._started and now > then:
+            self._phases[phase] = {
+                name: round((seconds[name] - before[name]) / (now - then), 3) for name in seconds
+            }
+        self._started = True
+        self._last = (now, seconds)
+
+    def cores(self) -> dict[str, dict[str, float]]:
+        return dict(self._phases)
 
 
 @dataclass
@@ -487,17 +516,23 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     tasks: list[asyncio.Task[None]] = []
     try:
         await stack.start()
+        groups = {
+            srv.name: [srv.process.pid, *descendants(srv.process.pid)] for srv in stack.services
+        }
+        cpu = PhaseCpu({**groups, "bench (clients)": [os.getpid()]})
         async with TokenbusClient(settings) as client:
             bus = Interactive(client, args.max_tokens)
             say("warm-up")
             await bus.wave(-1, 16, 8)
             # A
+            cpu.mark("start")
             for concurrency in args.concurrency:
                 say(f"A: class 1 c={concurrency}, no batch")
                 waves["alone_before"][concurrency] = await bus.wave(
                     0, max(args.min_requests, 4 * concurrency), concurrency
                 )
             # B
+            cpu.mark("A_interactive_alone")
             say(f"B: class 1 c=64 for {args.full_s} s")
             b_start = time.perf_counter()
             deadline = b_start + args.full_s
@@ -506,6 +541,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             )  # far more prompts than the window takes
             full_rate = trace_rate(full.traces, b_start + args.ramp_s, deadline)
             # C
+            cpu.mark("B_class1_full")
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(follower.run(ready)))
             await ready.wait()
@@ -533,6 +569,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             c_end = c_start + args.batch_window_s
             phases["C_batch_alone"] = (submitted, time.time())
             # D
+            cpu.mark("C_batch_alone")
             d_start = time.time()
             for concurrency in args.concurrency:
                 say(f"D: class 1 c={concurrency} beside the batch")
@@ -540,6 +577,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     3, max(args.min_requests, 4 * concurrency), concurrency
                 )
             d_end = time.time()
+            cpu.mark("D_interactive_with_batch")
             phases["D_interactive_with_batch"] = (d_start, d_end)
             # E
             await asyncio.sleep(1.5)  # usage events of the window land
@@ -561,6 +599,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             await send_command_once(settings, "cancel", batch_id)
             drained = await drain(follower, scraper, quiet_s=args.quiet_s, timeout_s=120.0)
             say(f"F: batch drained: {drained}")
+            cpu.mark("E_F_recovery_and_cancel")
             f_start = time.time()
             for concurrency in args.concurrency:
                 say(f"F: class 1 c={concurrency}, the batch gone")
@@ -569,6 +608,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 )
             phases["F_batch_cancelled"] = (e_end, f_start)
             phases["F_interactive_after"] = (f_start, time.time())
+            cpu.mark("F_interactive_after")
             stack.check()
     finally:
         for task in tasks:
@@ -628,6 +668,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for s in scraper.samples
         ],
         "phases": {k: [round(a - origin, 1), round(b - origin, 1)] for k, (a, b) in phases.items()},
+        "cores_by_phase": cpu.cores(),
     }
 
 
@@ -683,6 +724,15 @@ def render(result: dict[str, Any], console: Console) -> None:
         ]
         phases.add_row(name, str(entry["seconds"]), *cells)
     console.print(phases)
+    by_phase = result.get("cores_by_phase") or {}
+    if by_phase:
+        cores = Table(title="cores each process used, per phase")
+        names = sorted({name for row in by_phase.values() for name in row})
+        for column in ("phase", *names):
+            cores.add_column(column, justify="right")
+        for phase, row in by_phase.items():
+            cores.add_row(phase, *(f"{row.get(name, 0.0):.2f}" for name in names))
+        console.print(cores)
     seen = result["job_reports_in_D"]
     console.print(
         f"the job's reports in D (what the pacer read): {seen['reports']}, "

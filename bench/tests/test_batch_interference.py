@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from bench.batch_interference import (
     MetricsScraper,
+    PhaseCpu,
     Sample,
     UsageFollower,
     drain,
@@ -163,3 +165,18 @@ def test_drain_gives_up_at_its_timeout() -> None:
     scraper = MetricsScraper("http://unused")
     scraper.samples.append(Sample(time.time() + 60.0, 64.0, 5.0))
     assert asyncio.run(drain(follower, scraper, quiet_s=0.1, timeout_s=0.6)) is False
+
+
+def test_phase_cpu_names_each_phase_at_its_end_in_cores() -> None:
+    cpu = PhaseCpu({"me": [os.getpid()], "gone": [2**22 + 7]})
+    cpu.mark("start")  # only starts the clock
+    spin_until = time.monotonic() + 0.3
+    while time.monotonic() < spin_until:
+        pass
+    cpu.mark("busy")
+    time.sleep(0.3)
+    cpu.mark("idle")
+    cores = cpu.cores()
+    assert list(cores) == ["busy", "idle"]
+    assert cores["busy"]["me"] > 0.3 and cores["idle"]["me"] < cores["busy"]["me"]
+    assert cores["busy"]["gone"] == 0.0
