@@ -36,7 +36,7 @@ import shutil
 import statistics
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ from bench.stats import ratio, summarize
 from bench.workload import prompt, prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import LoadReport, SamplingParams, SchemaError, UsageEvent, decode
+from tokenbus.batch.store import BatchStore
 from tokenbus.config import Settings
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
@@ -358,7 +359,6 @@ def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
     from bridge.auth import Caller
     from bridge.batch_lines import BodyChecker
     from bridge.hygiene import PatternScreen
-    from tokenbus.batch.store import BatchStore
     from tokenbus.batch.submit import create_batch, file_doc
     from tokenbus.prompt_tokens import PromptCounter
 
@@ -425,15 +425,22 @@ async def send_command_once(
 
 
 async def drain(
-    follower: UsageFollower, scraper: MetricsScraper, *, quiet_s: float, timeout_s: float
+    follower: UsageFollower,
+    scraper: MetricsScraper,
+    ended: Callable[[], bool],
+    *,
+    quiet_s: float,
+    timeout_s: float,
 ) -> bool:
-    """Waits until the cancelled batch has no line in flight (the runner's ``/metrics``)
-    and no batch line ended for ``quiet_s``; False if ``timeout_s`` passed first."""
+    """Waits until the cancelled batch has ended (``ended``: its document is terminal, so
+    the runner has written its output and error files), has no line in flight (the
+    runner's ``/metrics``) and no batch line ended for ``quiet_s``; False if
+    ``timeout_s`` passed first."""
     started = time.time()
     while time.time() - started < timeout_s:
         await asyncio.sleep(0.5)
         last = scraper.samples[-1] if scraper.samples else None
-        idle = last is not None and last.at > started and not last.in_flight
+        idle = last is not None and last.at > started and not last.in_flight and ended()
         last_line = max((at for at, _ in follower.events), default=0.0)
         if idle and time.time() - max(last_line, started) >= quiet_s:
             return True
@@ -597,7 +604,12 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             # F
             say("F: cancelling the batch; waiting for its running lines to end")
             await send_command_once(settings, "cancel", batch_id)
-            drained = await drain(follower, scraper, quiet_s=args.quiet_s, timeout_s=120.0)
+            store = BatchStore(settings.batch_store)
+
+            def ended() -> bool:
+                return store.batch(BATCH_TENANT, batch_id).is_terminal
+
+            drained = await drain(follower, scraper, ended, quiet_s=args.quiet_s, timeout_s=120.0)
             say(f"F: batch drained: {drained}")
             cpu.mark("E_F_recovery_and_cancel")
             f_start = time.time()

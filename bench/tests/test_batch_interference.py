@@ -149,22 +149,28 @@ def test_drain_waits_for_no_line_in_flight_and_a_quiet_spell() -> None:
         now = time.time()
         follower.events.append((now, 16))  # a line just ended
         scraper.samples.append(Sample(now + 1.0, 64.0, 3.0))  # three still running
-        task = asyncio.create_task(drain(follower, scraper, quiet_s=1.0, timeout_s=5.0))
+        done = [False]
+        task = asyncio.create_task(
+            drain(follower, scraper, lambda: done[0], quiet_s=1.0, timeout_s=5.0)
+        )
         await asyncio.sleep(0.7)
         assert not task.done()
         scraper.samples.append(Sample(time.time() + 0.1, 64.0, 0.0))
+        await asyncio.sleep(1.2)
+        assert not task.done()  # no line in flight, quiet, but its files not yet written
+        done[0] = True
         started = time.monotonic()
         return await task, time.monotonic() - started
 
     drained, waited = asyncio.run(run())
-    assert drained is True and waited < 2.0
+    assert drained is True and waited < 1.0
 
 
 def test_drain_gives_up_at_its_timeout() -> None:
     follower = UsageFollower(Settings())
     scraper = MetricsScraper("http://unused")
     scraper.samples.append(Sample(time.time() + 60.0, 64.0, 5.0))
-    assert asyncio.run(drain(follower, scraper, quiet_s=0.1, timeout_s=0.6)) is False
+    assert asyncio.run(drain(follower, scraper, lambda: True, quiet_s=0.1, timeout_s=0.6)) is False
 
 
 def test_phase_cpu_names_each_phase_at_its_end_in_cores() -> None:
