@@ -220,6 +220,10 @@ class Settings(BaseSettings):
     ``batch_target_interactive_ratio`` x its baseline) before it lets one more batch line
     run beside them, up to ``batch_yield_seats_per_worker`` (``workers.batch_gate``: AIMD
     from none; a request over the target with batch lines running halves them)."""
+    batch_yield_probe_after_max: int = Field(default=1024, ge=1)
+    """The most interactive requests between two probes: each probe that fails (a request
+    over the target beside the line it added) doubles the wait, from
+    ``batch_yield_probe_after`` up to this; one that holds brings it back."""
     batch_yield_hold_s: float = 3.0
     """How long the batch yield's cap outlives the last interactive request's arrival
     (at a worker, also its end):

@@ -64,18 +64,35 @@ class SeatLearner:
     ``ratio`` x the baseline halves the seats (down to none); ``probe_after`` requests in
     a row within the target, while the seats bind (more lines want to run than may),
     let one more line run, to find out whether it fits; with no batch line wanting a
-    seat there is nothing to learn. Pure.
+    seat there is nothing to learn.
+
+    A probe costs the request it fails on. So a probe that failed (a halving from seats
+    the learner had let run) doubles the requests before the next one, up to
+    ``probe_after_max``, and a probe that held (``probe_after`` requests within the target
+    beside the line it added) brings the wait back to ``probe_after``: a host where one
+    line never fits (vLLM on the CPU beside the bus, BENCHMARKS.md section 7) soon probes
+    a few times an hour of interactive traffic instead of every ``probe_after`` requests,
+    and a GPU host, where probes hold, keeps learning at the full pace. Pure.
     """
 
     max_seats: int
     ratio: float = 1.5
     probe_after: int = 32
+    probe_after_max: int = 1024
     window: int = 60
     seats: int = 0
     """Starts at none: the first interactive request of a host never meets a batch line
     that has not been shown to fit."""
     num_within: int = 0
+    probe_wait: int = 0
+    """Requests within the target before the next probe (``probe_after`` until one fails)."""
+    num_since_probe: int | None = None
+    """Requests within the target since the last probe, while it is not yet shown to hold."""
     _samples: deque[float] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.probe_wait <= 0:
+            self.probe_wait = self.probe_after
 
     def baseline(self) -> float | None:
         return min(self._samples) if self._samples else None
@@ -88,14 +105,25 @@ class SeatLearner:
         baseline = self.baseline()
         if baseline is None:
             return
-        if ttft_s > self.ratio * baseline and num_batch_running > 0:
+        within = ttft_s <= self.ratio * baseline
+        if not within and num_batch_running > 0:
+            if self.num_since_probe is not None:  # the last probe failed: wait longer
+                self.probe_wait = min(2 * self.probe_wait, max(self.probe_after_max, 1))
+                self.num_since_probe = None
             self.seats //= 2
             self.num_within = 0
-        elif ttft_s <= self.ratio * baseline and num_batch_running + num_batch_waiting > self.seats:
+            return
+        if within and self.num_since_probe is not None and num_batch_running > 0:
+            self.num_since_probe += 1
+            if self.num_since_probe >= self.probe_after:  # the probe held
+                self.probe_wait = self.probe_after
+                self.num_since_probe = None
+        if within and num_batch_running + num_batch_waiting > self.seats:
             self.num_within += 1
-            if self.num_within >= self.probe_after and self.seats < self.max_seats:
+            if self.num_within >= self.probe_wait and self.seats < self.max_seats:
                 self.seats += 1
                 self.num_within = 0
+                self.num_since_probe = 0
 
 
 class BatchGate:

@@ -206,6 +206,7 @@ def create_batch_gate(settings: Settings, engine: Engine) -> BatchGate | None:
         max_seats=seats,
         ratio=settings.batch_target_interactive_ratio,
         probe_after=settings.batch_yield_probe_after,
+        probe_after_max=settings.batch_yield_probe_after_max,
     )
     return BatchGate(policy, "engine", engine.abort, learner=learner)
 

@@ -309,3 +309,37 @@ async def test_a_line_paused_before_its_first_token_is_billed_its_prompt(tmp_pat
     # (whose prompt, as token ids, the pretend engine counts one a character).
     assert (usage.num_prompt_tokens, usage.num_cached_tokens) == (6, 2)
     assert usage.num_completion_tokens == 20 and gate.num_pauses == 1
+
+
+def test_a_failed_probe_doubles_the_wait_for_the_next_and_one_that_holds_resets_it() -> None:
+    learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=3, probe_after_max=12)
+    learner.observe(0.040, num_batch_running=0)  # baseline 40 ms: the target is 60 ms
+
+    def within_until_probe() -> int:
+        """Requests within the target, lines waiting, until the learner lets one more run."""
+        seats, count = learner.seats, 0
+        while learner.seats == seats:
+            learner.observe(0.050, num_batch_running=learner.seats, num_batch_waiting=5)
+            count += 1
+            assert count < 100
+        return count
+
+    waits = []
+    for _ in range(4):  # each probe fails on the next request, beside the line it added
+        waits.append(within_until_probe())
+        assert learner.seats == 1
+        learner.observe(0.200, num_batch_running=1, num_batch_waiting=5)
+        assert learner.seats == 0
+    assert waits == [3, 6, 12, 12]  # doubled each time, up to probe_after_max
+    assert within_until_probe() == 12 and learner.seats == 1
+    for _ in range(3):  # this probe holds: three within the target beside its line
+        learner.observe(0.050, num_batch_running=1)
+    assert learner.probe_wait == 3
+    assert within_until_probe() == 3 and learner.seats == 2
+
+
+def test_a_slow_request_from_seats_already_shown_to_fit_does_not_slow_the_probes() -> None:
+    learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=2, seats=2)
+    learner.observe(0.040, num_batch_running=0)
+    learner.observe(0.200, num_batch_running=2, num_batch_waiting=5)  # no probe pending
+    assert learner.seats == 1 and learner.probe_wait == 2
