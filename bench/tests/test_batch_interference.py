@@ -80,7 +80,7 @@ def test_timeline_summary_and_first_backoff_per_phase() -> None:
 def test_goals_put_each_figure_beside_its_goal() -> None:
     rows = goals(
         {"alone": {1: 100.0, 16: 200.0}, "with_batch": {1: 140.0, 16: 400.0}},
-        full_rate=1000.0,
+        full_rates={"before": 1000.0},
         batch_rate=850.0,
         recovered_s=None,
     )
@@ -125,7 +125,7 @@ def test_goals_judge_the_pooled_baseline_and_show_each_part_beside_it() -> None:
             "alone_after": {1: 120.0},
             "with_batch": {1: 140.0},
         },
-        full_rate=1000.0,
+        full_rates={"before": 1000.0},
         batch_rate=850.0,
         recovered_s=2.0,
     )
@@ -186,3 +186,14 @@ def test_phase_cpu_names_each_phase_at_its_end_in_cores() -> None:
     assert list(cores) == ["busy", "idle"]
     assert cores["busy"]["me"] > 0.3 and cores["idle"]["me"] < cores["busy"]["me"]
     assert cores["busy"]["gone"] == 0.0
+
+
+def test_the_batchs_share_is_of_class_1s_mean_rate_before_and_after() -> None:
+    rows = goals(
+        {"alone": {}, "with_batch": {}},
+        full_rates={"before": 1200.0, "after": 800.0},
+        batch_rate=850.0,
+        recovered_s=2.0,
+    )
+    assert rows[0]["value"] == 0.85 and rows[0]["met"] is True
+    assert rows[0]["against_each_part"] == {"before": 0.708, "after": 1.062}
