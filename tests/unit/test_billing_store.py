@@ -95,12 +95,40 @@ def test_migrations_apply_once_and_again_do_nothing() -> None:
             (6, "created_at_index"),
             (7, "batch_id"),
             (8, "spans"),
+            (9, "compact_parts"),
         ]
         assert len(ledger) == len(bundled_migrations())
         for table in ("usage_events", "prices", "budget_alerts", "spans"):
             assert client.query(f"EXISTS TABLE {table}").result_rows == [(1,)]
     finally:
         client.close()
+
+
+def test_an_insert_past_the_default_wide_size_is_written_compact_rollups_included(
+    store: ClickHouseStore,
+) -> None:
+    # 60,000 rows of about 250 bytes: past ClickHouse's 10 MiB default for a wide part.
+    store.query(
+        "INSERT INTO usage_events (tenant_id, session_id, request_id, model, status,"
+        " key_sha256, created_at, finished_at)"
+        " SELECT 'acme', toString(number % 1000), toString(number), 'tiny', 'ok',"
+        " repeat('k', 200), toDateTime64('2026-03-01 12:00:00', 3, 'UTC'),"
+        " toDateTime64('2026-03-01 12:00:00', 3, 'UTC') FROM numbers(60000)"
+    )
+    [part] = store.query(
+        "SELECT part_type, data_uncompressed_bytes FROM system.parts"
+        " WHERE table = 'usage_events' AND active"
+    )
+    assert part["data_uncompressed_bytes"] > 10 << 20
+    assert part["part_type"] == "Compact"
+    projections = store.query(
+        "SELECT name, part_type FROM system.projection_parts"
+        " WHERE table = 'usage_events' AND active ORDER BY name"
+    )
+    assert [(p["name"], p["part_type"]) for p in projections] == [
+        ("usage_by_minute", "Compact"),
+        ("usage_by_session", "Compact"),
+    ]
 
 
 def test_version_2_collapses_version_1_copies_and_rolls_those_rows_up_once() -> None:

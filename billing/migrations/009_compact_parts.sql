@@ -1,0 +1,12 @@
+-- usage_events writes its parts in the compact format up to 256 MiB (uncompressed).
+--
+-- A wide part keeps each column in files of its own, two per column and again for each
+-- rollup projection inside it, and the table fsyncs every file of a new part (migration
+-- 002). A compact part keeps all columns in one data file and one marks file. The sink's
+-- inserts (tens of thousands of rows, 10 to 20 MiB) crossed the 10 MiB default and were
+-- written wide: 50,000-row inserts into chdb spent 3 to 4 µs of kernel time per row in
+-- its insert threads, and about 1 µs in the compact format. Parts merge into wide ones
+-- past this size, where a read of a few columns gains from the files apart. What a query
+-- returns does not depend on a part's format; parts written before stay as they are
+-- until a merge rewrites them.
+ALTER TABLE usage_events MODIFY SETTING min_bytes_for_wide_part = 268435456;
