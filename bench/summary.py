@@ -492,12 +492,20 @@ def build_summary(
     max_runs: int = MIN_RUNS,
     record_bytes: Mapping[str, float] | None = None,
     generated_at: str = "",
+    earlier: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The summary of ``results`` (benchmark name --> its result JSONs)."""
+    """The summary of ``results`` (benchmark name --> its result JSONs). A benchmark with
+    no result here keeps its figures from ``earlier`` (the summary this one replaces),
+    each with the commit, date and load it was measured at: a machine that ran only some
+    of the scripts does not drop the others' figures."""
     runs = {name: select_runs(rs, max_runs) for name, rs in results.items()}
+    kept: Mapping[str, dict[str, Any]] = (earlier or {}).get("figures", {})
     figures: dict[str, dict[str, Any]] = {}
     for figure in FIGURES:
-        found = summarize_figure(figure, runs.get(figure.benchmark, []))
+        if runs.get(figure.benchmark):
+            found = summarize_figure(figure, runs[figure.benchmark])
+        else:
+            found = kept.get(figure.key)
         if found is not None:
             figures[figure.key] = found
     return {
@@ -618,6 +626,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     build.add_argument("--runs", type=int, default=MIN_RUNS, help="newest runs per benchmark")
     build.add_argument("--results", type=Path, default=RESULTS_DIR)
     build.add_argument("--out", type=Path, default=SUMMARY_PATH)
+    build.add_argument(
+        "--fresh",
+        action="store_true",
+        help="drop the figures of benchmarks with no result here (default: keep --out's)",
+    )
     ours, extra = split_script_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(ours)
     if args.command == "collect":
@@ -629,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_runs=args.runs,
         record_bytes=record_bytes(),
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        earlier=None if args.fresh or not args.out.exists() else json.loads(args.out.read_text()),
     )
     args.out.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     for goal in summary["goals"]:

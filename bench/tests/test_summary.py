@@ -163,3 +163,18 @@ def test_collect_passes_what_follows_the_double_dash_to_the_script() -> None:
     assert ours == ["collect", "admission", "--runs", "1"]
     assert theirs == ["--requests", "2000", "--", "x"]
     assert summary.split_script_args(["build"]) == (["build"], [])
+
+
+def test_a_benchmark_without_results_here_keeps_its_earlier_figures() -> None:
+    earlier = summary.build_summary(
+        {"admission": [admission("2026-12-01T10:00:00", 900)], "overhead": [overhead("x")]}
+    )
+    newer = summary.build_summary(
+        {"admission": [admission("2026-12-02T10:00:00", 1100)]}, earlier=earlier
+    )
+    assert newer["figures"]["admission.requests_per_job_core_s"]["median"] == 1100
+    kept = [k for k in earlier["figures"] if not k.startswith("admission.")]
+    assert "ttft.added_p50_ms" in kept  # the overhead script's figures
+    assert all(newer["figures"][k] == earlier["figures"][k] for k in kept)
+    fresh = summary.build_summary({"admission": [admission("2026-12-02T10:00:00", 1100)]})
+    assert "ttft.added_p50_ms" not in fresh["figures"]
