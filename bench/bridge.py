@@ -1,7 +1,7 @@
 """Stage: the SSE bridge, in tokens/s per core.
 
     .venvs/stream/bin/python -m bench.bridge [--concurrency 16 64] [--loops uvloop asyncio]
-        [--profile]
+        [--profile] [--name NAME]
 
 HTTP clients stream ``POST /v1/completions`` (``stream_options.include_usage``) through
 the real bridge (``python -m bridge``), the real Faust job, and the real worker loop on
@@ -257,11 +257,12 @@ def main() -> None:
         help="the services' event loop (Settings.event_loop), one run each",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the bridge")
+    parser.add_argument("--name", help="result file name (default: bridge, or bridge-profile)")
     add_settings_args(parser)
     args = parser.parse_args()
     exit_on_sigterm()
     result = asyncio.run(_main(args))
-    name = "bridge-profile" if args.profile else "bridge"
+    name = args.name or ("bridge-profile" if args.profile else "bridge")
     path = write_result(name, result)
     print_table("the SSE bridge", COLUMNS, table_rows(result["results"]), path)
     for row in result["results"]:
