@@ -515,6 +515,14 @@ def ttft_sequence(wave: WaveResult) -> list[tuple[float, float | None]]:
     ]
 
 
+def wave_size(concurrency: int, per_lane: int) -> int:
+    """Requests in a wave at ``concurrency``: ``per_lane`` for each of its lanes. The lanes
+    run in step (an engine step takes a whole burst, so its requests share one time to
+    first token), so a wave holds ``per_lane`` independent samples whatever its
+    concurrency, and a p99 wants 100 or more: over 8 bursts of 16 it is the worst burst."""
+    return concurrency * per_lane
+
+
 def ttft_p99(wave: WaveResult) -> float:
     value = wave.summary()["ttft_ms"].get("p99", 0.0)
     return float(value)
@@ -552,7 +560,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for concurrency in args.concurrency:
                 say(f"A: class 1 c={concurrency}, no batch")
                 waves["alone_before"][concurrency] = await bus.wave(
-                    0, max(args.min_requests, 4 * concurrency), concurrency
+                    0, wave_size(concurrency, args.requests_per_lane), concurrency
                 )
             # B
             cpu.mark("A_interactive_alone")
@@ -592,7 +600,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for concurrency in args.concurrency:
                 say(f"D: class 1 c={concurrency} beside the batch")
                 waves["with_batch"][concurrency] = await bus.wave(
-                    3, max(args.min_requests, 4 * concurrency), concurrency
+                    3, wave_size(concurrency, args.requests_per_lane), concurrency
                 )
             d_end = time.time()
             cpu.mark("D_interactive_with_batch")
@@ -627,7 +635,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for concurrency in args.concurrency:
                 say(f"F: class 1 c={concurrency}, the batch gone")
                 waves["alone_after"][concurrency] = await bus.wave(
-                    4, max(args.min_requests, 4 * concurrency), concurrency
+                    4, wave_size(concurrency, args.requests_per_lane), concurrency
                 )
             phases["F_batch_cancelled"] = (e_end, f_start)
             phases["F_interactive_after"] = (f_start, time.time())
@@ -786,10 +794,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument(
-        "--min-requests",
+        "--requests-per-lane",
         type=int,
         default=128,
-        help="per interactive wave: a p99 wants 100 or more (over 32 it is the maximum)",
+        help="per interactive wave, times its concurrency (wave_size)",
     )
     parser.add_argument("--full-s", type=float, default=20.0, help="B: class 1 at c=64")
     parser.add_argument("--ramp-s", type=float, default=3.0, help="skipped before B's and C's")

@@ -20,6 +20,7 @@ from bench.batch_interference import (
     timeline_summary,
     trace_rate,
     ttft_sequence,
+    wave_size,
     window_rate,
 )
 from bench.driver import RequestTrace, WaveResult
@@ -197,3 +198,8 @@ def test_the_batchs_share_is_of_class_1s_mean_rate_before_and_after() -> None:
     )
     assert rows[0]["value"] == 0.85 and rows[0]["met"] is True
     assert rows[0]["against_each_part"] == {"before": 0.708, "after": 1.062}
+
+
+def test_a_wave_holds_as_many_bursts_as_a_lane_has_requests() -> None:
+    assert wave_size(1, 128) == 128
+    assert wave_size(16, 128) == 2048
