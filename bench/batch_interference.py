@@ -458,6 +458,7 @@ async def drain(
 class Interactive:
     client: TokenbusClient
     max_tokens: int
+    say: Callable[[str], None] = print
 
     def stream_fn(self, deadline: float | None = None) -> Any:
         sampling = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, ignore_eos=True)
@@ -477,6 +478,17 @@ class Interactive:
 
     async def wave(self, tag: int, count: int, concurrency: int) -> WaveResult:
         return await run_wave(self.stream_fn(), prompts(tag, count), concurrency)
+
+    async def waves(
+        self, tag: int, args: argparse.Namespace, label: Callable[[int], str]
+    ) -> dict[int, WaveResult]:
+        """One wave at each of ``args.concurrency``, in order, each announced by ``label``."""
+        done: dict[int, WaveResult] = {}
+        for concurrency in args.concurrency:
+            self.say(label(concurrency))
+            size = wave_size(concurrency, args.requests_per_lane)
+            done[concurrency] = await self.wave(tag, size, concurrency)
+        return done
 
     async def full(self, tag: int, seconds: float, ramp_s: float) -> tuple[WaveResult, float]:
         """Class 1 at c=64 for ``seconds``: the wave, and the completion tokens/s of the
@@ -552,16 +564,14 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         }
         cpu = PhaseCpu({**groups, "bench (clients)": [os.getpid()]})
         async with TokenbusClient(settings) as client:
-            bus = Interactive(client, args.max_tokens)
+            bus = Interactive(client, args.max_tokens, say)
             say("warm-up")
             await bus.wave(-1, 16, 8)
             # A
             cpu.mark("start")
-            for concurrency in args.concurrency:
-                say(f"A: class 1 c={concurrency}, no batch")
-                waves["alone_before"][concurrency] = await bus.wave(
-                    0, wave_size(concurrency, args.requests_per_lane), concurrency
-                )
+            waves["alone_before"] = await bus.waves(
+                0, args, lambda c: f"A: class 1 c={c}, no batch"
+            )
             # B
             cpu.mark("A_interactive_alone")
             say(f"B: class 1 c=64 for {args.full_s} s")
@@ -597,11 +607,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             # D
             cpu.mark("C_batch_alone")
             d_start = time.time()
-            for concurrency in args.concurrency:
-                say(f"D: class 1 c={concurrency} beside the batch")
-                waves["with_batch"][concurrency] = await bus.wave(
-                    3, wave_size(concurrency, args.requests_per_lane), concurrency
-                )
+            waves["with_batch"] = await bus.waves(
+                3, args, lambda c: f"D: class 1 c={c} beside the batch"
+            )
             d_end = time.time()
             cpu.mark("D_interactive_with_batch")
             phases["D_interactive_with_batch"] = (d_start, d_end)
@@ -632,11 +640,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             say(f"F: batch drained: {drained}")
             cpu.mark("E_F_recovery_and_cancel")
             f_start = time.time()
-            for concurrency in args.concurrency:
-                say(f"F: class 1 c={concurrency}, the batch gone")
-                waves["alone_after"][concurrency] = await bus.wave(
-                    4, wave_size(concurrency, args.requests_per_lane), concurrency
-                )
+            waves["alone_after"] = await bus.waves(
+                4, args, lambda c: f"F: class 1 c={c}, the batch gone"
+            )
             phases["F_batch_cancelled"] = (e_end, f_start)
             phases["F_interactive_after"] = (f_start, time.time())
             cpu.mark("F_interactive_after")
