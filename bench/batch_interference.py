@@ -54,7 +54,7 @@ from bench.common import (
     run_benchmark,
 )
 from bench.driver import RequestTrace, WaveResult, run_wave
-from bench.procstat import cpu_seconds, descendants
+from bench.procstat import CpuMeter, descendants
 from bench.report import uptime_load
 from bench.stats import ratio, summarize
 from bench.workload import prompt, prompts, tenant
@@ -253,27 +253,22 @@ def goals(
 
 
 class PhaseCpu:
-    """Cores each process used in each phase: CPU seconds between marks over wall seconds.
-    A phase is named at its end (``mark``); the first mark only starts the clock."""
+    """Cores each process used in each phase: a ``CpuMeter``'s CPU seconds between marks
+    over wall seconds. A phase is named at its end (``mark``); the first mark only starts
+    the clock."""
 
     def __init__(self, groups: dict[str, list[int]]) -> None:
-        self._groups = groups
-        self._last = (time.monotonic(), self._read())
+        self._meter = CpuMeter(groups)
+        self._since: float | None = None
         self._phases: dict[str, dict[str, float]] = {}
-        self._started = False
-
-    def _read(self) -> dict[str, float]:
-        return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self._groups.items()}
 
     def mark(self, phase: str) -> None:
-        now, seconds = time.monotonic(), self._read()
-        then, before = self._last
-        if self._started and now > then:
-            self._phases[phase] = {
-                name: round((seconds[name] - before[name]) / (now - then), 3) for name in seconds
-            }
-        self._started = True
-        self._last = (now, seconds)
+        now = time.monotonic()
+        if self._since is not None and now > self._since:
+            wall = now - self._since
+            self._phases[phase] = {k: round(v / wall, 3) for k, v in self._meter.delta().items()}
+        self._meter.start()
+        self._since = now
 
     def cores(self) -> dict[str, dict[str, float]]:
         return dict(self._phases)

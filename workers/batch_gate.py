@@ -84,15 +84,14 @@ class SeatLearner:
     """Starts at none: the first interactive request of a host never meets a batch line
     that has not been shown to fit."""
     num_within: int = 0
-    probe_wait: int = 0
+    probe_wait: int = field(init=False)
     """Requests within the target before the next probe (``probe_after`` until one fails)."""
-    num_since_probe: int | None = None
+    num_since_probe: int | None = field(default=None, init=False)
     """Requests within the target since the last probe, while it is not yet shown to hold."""
     _samples: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
-        if self.probe_wait <= 0:
-            self.probe_wait = self.probe_after
+        self.probe_wait = self.probe_after
 
     def baseline(self) -> float | None:
         return min(self._samples) if self._samples else None
@@ -108,7 +107,7 @@ class SeatLearner:
         within = ttft_s <= self.ratio * baseline
         if not within and num_batch_running > 0:
             if self.num_since_probe is not None:  # the last probe failed: wait longer
-                self.probe_wait = min(2 * self.probe_wait, max(self.probe_after_max, 1))
+                self.probe_wait = min(2 * self.probe_wait, self.probe_after_max)
                 self.num_since_probe = None
             self.seats //= 2
             self.num_within = 0
