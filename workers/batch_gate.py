@@ -36,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tokenbus.batch_yield import BatchYield, YieldPolicy
 
@@ -52,6 +53,11 @@ def plan_seats(num_running: int, num_waiting: int, cap: int | None) -> tuple[int
     if num_running > cap:
         return 0, num_running - cap
     return min(num_waiting, cap - num_running), 0
+
+
+Step = Literal["probe", "probe_held", "probe_failed", "halved"]
+"""What one observation made the learner do: let one more line run, find the last probe
+held or failed (failed: the seats halved), or halve the seats outside a probe."""
 
 
 @dataclass
@@ -96,33 +102,43 @@ class SeatLearner:
     def baseline(self) -> float | None:
         return min(self._samples) if self._samples else None
 
-    def observe(self, ttft_s: float, num_batch_running: int, num_batch_waiting: int = 0) -> None:
+    def observe(
+        self, ttft_s: float, num_batch_running: int, num_batch_waiting: int = 0
+    ) -> tuple[Step, ...]:
+        """Learns from one interactive request's time to first token; returns what that
+        changed, in order (a probe that held may be followed by the next probe)."""
         if num_batch_running == 0:
             self._samples.append(ttft_s)
             while len(self._samples) > self.window:
                 self._samples.popleft()
         baseline = self.baseline()
         if baseline is None:
-            return
+            return ()
         within = ttft_s <= self.ratio * baseline
         if not within and num_batch_running > 0:
+            step: Step = "halved"
             if self.num_since_probe is not None:  # the last probe failed: wait longer
                 self.probe_wait = min(2 * self.probe_wait, self.probe_after_max)
                 self.num_since_probe = None
+                step = "probe_failed"
             self.seats //= 2
             self.num_within = 0
-            return
+            return (step,)
+        steps: tuple[Step, ...] = ()
         if within and self.num_since_probe is not None and num_batch_running > 0:
             self.num_since_probe += 1
             if self.num_since_probe >= self.probe_after:  # the probe held
                 self.probe_wait = self.probe_after
                 self.num_since_probe = None
+                steps = ("probe_held",)
         if within and num_batch_running + num_batch_waiting > self.seats:
             self.num_within += 1
             if self.num_within >= self.probe_wait and self.seats < self.max_seats:
                 self.seats += 1
                 self.num_within = 0
                 self.num_since_probe = 0
+                steps = (*steps, "probe")
+        return steps
 
 
 class BatchGate:
@@ -217,10 +233,24 @@ class BatchGate:
         if self._aborts:
             await asyncio.wait(set(self._aborts), timeout=ABORTS_WAIT_S)
 
-    def interactive_first_token(self, ttft_s: float) -> None:
-        """An interactive request here made its first token ``ttft_s`` after it was taken."""
-        self.learner.observe(ttft_s, self._num_active(), len(self._waiting) + len(self._paused))
+    def interactive_first_token(self, ttft_s: float) -> tuple[Step, ...]:
+        """An interactive request here made its first token ``ttft_s`` after it was taken;
+        returns what the learner did with it."""
+        num_running = self._num_active()
+        steps = self.learner.observe(ttft_s, num_running, len(self._waiting) + len(self._paused))
+        for step in steps:
+            log.info(
+                "batch seats: %s at TTFT %.0f ms (baseline %.0f ms) beside %d lines; now %d"
+                " seats, next probe after %d requests",
+                step.replace("_", " "),
+                1000 * ttft_s,
+                1000 * (self.learner.baseline() or 0.0),
+                num_running,
+                self.learner.seats,
+                self.learner.probe_wait,
+            )
         self._rebalance()
+        return steps
 
     def interactive_ended(self) -> None:
         self._num_interactive = max(0, self._num_interactive - 1)

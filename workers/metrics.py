@@ -13,7 +13,7 @@ Everything is observed once per request, at its end: nothing per token or per st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -104,6 +104,19 @@ class WorkerMetrics:
             [MODEL, WORKER],
             registry=r,
         )
+        self.batch_probes = Counter(
+            "tokenbus_worker_batch_probes",
+            "The batch gate's learner: lines let in beside interactive work (probe), probes"
+            " that held or failed, halvings outside a probe (workers.batch_gate.SeatLearner)",
+            [MODEL, WORKER, "step"],
+            registry=r,
+        )
+        self.batch_seats = Gauge(
+            "tokenbus_worker_batch_seats",
+            "Class 2 lines the batch gate lets run beside interactive work, as learned",
+            [MODEL, WORKER],
+            registry=r,
+        )
         self.batch_waiting = Gauge(
             "tokenbus_worker_batch_lines_waiting",
             "Class 2 lines waiting at the batch gate (new or paused)",
@@ -115,6 +128,11 @@ class WorkerMetrics:
         lag = ConsumerLagCollector()
         lag.track("requests", aiokafka_offsets(request_consumer, [request_topic]))
         r.register(lag)
+
+    def batch_learned(self, model: str, steps: Iterable[str]) -> None:
+        """What the batch gate's learner did on one interactive request's first token."""
+        for step in steps:
+            self.batch_probes.labels(model, self.worker, step).inc()
 
     def request_done(
         self,

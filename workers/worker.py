@@ -248,6 +248,8 @@ class Worker:
             gate = self._batch_gate
             waiting = self.metrics.batch_waiting.labels(engine.model_name, self.worker_id)
             waiting.set_function(lambda: gate.num_waiting)
+            seats = self.metrics.batch_seats.labels(engine.model_name, self.worker_id)
+            seats.set_function(lambda: gate.learner.seats)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -495,7 +497,12 @@ class Worker:
                         num_at_first = num_completion + len(delta.token_ids)
                         if interactive:
                             assert self._batch_gate is not None
-                            self._batch_gate.interactive_first_token(time.monotonic() - started_s)
+                            self.metrics.batch_learned(
+                                self._engine.model_name,
+                                self._batch_gate.interactive_first_token(
+                                    time.monotonic() - started_s
+                                ),
+                            )
                     if not abort_sent and cancelled is not None:
                         # The cancel came before the engine knew the request: abort it now.
                         abort_sent = True

@@ -180,9 +180,13 @@ class RecordingEngine(FakeEngine):
             yield delta
 
 
-async def batch_worker(tmp_path: Path, engine: FakeEngine) -> tuple[Worker, RecordingProducer]:
+async def batch_worker(
+    tmp_path: Path, engine: FakeEngine, **overrides: Any
+) -> tuple[Worker, RecordingProducer]:
     settings = Settings(
-        home=tmp_path, worker_id="w1", batch_yield_seats_per_worker=0, batch_yield_hold_s=0.05
+        home=tmp_path,
+        worker_id="w1",
+        **{"batch_yield_seats_per_worker": 0, "batch_yield_hold_s": 0.05, **overrides},
     )
     worker = Worker(settings, engine)
     producer = RecordingProducer()
@@ -313,27 +317,30 @@ async def test_a_line_paused_before_its_first_token_is_billed_its_prompt(tmp_pat
 
 def test_a_failed_probe_doubles_the_wait_for_the_next_and_one_that_holds_resets_it() -> None:
     learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=3, probe_after_max=12)
-    learner.observe(0.040, num_batch_running=0)  # baseline 40 ms: the target is 60 ms
+    assert learner.observe(0.040, num_batch_running=0) == ()  # baseline 40 ms: target 60 ms
 
     def within_until_probe() -> int:
         """Requests within the target, lines waiting, until the learner lets one more run."""
         seats, count = learner.seats, 0
+        steps: tuple[str, ...] = ()
         while learner.seats == seats:
-            learner.observe(0.050, num_batch_running=learner.seats, num_batch_waiting=5)
+            assert steps == ()  # nothing happened on the requests before the probe
+            steps = learner.observe(0.050, num_batch_running=learner.seats, num_batch_waiting=5)
             count += 1
             assert count < 100
+        assert steps[-1] == "probe"
         return count
 
     waits = []
     for _ in range(4):  # each probe fails on the next request, beside the line it added
         waits.append(within_until_probe())
         assert learner.seats == 1
-        learner.observe(0.200, num_batch_running=1, num_batch_waiting=5)
-        assert learner.seats == 0
+        failed = learner.observe(0.200, num_batch_running=1, num_batch_waiting=5)
+        assert failed == ("probe_failed",) and learner.seats == 0
     assert waits == [3, 6, 12, 12]  # doubled each time, up to probe_after_max
     assert within_until_probe() == 12 and learner.seats == 1
-    for _ in range(3):  # this probe holds: three within the target beside its line
-        learner.observe(0.050, num_batch_running=1)
+    steps = [learner.observe(0.050, num_batch_running=1) for _ in range(3)]
+    assert steps == [(), (), ("probe_held",)]  # three within the target beside its line
     assert learner.probe_wait == 3
     assert within_until_probe() == 3 and learner.seats == 2
 
@@ -341,5 +348,36 @@ def test_a_failed_probe_doubles_the_wait_for_the_next_and_one_that_holds_resets_
 def test_a_slow_request_from_seats_already_shown_to_fit_does_not_slow_the_probes() -> None:
     learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=2, seats=2)
     learner.observe(0.040, num_batch_running=0)
-    learner.observe(0.200, num_batch_running=2, num_batch_waiting=5)  # no probe pending
+    assert learner.observe(0.200, num_batch_running=2, num_batch_waiting=5) == ("halved",)
     assert learner.seats == 1 and learner.probe_wait == 2
+
+
+def test_a_probe_that_holds_and_the_next_probe_can_come_on_one_request() -> None:
+    learner = SeatLearner(max_seats=4, ratio=1.5, probe_after=2)
+    learner.observe(0.040, num_batch_running=0)
+    steps = [learner.observe(0.050, num_batch_running=0, num_batch_waiting=5) for _ in range(2)]
+    assert steps == [(), ("probe",)] and learner.seats == 1
+    steps = [learner.observe(0.050, num_batch_running=1, num_batch_waiting=5) for _ in range(2)]
+    assert steps == [(), ("probe_held", "probe")] and learner.seats == 2
+
+
+async def test_the_worker_counts_what_its_learner_did_and_shows_the_seats(tmp_path: Path) -> None:
+    engine = RecordingEngine()
+    worker, producer = await batch_worker(
+        tmp_path, engine, batch_yield_seats_per_worker=1, batch_yield_probe_after=1
+    )
+    gate = worker._batch_gate
+    assert gate is not None
+    registry = worker.metrics.registry
+    labels = {"model": "tiny", "worker": "w1"}
+    assert registry.get_sample_value("tokenbus_worker_batch_seats", labels) == 0
+    batch = asyncio.create_task(worker._serve(work_item(max_tokens=40, priority=2)))
+    await until(lambda: len(producer.on(REPLY_TO)) >= 2)
+    await worker._serve(work_item(max_tokens=10, request_id="r2", priority=1))
+    # It paused the line; its first token was the baseline and, with the line waiting,
+    # one request within the target: the learner let the line back in beside it.
+    probes = {**labels, "step": "probe"}
+    assert registry.get_sample_value("tokenbus_worker_batch_probes_total", probes) == 1
+    assert registry.get_sample_value("tokenbus_worker_batch_seats", labels) == 1
+    assert gate.num_pauses == 1
+    await asyncio.wait_for(batch, 2.0)
