@@ -37,8 +37,9 @@ import shutil
 import statistics
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from aiokafka import TopicPartition
@@ -495,15 +496,46 @@ class Interactive:
         return wave, trace_rate(wave.traces, start + ramp_s, deadline)
 
 
-def wave_summary(wave: WaveResult) -> dict[str, Any]:
+PERF_TO_EPOCH = time.time() - time.perf_counter()
+"""Added to a ``perf_counter`` reading: seconds since the epoch (the workers' log times)."""
+
+
+def wave_summary(wave: WaveResult, steps: Sequence[tuple[float, str]] = ()) -> dict[str, Any]:
     """The wave's summary, with the TTFT of its first request: in D, the one that meets
     the batch lines running, which a p99 over enough requests rightly leaves out, and
-    which is shown apart so that it is not hidden."""
+    which is shown apart so that it is not hidden; and what the workers' seat learners
+    did during it (``steps``: epoch seconds, what), at ms from the wave's first start,
+    as its ``sequence`` is."""
     first = min(
         (t for t in wave.traces if t.ttft_s is not None), key=lambda t: t.index, default=None
     )
     first_ms = None if first is None or first.ttft_s is None else round(first.ttft_s * 1000, 3)
-    return {**wave.summary(), "first_ttft_ms": first_ms, "sequence": ttft_sequence(wave)}
+    origin = min((t.started for t in wave.traces), default=0.0) + PERF_TO_EPOCH
+    learner = [
+        (round((at - origin) * 1000, 1), what)
+        for at, what in steps
+        if origin <= at <= origin + wave.wall_s
+    ]
+    return {
+        **wave.summary(),
+        "first_ttft_ms": first_ms,
+        "sequence": ttft_sequence(wave),
+        "learner": learner,
+    }
+
+
+def learner_steps(lines: Iterable[str]) -> list[tuple[float, str]]:
+    """(epoch seconds, what) of each ``batch seats:`` line of a worker's text log
+    (``workers.batch_gate.BatchGate.interactive_first_token``): when its seat learner
+    let a batch line in beside interactive work, and when a probe held or failed."""
+    found = []
+    for line in lines:
+        head, sep, rest = line.partition(" workers.batch_gate: batch seats: ")
+        if not sep:
+            continue
+        at = datetime.strptime(head[:23], "%Y-%m-%d %H:%M:%S,%f")
+        found.append((at.timestamp(), rest.split(" at ", 1)[0]))
+    return found
 
 
 def ttft_sequence(wave: WaveResult) -> list[tuple[float, float | None]]:
@@ -651,6 +683,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
         stack.stop()
     load_end = uptime_load()
+    steps = sorted(
+        step
+        for log in (settings.home / "logs").glob("worker-*.log")
+        for step in learner_steps(log.read_text(errors="replace").splitlines())
+    )
     if not args.keep:
         shutil.rmtree(settings.home, ignore_errors=True)
     buckets = per_second(follower.events)
@@ -679,7 +716,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "load_end": load_end,
         "batch_id": batch_id,
         "interactive": {
-            k: {str(c): wave_summary(w) for c, w in v.items()} for k, v in waves.items()
+            k: {str(c): wave_summary(w, steps) for c, w in v.items()} for k, v in waves.items()
         },
         "full_concurrency": {**full.summary(), "window_tokens_per_s": round(full_rate, 1)},
         "full_concurrency_after": {

@@ -5,6 +5,7 @@ import os
 import time
 
 from bench.batch_interference import (
+    PERF_TO_EPOCH,
     MetricsScraper,
     PhaseCpu,
     Sample,
@@ -12,6 +13,7 @@ from bench.batch_interference import (
     drain,
     first_below,
     goals,
+    learner_steps,
     parse_metrics,
     per_second,
     pooled,
@@ -21,6 +23,7 @@ from bench.batch_interference import (
     trace_rate,
     ttft_sequence,
     wave_size,
+    wave_summary,
     window_rate,
 )
 from bench.driver import RequestTrace, WaveResult
@@ -203,3 +206,27 @@ def test_the_batchs_share_is_of_class_1s_mean_rate_before_and_after() -> None:
 def test_a_wave_holds_as_many_bursts_as_a_lane_has_requests() -> None:
     assert wave_size(1, 128) == 128
     assert wave_size(16, 128) == 2048
+
+
+def test_learner_steps_are_read_from_the_workers_log_lines_with_their_times() -> None:
+    lines = [
+        "2026-12-03 14:00:00,250 INFO workers.worker: took acme/r1",
+        "2026-12-03 14:00:01,500 INFO workers.batch_gate: batch seats: probe at TTFT 40 ms"
+        " (baseline 35 ms) beside 0 lines; now 1 seats, next probe after 32 requests",
+        "2026-12-03 14:00:02,000 INFO workers.batch_gate: batch seats: probe failed at TTFT"
+        " 120 ms (baseline 35 ms) beside 1 lines; now 0 seats, next probe after 64 requests",
+    ]
+    (probe, failed) = learner_steps(lines)
+    assert probe[1] == "probe" and failed[1] == "probe failed"
+    assert failed[0] - probe[0] == 0.5
+
+
+def test_a_waves_summary_places_the_learners_steps_inside_it_from_its_first_start() -> None:
+    traces = [
+        RequestTrace(index=i, started=100.0 + i, arrivals=[(100.05 + i, 1)]) for i in range(3)
+    ]
+    origin = 100.0 + PERF_TO_EPOCH
+    steps = [(origin - 1.0, "probe"), (origin + 1.25, "probe failed"), (origin + 9.0, "probe")]
+    summary = wave_summary(WaveResult(concurrency=1, wall_s=3.0, traces=traces), steps)
+    assert summary["learner"] == [(1250.0, "probe failed")]  # the others are outside it
+    assert summary["first_ttft_ms"] == 50.0
