@@ -29,6 +29,13 @@ from typing import Any
 WINDOW_S = 60
 BUCKETS_PER_S = 10
 """The window slides in steps of 100 ms: the limit holds over any 60 s to within a step."""
+EXPIRE_PER_CALL = 64
+"""The most reservations one request forgets. A tenant back after a quiet minute would
+otherwise forget its whole last minute at once: a store writing through writes that many
+deletes (a tombstone each on the changelog) inside one request's admission. On the
+development machine the first request after a c=64 minute forgot 1,450, and the Faust
+job's producer buffer stalled every stream for 90 ms while they went out (BENCHMARKS.md,
+section 7). Reservations out of the window and not yet forgotten count as gone."""
 
 
 def window_key(tenant_id: str, batch_id: str | None = None) -> str:
@@ -97,13 +104,20 @@ class Reservations(MutableMapping[str, list[int]]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def expire(self, oldest: int) -> None:
+    def live(self, request_id: str, oldest: int) -> list[int] | None:
+        """The request's entry if it is in the window (bucket ``oldest`` or later)."""
+        entry = self._entries.get(request_id)
+        return entry if entry is not None and entry[0] >= oldest else None
+
+    def expire(self, oldest: int, limit: int = EXPIRE_PER_CALL) -> None:
+        """Forgets at most ``limit`` entries older than ``oldest``; later calls forget the
+        rest (``live`` counts them as gone meanwhile)."""
         # Buckets grow with arrival, and replacing an entry keeps its place: the entries
         # to drop lead the insertion order. (Should the clock step back, a few may stay
         # a little longer, as if still in the window.)
-        stale = []
+        stale: list[str] = []
         for request_id, (bucket, *_) in self._entries.items():
-            if bucket >= oldest:
+            if bucket >= oldest or len(stale) == limit:
                 break
             stale.append(request_id)
         for request_id in stale:
@@ -116,7 +130,8 @@ class WindowState:
     """Bucket (100 ms since the epoch) -> [tokens, requests] charged in it."""
     reservations: Reservations = field(default_factory=Reservations)
     """request_id -> [bucket, tokens, settled]: kept until it leaves the window, so that a
-    redelivered request is recognised and never charged twice."""
+    redelivered request is recognised and never charged twice (forgotten a bounded share
+    per call after that: ``EXPIRE_PER_CALL``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The bucket sums; reservations are kept by the ``Reservations`` given."""
@@ -150,7 +165,7 @@ def reserve(
     """Admits and charges the request, or says how long until it would fit."""
     state.expire(now)
     tokens, requests = state.used()
-    known = state.reservations.get(request_id)
+    known = state.reservations.live(request_id, _oldest(now))
     if known is not None:
         return Decision(
             True, num_tokens_used=tokens, num_requests_used=requests, duplicate=bool(known[2])
@@ -186,6 +201,8 @@ def reserve(
     bucket = state.buckets.setdefault(key, [0, 0])
     bucket[0] += num_tokens
     bucket[1] += 1
+    if request_id in state.reservations:  # out of the window, not yet forgotten
+        del state.reservations[request_id]  # the new entry goes last, as expire expects
     state.reservations[request_id] = [key, num_tokens, 0]
     return Decision(True, num_tokens_used=tokens + num_tokens, num_requests_used=requests + 1)
 
@@ -196,7 +213,7 @@ def settle(state: WindowState, request_id: str, num_tokens_actual: int, now: flo
     None when there is nothing to settle: settled already, or out of the window.
     """
     state.expire(now)
-    reservation = state.reservations.get(request_id)
+    reservation = state.reservations.live(request_id, _oldest(now))
     if reservation is None or reservation[2]:
         return None
     key, reserved, _ = reservation
@@ -211,7 +228,7 @@ def settle(state: WindowState, request_id: str, num_tokens_actual: int, now: flo
 def release(state: WindowState, request_id: str, now: float) -> None:
     """A request that never ran (refused after admission, or cancelled while queued)."""
     state.expire(now)
-    reservation = state.reservations.get(request_id)
+    reservation = state.reservations.live(request_id, _oldest(now))
     if reservation is None or reservation[2]:
         return
     del state.reservations[request_id]

@@ -7,7 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import TENANT_ID_PATTERN
-from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
+from stream_jobs.window import (
+    EXPIRE_PER_CALL,
+    Limits,
+    WindowState,
+    release,
+    reserve,
+    settle,
+    window_key,
+)
 
 LIMITS = Limits(tpm=1000, rpm=10)
 
@@ -200,3 +208,24 @@ def test_a_batch_line_has_the_tenant_s_batch_window_tenant_first() -> None:
     assert window_key("acme", "b").startswith("acme")  # the tenant leads the key
     # No tenant id holds a "/", so no tenant's own window is another's batch window.
     assert re.fullmatch(TENANT_ID_PATTERN, "acme/batch") is None
+
+
+def test_a_tenant_back_after_a_quiet_minute_forgets_its_last_minute_a_share_per_call() -> None:
+    big = Limits(tpm=10**9, rpm=10**6)
+    state = WindowState()
+    for n in range(200):  # a busy minute
+        reserve(state, f"old{n}", 10, big, now=n * 0.1)
+    settle(state, "old5", 8, now=20.0)
+    assert len(state.reservations) == 200
+    assert reserve(state, "back", 10, big, now=100.0).admitted  # a quiet minute later
+    assert len(state.reservations) == 200 - EXPIRE_PER_CALL + 1
+    # What is not forgotten yet counts as gone: not a duplicate, nothing to settle.
+    assert settle(state, "old150", 10, now=100.0) is None
+    release(state, "old151", now=100.0)
+    again = reserve(state, "old199", 10, big, now=100.0)
+    assert again.admitted and not again.duplicate and again.num_requests_used == 2
+    assert state.used() == (20, 2)
+    for n in range(4):  # each later call forgets another share
+        reserve(state, f"new{n}", 10, big, now=100.0 + n)
+    assert set(state.reservations) == {"back", "old199", "new0", "new1", "new2", "new3"}
+    assert list(state.reservations)[:2] == ["back", "old199"]  # in arrival order

@@ -9,9 +9,10 @@ from typing import Any, cast
 from faust.types import EventT, TableT
 
 from stream_jobs.app import TableWindowStore
-from stream_jobs.window import Limits, release, reserve, settle, window_key
+from stream_jobs.window import EXPIRE_PER_CALL, Limits, release, reserve, settle, window_key
 
 LIMITS = Limits(tpm=10_000, rpm=100)
+LIMITS_BIG = Limits(tpm=10**9, rpm=10**6)
 
 
 class Table(dict[bytes, bytes]):
@@ -82,6 +83,20 @@ def test_reservations_leaving_the_window_are_deleted_from_the_table() -> None:
     store.flush()
     assert set(reservations) == {b"acme/new", b"acme/later"}
     assert state.used() == (200, 2)
+
+
+def test_a_tenant_back_after_a_quiet_minute_deletes_a_bounded_share_per_request() -> None:
+    windows, reservations = Table(), Table()
+    store = store_over(windows, reservations)
+    state = store.load("acme")
+    for n in range(300):
+        reserve(state, f"r{n}", 1, LIMITS_BIG, now=n * 0.1)
+    before = len(reservations)
+    reserve(state, "back", 1, LIMITS_BIG, now=200.0)
+    assert before - len(reservations) == EXPIRE_PER_CALL - 1  # and one written: "back"
+    for n in range(10):
+        reserve(state, f"more{n}", 1, LIMITS_BIG, now=200.0 + n)
+    assert all(not key.startswith(b"acme/r") for key in reservations)
 
 
 def test_a_batch_writes_each_tenants_sums_once_at_flush() -> None:
