@@ -539,7 +539,7 @@ class Dispatcher:
             return await self._turn_down(item, problem, now)
 
         priority = item.priority
-        self._update_tier(extra_waiting=1)
+        self._update_tier(extra_waiting=int(item.batch_id is None))
         action = apply_tier(self._tiers, self._tier, priority, item.sampling.max_tokens)
         if action.shed:
             self.metrics.num_shed += 1
@@ -1746,6 +1746,7 @@ class Dispatcher:
             weight=weight,
             num_input=num_input,
             num_output=request.sampling.max_tokens,
+            filler=request.batch_id is not None,
         )
         self._wake.set()
 
@@ -1765,8 +1766,20 @@ class Dispatcher:
         await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
 
     def _update_tier(self, extra_waiting: int = 0) -> None:
+        """The overload tier for the demand now. A batch job's lines are not in it: they
+        fill idle seats, their runner paces them, and they yield to class 0/1
+        (``tokenbus.batch_yield``). Counted, a batch running alone held the demand at the
+        cap's threshold, and the job went between tier 0 and 1 several times a second,
+        each time capping the ``max_tokens`` of the interactive requests it admitted."""
         capacity = self._capacity()
-        demand = demand_ratio(len(self._in_flight), len(self._queue) + extra_waiting, capacity)
+        num_waiting = len(self._queue) - self._queue.num_filler + extra_waiting
+        num_busy = len(self._in_flight)
+        demand = demand_ratio(num_busy, num_waiting, capacity)
+        if demand is not None and demand > self._tiers.cap_above - self._tiers.release_margin:
+            # Near a threshold: without the batch lines in flight either. (Below it, the
+            # tier is normal with or without them, and this pass is not needed.)
+            num_busy -= sum(f.request.batch_id is not None for f in self._in_flight.values())
+            demand = demand_ratio(num_busy, num_waiting, capacity)
         tier = self._tiers.next_tier(self._tier, demand)
         self.metrics.num_waiting = len(self._queue)
         self.metrics.num_in_flight = len(self._in_flight)

@@ -33,6 +33,7 @@ class _Entry(Generic[T]):
     item: T
     num_input: int
     num_output: int
+    filler: bool = False
 
 
 @dataclass
@@ -75,9 +76,16 @@ class FairQueue(Generic[T]):
         self._classes: list[_ClassQueue[T]] = [_ClassQueue() for _ in range(NUM_CLASSES)]
         self._weights: dict[str, float] = {}
         self._where: dict[str, tuple[int, str]] = {}  # key -> (class, tenant)
+        self._num_filler = 0
 
     def __len__(self) -> int:
         return len(self._where)
+
+    @property
+    def num_filler(self) -> int:
+        """Waiting requests pushed as ``filler``: work that fills idle seats and waits for
+        them (a batch job's lines), not demand the fleet is short of."""
+        return self._num_filler
 
     def num_waiting(self, priority: int) -> int:
         return sum(len(q) for q in self._classes[priority].backlog.values())
@@ -92,11 +100,13 @@ class FairQueue(Generic[T]):
         weight: float,
         num_input: int,
         num_output: int,
+        filler: bool = False,
     ) -> None:
         """Queues ``item``; ``num_output`` is the estimate (max_tokens) charged at dispatch."""
         self._weights[tenant] = weight
-        self._classes[priority].push(tenant, _Entry(key, item, num_input, num_output))
+        self._classes[priority].push(tenant, _Entry(key, item, num_input, num_output, filler))
         self._where[key] = (priority, tenant)
+        self._num_filler += filler
 
     def pop(self, max_priority: int = NUM_CLASSES - 1) -> T | None:
         """The next request of class ``<= max_priority``, or None."""
@@ -105,6 +115,7 @@ class FairQueue(Generic[T]):
             if popped is not None:
                 _, entry = popped
                 del self._where[entry.key]
+                self._num_filler -= entry.filler
                 return entry.item
         return None
 
@@ -134,6 +145,7 @@ class FairQueue(Generic[T]):
                 queue.remove(entry)
                 if not queue:
                     del self._classes[priority].backlog[tenant]
+                self._num_filler -= entry.filler
                 return entry.item
         return None
 

@@ -1,7 +1,9 @@
 """Overload tiers: what the job does to new work as demand outgrows the fleet.
 
 Demand is the requests running, queued in the workers and waiting in the job, over the
-fleet's capacity (the sum of the live workers' ``max_num_seqs``).
+fleet's capacity (the sum of the live workers' ``max_num_seqs``), leaving out a batch
+job's lines: they fill idle seats and yield to classes 0 and 1, so a running batch
+never caps or sheds anything (``Dispatcher._update_tier``).
 
 - tier 0, demand <= 120%: nothing changes;
 - tier 1, above 120%: ``max_tokens`` is capped at 256 for classes 1 and 2;

@@ -371,3 +371,32 @@ async def test_without_the_yield_an_interactive_request_waits_for_a_line_to_end(
     dispatcher.observe_usage(line_done(0))
     assert await asyncio.wait_for(waiting, 1) is Outcome.FORWARDED
     loop.cancel()
+
+
+async def test_a_batchs_own_lines_do_not_make_an_overload_tier_for_interactive_work(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path, vip_reserve=0.0, default_priority_class=0)
+    dispatcher = dispatcher_for(settings, recorder)
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    lines = [await admit(dispatcher, line(n, "t")) for n in range(12)]  # 300% of the seats
+    await asyncio.sleep(0.05)
+    assert dispatcher.metrics.num_waiting == 8 and dispatcher.metrics.tier == 0
+    long = interactive(0, "t").model_copy(
+        update={"priority": 1, "sampling": SamplingParams(max_tokens=1000)}
+    )
+    asked = await admit(dispatcher, long)
+    await asyncio.sleep(0.05)
+    assert dispatcher.metrics.tier == 0 and dispatcher.metrics.num_capped == 0
+    # Interactive demand of its own still makes the tiers: 4 seats, 9 class 1 requests.
+    more = [
+        await admit(dispatcher, long.model_copy(update={"request_id": f"i{n}"}))
+        for n in range(1, 9)
+    ]
+    await asyncio.sleep(0.05)
+    assert dispatcher.metrics.tier >= 1 and dispatcher.metrics.num_capped > 0
+    for task in [*lines, asked, *more]:
+        task.cancel()
+    loop.cancel()
+    await asyncio.gather(loop, *lines, asked, *more, return_exceptions=True)

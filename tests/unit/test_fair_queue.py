@@ -146,3 +146,25 @@ def test_peek_shows_what_pop_returns_without_taking_or_charging_it() -> None:
     assert len(queue) == 5
     assert queue.pop(0) == "v-0"
     assert queue.pop(2) == head
+
+
+def test_filler_is_counted_while_it_waits_whichever_way_it_leaves() -> None:
+    queue: FairQueue[str] = FairQueue()
+    fill(queue, "a", 2)
+    for n in range(3):
+        queue.push(
+            f"b-{n}",
+            f"b-{n}",
+            tenant="b",
+            priority=2,
+            weight=1.0,
+            num_input=1,
+            num_output=1,
+            filler=True,
+        )
+    assert (len(queue), queue.num_filler) == (5, 3)
+    assert queue.remove("b-1") == "b-1" and queue.num_filler == 2
+    assert queue.remove("b-1") is None and queue.num_filler == 2
+    assert [queue.pop() for _ in range(3)] == ["a-0", "a-1", "b-0"]
+    assert queue.num_filler == 1
+    assert queue.pop() == "b-2" and (len(queue), queue.num_filler) == (0, 0)
