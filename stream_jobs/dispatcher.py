@@ -538,6 +538,18 @@ class Dispatcher:
                 self.metrics.num_batch_rejected_invalid += 1
             return await self._turn_down(item, problem, now)
 
+        if item.batch_id is not None and self._batch_lines_full():
+            self.metrics.num_shed += 1
+            return await self._turn_down(
+                item,
+                ErrorInfo(
+                    code="overloaded",
+                    message=f"{self._queue.num_filler} batch lines already wait for the "
+                    f"fleet's {self._capacity()} seats; send this one again later",
+                    retry_after_s=1.0,
+                ),
+                now,
+            )
         priority = item.priority
         self._update_tier(extra_waiting=int(item.batch_id is None))
         action = apply_tier(self._tiers, self._tier, priority, item.sampling.max_tokens)
@@ -1764,6 +1776,11 @@ class Dispatcher:
             last_seq=progress.next_seq - 1,
         )
         await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
+
+    def _batch_lines_full(self) -> bool:
+        """Whether as many batch lines wait as ``batch_max_waiting_per_seat`` allows."""
+        per_seat = self._settings.batch_max_waiting_per_seat
+        return self._queue.num_filler >= per_seat * max(1, self._capacity())
 
     def _update_tier(self, extra_waiting: int = 0) -> None:
         """The overload tier for the demand now. A batch job's lines are not in it: they

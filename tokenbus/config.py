@@ -189,6 +189,13 @@ class Settings(BaseSettings):
     never to the tenant's interactive TPM, and not held by its RPM either. A batch line
     over it is refused with ``quota_exceeded`` and ``retry_after_s``, which the batch
     runner waits out."""
+    batch_max_waiting_per_seat: float = Field(default=4.0, gt=0)
+    """Batch lines (requests with a ``batch_id``) that may wait at the job, per seat of the
+    fleet (at least one seat counted). They are not overload demand (tiers leave them out:
+    they fill idle seats), so this bounds them instead: a line beyond it is refused
+    ``overloaded`` with ``retry_after_s``, which the batch runner waits out (its pacer
+    keeps far fewer in flight). It holds off a producer that sends lines faster than the
+    fleet takes them."""
     default_burst_s: float = 0.0
     """Spending smoothing for tenants not in the tenants file (see TenantConfig.burst_s)."""
     default_priority_class: int = 1

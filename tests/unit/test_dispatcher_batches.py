@@ -400,3 +400,32 @@ async def test_a_batchs_own_lines_do_not_make_an_overload_tier_for_interactive_w
         task.cancel()
     loop.cancel()
     await asyncio.gather(loop, *lines, asked, *more, return_exceptions=True)
+
+
+async def test_batch_lines_beyond_their_waiting_bound_are_turned_down_to_come_again(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    settings = Settings(
+        home=tmp_path, vip_reserve=0.0, default_priority_class=0, batch_max_waiting_per_seat=1.0
+    )
+    dispatcher = dispatcher_for(settings, recorder)
+    dispatcher.observe_heartbeat(heartbeat(capacity=4))
+    loop = asyncio.create_task(dispatcher.run())
+    tasks = []
+    for n in range(10):  # 4 run, 4 wait (one per seat), 2 come back later
+        tasks.append(await admit(dispatcher, line(n, "t")))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    turned_down = errors(recorder, "t")
+    assert sorted(turned_down) == ["b1.8", "b1.9"]
+    assert {code for code, _, _ in turned_down.values()} == {"overloaded"}
+    assert all(retry == 1.0 for _, _, retry in turned_down.values())
+    assert dispatcher.metrics.num_waiting == 4 and dispatcher.metrics.tier == 0
+    # Interactive requests are not held by the batch's bound.
+    assert await admit(dispatcher, interactive(0, "t")) is not None
+    await asyncio.sleep(0.02)
+    assert "i0" not in errors(recorder, "t")
+    loop.cancel()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(loop, *tasks, return_exceptions=True)
