@@ -538,31 +538,25 @@ class Dispatcher:
                 self.metrics.num_batch_rejected_invalid += 1
             return await self._turn_down(item, problem, now)
 
-        if item.batch_id is not None and self._batch_lines_full():
-            self.metrics.num_shed += 1
-            return await self._turn_down(
-                item,
-                ErrorInfo(
-                    code="overloaded",
-                    message=f"{self._queue.num_filler} batch lines already wait for the "
-                    f"fleet's {self._capacity()} seats; send this one again later",
-                    retry_after_s=1.0,
-                ),
-                now,
-            )
+        if item.batch_id is not None:
+            # Not overload demand (``_update_tier``), so bounded here: the runner retries.
+            capacity = self._capacity()
+            per_seat = self._settings.batch_max_waiting_per_seat
+            if self._queue.num_filler >= per_seat * max(1, capacity):
+                return await self._shed(
+                    item,
+                    f"{self._queue.num_filler} batch lines already wait for the fleet's "
+                    f"{capacity} seats; send this one again later",
+                    now,
+                )
         priority = item.priority
         self._update_tier(extra_waiting=int(item.batch_id is None))
         action = apply_tier(self._tiers, self._tier, priority, item.sampling.max_tokens)
         if action.shed:
-            self.metrics.num_shed += 1
-            return await self._turn_down(
+            return await self._shed(
                 item,
-                ErrorInfo(
-                    code="overloaded",
-                    message=f"the fleet is above {self._tiers.shed_above:.0%} of capacity; "
-                    "batch requests are shed until it recovers",
-                    retry_after_s=1.0,
-                ),
+                f"the fleet is above {self._tiers.shed_above:.0%} of capacity; "
+                "batch requests are shed until it recovers",
                 now,
                 tier=self._tier,
             )
@@ -1777,10 +1771,13 @@ class Dispatcher:
         )
         await self._publish(self._topics.usage, request.tenant_id.encode(), encode(usage))
 
-    def _batch_lines_full(self) -> bool:
-        """Whether as many batch lines wait as ``batch_max_waiting_per_seat`` allows."""
-        per_seat = self._settings.batch_max_waiting_per_seat
-        return self._queue.num_filler >= per_seat * max(1, self._capacity())
+    async def _shed(
+        self, item: WorkItem, message: str, now: float, tier: Tier = Tier.NORMAL
+    ) -> Outcome:
+        """Turns a class 2 request down ``overloaded``, to come again in a second."""
+        self.metrics.num_shed += 1
+        error = ErrorInfo(code="overloaded", message=message, retry_after_s=1.0)
+        return await self._turn_down(item, error, now, tier=tier)
 
     def _update_tier(self, extra_waiting: int = 0) -> None:
         """The overload tier for the demand now. A batch job's lines are not in it: they
