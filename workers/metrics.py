@@ -1,6 +1,7 @@
 """The worker's Prometheus metrics, in the shared vocabulary (tokenbus.metrics).
 
 # a request's end --> WorkerMetrics.request_done --> requests, tokens, TTFT, ITL
+# an abort --> cancel_trip (bus) ; WorkerMetrics.cancelled --> tokens after the cancel
 # scrape --> the engine's scheduler stats (running, waiting, KV use, tokens/s)
 #        --> the lag of the worker's request topic (tokenbus.metrics.ConsumerLagCollector)
 # --> /metrics and /healthz on worker_metrics_port (tokenbus.metrics.metrics_app)
@@ -34,6 +35,8 @@ from tokenbus.metrics import (
 from workers.interface import Engine
 
 _LABELS = (*REQUEST_LABELS, WORKER)
+CANCEL_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+TOKENS_AFTER_CANCEL_BUCKETS = (0, 1, 2, 4, 8, 16, 64, 256)
 
 
 class _EngineCollector(Collector):
@@ -123,7 +126,27 @@ class WorkerMetrics:
             [MODEL, WORKER],
             registry=r,
         )
-        tenants.on_evict(drop_tenant_series(self.requests, self.tokens, self.ttft, self.itl))
+        self.cancel_trip = Histogram(
+            "tokenbus_worker_cancel_trip_seconds",
+            "From a cancel being written to the aborts topic (by a bridge or the job) to the"
+            " worker aborting the running request: the bus's share of a cancel's cost",
+            [MODEL, WORKER],
+            buckets=CANCEL_TRIP_BUCKETS,
+            registry=r,
+        )
+        self.tokens_after_cancel = Histogram(
+            "tokenbus_worker_tokens_after_cancel",
+            "Tokens a cancelled request streamed after its cancel reached the worker:"
+            " the engine's step in flight (billed, never sent to a client that left)",
+            _LABELS,
+            buckets=TOKENS_AFTER_CANCEL_BUCKETS,
+            registry=r,
+        )
+        tenants.on_evict(
+            drop_tenant_series(
+                self.requests, self.tokens, self.ttft, self.itl, self.tokens_after_cancel
+            )
+        )
         r.register(_EngineCollector(engine, worker))
         lag = ConsumerLagCollector()
         lag.track("requests", aiokafka_offsets(request_consumer, [request_topic]))
@@ -152,3 +175,8 @@ class WorkerMetrics:
             self.ttft.labels(*labels).observe(ttft_s)
         if itl_s is not None:
             self.itl.labels(*labels).observe(itl_s)
+
+    def cancelled(self, tenant: str, model: str, priority: int, tokens_after: int) -> None:
+        """A running request was aborted: the tokens it made once the worker had the cancel."""
+        labels = (self.tenants.label(tenant), model, str(priority), self.worker)
+        self.tokens_after_cancel.labels(*labels).observe(tokens_after)

@@ -438,6 +438,7 @@ class Worker:
             self._batch_gate.interactive_started()
             await self._batch_gate.aborts_sent()
         abort_sent = False
+        num_at_cancel: int | None = None  # completion tokens when the loop saw the cancel
         ended = False  # the engine gave its finish reason
         timings: EngineTimings | None = None
         try:
@@ -503,6 +504,8 @@ class Worker:
                                     time.monotonic() - started_s
                                 ),
                             )
+                    if cancelled is not None and num_at_cancel is None:
+                        num_at_cancel = num_completion
                     if not abort_sent and cancelled is not None:
                         # The cancel came before the engine knew the request: abort it now.
                         abort_sent = True
@@ -544,6 +547,13 @@ class Worker:
                 deliveries.track(replies.add(reply_to, chunk("", [], finish, error)))
         finally:
             self._running.pop((tenant_id, request_id), None)
+            if num_at_cancel is not None:
+                self.metrics.cancelled(
+                    tenant_id,
+                    self._engine.model_name,
+                    request.priority,
+                    num_completion - num_at_cancel,
+                )
             if interactive:
                 assert self._batch_gate is not None
                 self._batch_gate.interactive_ended()
@@ -800,11 +810,15 @@ class Worker:
             # Tenant and request must both match: a request ID alone is no capability.
             running = self._running.get((cancel.tenant_id, cancel.request_id))
             if running is not None:
+                trip_s = max(0.0, time.time() - record.timestamp / 1000)
+                self.metrics.cancel_trip.labels(self._engine.model_name, self.worker_id).observe(
+                    trip_s
+                )
                 log.info(
                     "aborting %s: %s, sent %.0f ms ago",
                     cancel.request_id,
                     cancel.reason,
-                    time.time() * 1000 - record.timestamp,
+                    trip_s * 1000,
                 )
                 try:
                     await self._engine.abort(running)

@@ -214,6 +214,46 @@ async def test_a_request_cancelled_before_it_runs_never_reaches_the_engine(
     assert event.status is UsageStatus.CANCELLED and event.num_completion_tokens == 0
 
 
+class CancelledMidway(FakeEngine):
+    """Two tokens, then the client's cancel reaches the worker while a step is in flight:
+    that step's token comes, then the abort."""
+
+    def __init__(self) -> None:
+        super().__init__("tiny", max_num_seqs=4)
+        self.worker: Worker | None = None
+
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncIterator[EngineDelta]:
+        yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=0)
+        yield EngineDelta(" b", [6], None)
+        assert self.worker is not None
+        self.worker._cancels.note("acme", "r1", time.monotonic(), reason="client_disconnected")
+        yield EngineDelta(" c", [7], None)
+        yield EngineDelta("", [], "abort")
+
+
+async def test_a_cancelled_request_counts_the_tokens_it_made_after_the_cancel(
+    tmp_path: Path,
+) -> None:
+    engine = CancelledMidway()
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
+    engine.worker = worker
+    producer = RecordingProducer()
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    await engine.start()
+    await worker._serve(work_item(max_tokens=100))
+    await worker._replies.drain()
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    assert chunks[-1].finish_reason is FinishReason.ABORT
+    assert sum(c.num_tokens for c in chunks) == 3
+    labels = {"tenant": "acme", "model": "tiny", "priority": "1", "worker": "w1"}
+    sample = worker.metrics.registry.get_sample_value
+    assert sample("tokenbus_worker_tokens_after_cancel_count", labels) == 1
+    assert sample("tokenbus_worker_tokens_after_cancel_sum", labels) == 1  # " c"
+
+
 async def test_a_record_that_is_not_a_work_item_is_dead_lettered_with_its_reason(
     tmp_path: Path,
 ) -> None:
