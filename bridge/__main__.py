@@ -12,6 +12,7 @@ import uvicorn
 
 from bridge.app import create_app
 from tokenbus.config import Settings
+from tokenbus.gc_tuning import tune_gc
 from tokenbus.logs import setup_logging
 
 GRACEFUL_SHUTDOWN_S = 10
@@ -20,8 +21,10 @@ GRACEFUL_SHUTDOWN_S = 10
 def main() -> int:
     settings = Settings()
     setup_logging(settings)
+    app = create_app(settings)
+    tune_gc(settings.bridge_gc_gen0_threshold)
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.bridge_host,
         port=settings.bridge_port,
         loop=settings.event_loop,  # uvicorn's names for the same two loops

@@ -411,6 +411,10 @@ class Settings(BaseSettings):
     """Regexes for prompt injection (case-insensitive); unset: bridge.hygiene's defaults."""
     bridge_sensitive_patterns: list[str] | None = None
     """Regexes for sensitive data (keys, card numbers); unset: bridge.hygiene's defaults."""
+    bridge_gc_gen0_threshold: int = Field(default=10_000, ge=0)
+    """The bridge process collects its youngest generation after this many allocations
+    (CPython's default is 700), and freezes what start-up made (tokenbus.gc_tuning).
+    0: CPython's defaults."""
 
     # -- batch jobs (batches/) ------------------------------------------------------------
     batch_store_url: str | None = None
