@@ -5,7 +5,9 @@
 
 Every token crosses this codec twice (worker, then client or bridge), so it uses
 ``msgspec`` structs rather than the pydantic models: decoding and checking a batch is
-one C pass, several times cheaper than ``model_validate``. The structs mirror
+one C pass, several times cheaper than ``model_validate``. The structs are not tracked by
+the cyclic garbage collector (``gc=False``: they hold no cycles), so the many a reader
+makes per second neither count towards a collection nor lengthen one. The structs mirror
 ``schemas.TokenChunk``, ``schemas.ErrorInfo`` and ``schemas.TokenChunkBatch`` field for
 field (the published JSON Schema stays the pydantic one; a unit test holds the two
 equal), and the checks are the schema's: strict types (no ``"3"`` for ``3``, no
@@ -28,7 +30,9 @@ Int = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 
 
-class ChunkError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class ChunkError(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False
+):
     """``schemas.ErrorInfo`` on a chunk: why a request was refused or failed."""
 
     code: str
@@ -39,7 +43,7 @@ class ChunkError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     num_remaining: Int | None = None
 
 
-class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """``schemas.TokenChunk``: a slice of one request's output."""
 
     request_id: str
@@ -58,7 +62,7 @@ class Chunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
         return self.finish_reason is not None
 
 
-class ChunkBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class ChunkBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """``schemas.TokenChunkBatch``: the one kind of record on a reply topic."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
