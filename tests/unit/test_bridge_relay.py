@@ -87,7 +87,7 @@ def test_every_token_event_is_the_models_own_dump() -> None:
     """Mid-stream events reuse one dump per response; each must equal the model's."""
     for kind in ("chat", "text"):
         relay = Relay(kind, "req_1", "m", num_prompt_tokens=2)
-        texts = ["a", 'b"c', "\u00fc\n", "d"]
+        texts = ["a", 'b"c', "\u00fc\n", "\\ \x00\x1f\u2028 \U0001f600", "d"]
         for seq, text in enumerate(texts):
             finish = FinishReason.STOP if seq == len(texts) - 1 else None
             c = chunk(seq, text, finish_reason=finish)
