@@ -45,7 +45,7 @@ from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.hop import floor as hop_floor
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
 from bench.report import uptime_load
-from bench.stats import ratio, summarize
+from bench.stats import added_ttft_ms, ratio, summarize
 from bench.workload import prompts, tenant
 from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
@@ -270,9 +270,7 @@ def summarize_run(
                 "concurrency": concurrency,
                 "direct": d,
                 "tokenbus": t,
-                "added_ttft_ms": {
-                    q: round(t["ttft_ms"][q] - d["ttft_ms"][q], 3) for q in ("p50", "p90", "p99")
-                },
+                "added_ttft_ms": added_ttft_ms(t["ttft_ms"], d["ttft_ms"]),
                 "ratios": {
                     "ttft_p50": ratio(t["ttft_ms"]["p50"], d["ttft_ms"]["p50"]),
                     "ttft_p99": ratio(t["ttft_ms"]["p99"], d["ttft_ms"]["p99"]),

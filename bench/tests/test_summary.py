@@ -34,7 +34,8 @@ def overhead(at: str) -> dict[str, Any]:
         return {
             "concurrency": concurrency,
             "added_ttft_ms": {"p50": 12.0, "p90": 20.0, "p99": 30.0},
-            "direct": {"ttft_ms": {"p50": 16.0}},
+            "direct": {"ttft_ms": {"p50": 16.0, "p90": 30.0, "p99": 400.0}},
+            "tokenbus": {"ttft_ms": {"p50": 28.0, "p90": 36.0, "p99": 46.0}},
             "pipeline_cpu_s_per_1k_tokens": 0.12,
             "pipeline_cpu_s_per_1k_tokens_by_part": {
                 "broker": 0.1,
@@ -93,6 +94,18 @@ def test_figure_is_the_median_with_its_spread_load_and_commit() -> None:
     assert figure["date"] == "2026-12-01T12:00:00"
     assert built["figures"]["admission.job_us_per_request"]["median"] == 500.0
     assert built["figures"]["admission.request_record_bytes"]["median"] == 1200.0
+
+
+def test_added_ttft_is_the_bus_arms_percentile_less_the_direct_arms_median() -> None:
+    """A direct arm whose tail stalled (p99 400 ms) does not make the bus's p99 look free."""
+    run = overhead("x")
+    for row in run["results"]:
+        row["tokenbus"]["ttft_ms"]["p99"] = 120.0  # stored p99 - p99 would be -280 ms
+    built = summary.build_summary({"overhead": [run]})
+    assert built["figures"]["ttft.added_p99_ms"]["median"] == 104.0
+    assert built["figures"]["ttft.added_p50_ms"]["median"] == 12.0
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert by_key["ttft_p99"]["verdict"] == "not met"
 
 
 def test_goal_verdicts() -> None:
