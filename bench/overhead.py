@@ -155,6 +155,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
     results: dict[tuple[str, int], ArmWaves] = {}
     idle_stack_cores: list[float] = []
+    idle_cores: dict[str, list[float]] = {part: [] for part in IDLE_PARTS}
     try:
         await stack.start()
         await direct.ready()
@@ -195,14 +196,17 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                 wave = WaveResult.from_json(reply["wave"])
                                 cpu = {f"direct_{k}": v for k, v in reply["cpu"].items()}
                                 stack_cpu = meter.delta()
+                                idle_s = time.perf_counter() - wall
                                 idle_stack_cores.append(
                                     sum(
                                         v
                                         for k, v in stack_cpu.items()
                                         if k not in ("engine", "other_services")
                                     )
-                                    / (time.perf_counter() - wall)
+                                    / idle_s
                                 )
+                                for part, samples in idle_cores.items():
+                                    samples.append(stack_cpu.get(part, 0.0) / idle_s)
                                 bar.update(task, completed=len(texts))
                             else:
                                 wave = await tokenbus.wave(
@@ -238,9 +242,23 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     if not args.keep:
         shutil.rmtree(settings.home, ignore_errors=True)
     result = summarize_run(
-        args, results, tokenbus.request_ids, timings, idle_stack_cores, load_start, load_end
+        args,
+        results,
+        tokenbus.request_ids,
+        timings,
+        idle_stack_cores,
+        load_start,
+        load_end,
+        idle_cores,
     )
     return {**result, "hop_floor": floor}
+
+
+IDLE_PARTS = ("stream_job", "worker_process", "billing", "broker")
+"""The stack's processes whose idle cores are measured (``CpuMeter`` names); the client
+is this process, busy driving the direct arm meanwhile."""
+IDLE_NAMES = {"worker_process": "worker_loop"}
+IDLE_NAMES |= {part: part for part in IDLE_PARTS if part not in IDLE_NAMES}
 
 
 def summarize_run(
@@ -251,8 +269,12 @@ def summarize_run(
     idle_stack_cores: list[float],
     load_start: dict[str, Any],
     load_end: dict[str, Any],
+    idle_cores: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
+    """``idle_cores``: each stack process's cores while the direct arm ran its waves, the
+    tokenbus arm idle (its polling and timers)."""
     by_request = {row["request_id"]: row for row in timings}
+    idle_p50 = {part: summarize(v)["p50"] for part, v in (idle_cores or {}).items() if v}
     rows: list[dict[str, Any]] = []
     for concurrency in args.concurrency:
         direct, bus = results[("direct", concurrency)], results[("tokenbus", concurrency)]
@@ -302,6 +324,12 @@ def summarize_run(
                         "broker": cpu_bus["broker"],
                     }.items()
                 },
+                # What the same processes spend idle, over this wave's time and tokens:
+                # the share of the figure above that is polling, not work.
+                "us_cpu_per_token_idle_by_process": {
+                    IDLE_NAMES[part]: round(1e6 * cores * t["wall_s"] / max(1, t["num_tokens"]), 2)
+                    for part, cores in idle_p50.items()
+                },
                 "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
@@ -330,6 +358,9 @@ def summarize_run(
         "load_start": load_start,
         "load_end": load_end,
         "idle_stack_cores_during_direct": summarize(idle_stack_cores),
+        "idle_cores_by_process_during_direct": {
+            IDLE_NAMES[part]: summarize(v) for part, v in (idle_cores or {}).items() if v
+        },
         "num_billed": len(timings),
         "num_sent": len(request_ids),
         "results": rows,
@@ -411,6 +442,12 @@ def render(result: dict[str, Any], console: Console) -> None:
     for row in result["results"]:
         us = row["us_cpu_per_token_by_process"]
         split.add_row(str(row["concurrency"]), *(f"{v:.1f}" for v in us.values()))
+        idle = row.get("us_cpu_per_token_idle_by_process") or {}
+        if idle:  # the same processes idle, over this wave's time and tokens
+            split.add_row(
+                f"{row['concurrency']}, of it idle",
+                *(f"{idle[part]:.1f}" if part in idle else "-" for part in us),
+            )
     console.print(split)
     floor = result.get("hop_floor")
     if floor:

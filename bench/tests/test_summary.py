@@ -44,6 +44,12 @@ def overhead(at: str) -> dict[str, Any]:
                 "client": 0.008,
                 "worker_loop": 0.006,
             },
+            "us_cpu_per_token_idle_by_process": {
+                "stream_job": 1.0,
+                "worker_loop": 2.0,
+                "billing": 0.5,
+                "broker": 30.0,
+            },
             "ttft_breakdown_ms": {
                 "client_to_dispatched": {"p50": 3.0, "p99": 9.0},
                 "dispatched_to_worker_first_token": {"p50": 20.0, "p99": 30.0},
@@ -118,6 +124,8 @@ def test_goal_verdicts() -> None:
     # 4 + 6 + 8 + 2 µs per token: met; 0.12 s per 1k tokens with the broker: not met.
     assert built["figures"]["e2e.tokenbus_us_per_token"]["median"] == 20.0
     assert by_key["e2e_tokenbus"]["verdict"] == "met"
+    assert built["figures"]["e2e.tokenbus_idle_us_per_token"]["median"] == 3.5
+    assert "e2e.tokenbus_idle_us_per_token" in by_key["e2e_tokenbus"]["beside"]
     assert by_key["e2e_pipeline"]["verdict"] == "not met"
     assert by_key["ttft_p50"]["verdict"] == "not met"
     assert by_key["ttft_p99"]["verdict"] == "met"
