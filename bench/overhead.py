@@ -155,7 +155,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     stack = Stack(settings, on_progress=lambda m: console.print(f"[dim]stack: {m}[/]"))
     results: dict[tuple[str, int], ArmWaves] = {}
     idle_stack_cores: list[float] = []
-    idle_cores: dict[str, list[float]] = {part: [] for part in IDLE_PARTS}
+    idle_s_total = 0.0  # the direct arm's waves, end to end
+    idle_cpu: dict[str, float] = dict.fromkeys(IDLE_PARTS, 0.0)  # the stack's CPU meanwhile
     try:
         await stack.start()
         await direct.ready()
@@ -205,8 +206,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     )
                                     / idle_s
                                 )
-                                for part, samples in idle_cores.items():
-                                    samples.append(stack_cpu.get(part, 0.0) / idle_s)
+                                idle_s_total += idle_s
+                                for part in idle_cpu:
+                                    idle_cpu[part] += stack_cpu.get(part, 0.0)
                                 bar.update(task, completed=len(texts))
                             else:
                                 wave = await tokenbus.wave(
@@ -249,7 +251,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         idle_stack_cores,
         load_start,
         load_end,
-        idle_cores,
+        {part: cpu / idle_s_total for part, cpu in idle_cpu.items()} if idle_s_total else None,
     )
     return {**result, "hop_floor": floor}
 
@@ -269,12 +271,12 @@ def summarize_run(
     idle_stack_cores: list[float],
     load_start: dict[str, Any],
     load_end: dict[str, Any],
-    idle_cores: dict[str, list[float]] | None = None,
+    idle_cores: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """``idle_cores``: each stack process's cores while the direct arm ran its waves, the
-    tokenbus arm idle (its polling and timers)."""
+    """``idle_cores``: each stack process's cores while the direct arm ran its waves and
+    the tokenbus arm stood idle (its polling and timers), pooled over all those waves:
+    ``/proc`` counts CPU in 10 ms ticks, too coarse for one wave of an idle process."""
     by_request = {row["request_id"]: row for row in timings}
-    idle_p50 = {part: summarize(v)["p50"] for part, v in (idle_cores or {}).items() if v}
     rows: list[dict[str, Any]] = []
     for concurrency in args.concurrency:
         direct, bus = results[("direct", concurrency)], results[("tokenbus", concurrency)]
@@ -328,7 +330,7 @@ def summarize_run(
                 # the share of the figure above that is polling, not work.
                 "us_cpu_per_token_idle_by_process": {
                     IDLE_NAMES[part]: round(1e6 * cores * t["wall_s"] / max(1, t["num_tokens"]), 2)
-                    for part, cores in idle_p50.items()
+                    for part, cores in (idle_cores or {}).items()
                 },
                 "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
                 # Summed over threads: how long each process sat runnable without a core.
@@ -359,7 +361,7 @@ def summarize_run(
         "load_end": load_end,
         "idle_stack_cores_during_direct": summarize(idle_stack_cores),
         "idle_cores_by_process_during_direct": {
-            IDLE_NAMES[part]: summarize(v) for part, v in (idle_cores or {}).items() if v
+            IDLE_NAMES[part]: round(cores, 4) for part, cores in (idle_cores or {}).items()
         },
         "num_billed": len(timings),
         "num_sent": len(request_ids),
