@@ -251,16 +251,22 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         idle_stack_cores,
         load_start,
         load_end,
-        {part: cpu / idle_s_total for part, cpu in idle_cpu.items()} if idle_s_total else None,
+        {IDLE_PARTS[part]: cpu / idle_s_total for part, cpu in idle_cpu.items()}
+        if idle_s_total
+        else None,
     )
     return {**result, "hop_floor": floor}
 
 
-IDLE_PARTS = ("stream_job", "worker_process", "billing", "broker")
-"""The stack's processes whose idle cores are measured (``CpuMeter`` names); the client
-is this process, busy driving the direct arm meanwhile."""
-IDLE_NAMES = {"worker_process": "worker_loop"}
-IDLE_NAMES |= {part: part for part in IDLE_PARTS if part not in IDLE_NAMES}
+IDLE_PARTS = {
+    "stream_job": "stream_job",
+    "worker_process": "worker_loop",
+    "billing": "billing",
+    "broker": "broker",
+}
+"""The stack's processes whose idle cores are measured: ``CpuMeter`` name --> the name
+the per-token split uses. The client is this process, busy driving the direct arm
+meanwhile."""
 
 
 def summarize_run(
@@ -273,9 +279,10 @@ def summarize_run(
     load_end: dict[str, Any],
     idle_cores: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """``idle_cores``: each stack process's cores while the direct arm ran its waves and
-    the tokenbus arm stood idle (its polling and timers), pooled over all those waves:
-    ``/proc`` counts CPU in 10 ms ticks, too coarse for one wave of an idle process."""
+    """``idle_cores``: each stack process's cores (named as in ``IDLE_PARTS``) while the
+    direct arm ran its waves and the tokenbus arm stood idle (its polling and timers),
+    pooled over all those waves: ``/proc`` counts CPU in 10 ms ticks, too coarse for one
+    wave of an idle process."""
     by_request = {row["request_id"]: row for row in timings}
     rows: list[dict[str, Any]] = []
     for concurrency in args.concurrency:
@@ -329,7 +336,7 @@ def summarize_run(
                 # What the same processes spend idle, over this wave's time and tokens:
                 # the share of the figure above that is polling, not work.
                 "us_cpu_per_token_idle_by_process": {
-                    IDLE_NAMES[part]: round(1e6 * cores * t["wall_s"] / max(1, t["num_tokens"]), 2)
+                    part: round(1e6 * cores * t["wall_s"] / max(1, t["num_tokens"]), 2)
                     for part, cores in (idle_cores or {}).items()
                 },
                 "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
@@ -361,7 +368,7 @@ def summarize_run(
         "load_end": load_end,
         "idle_stack_cores_during_direct": summarize(idle_stack_cores),
         "idle_cores_by_process_during_direct": {
-            IDLE_NAMES[part]: round(cores, 4) for part, cores in (idle_cores or {}).items()
+            part: round(cores, 4) for part, cores in (idle_cores or {}).items()
         },
         "num_billed": len(timings),
         "num_sent": len(request_ids),

@@ -38,7 +38,7 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
     }
     timings = [{"request_id": "r0", "queue_ms": 3.0, "ttft_ms": 22.0}]
     load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
-    idle = {"stream_job": 0.06, "worker_process": 0.01, "billing": 0.002}
+    idle = {"stream_job": 0.06, "worker_loop": 0.01, "billing": 0.002}
     out = summarize_run(args, results, {"r0": (0, 1, 0)}, timings, [0.1], load, load, idle)
     row = out["results"][0]
     # Idle cores over the bus wave's 1 s and 1,000 tokens: the job's 0.06 cores.
