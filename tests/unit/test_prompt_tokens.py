@@ -92,3 +92,38 @@ def test_without_a_template_chats_count_as_role_lines(tmp_path: Path) -> None:
 def test_without_a_tokenizer_it_estimates_from_bytes(tmp_path: Path) -> None:
     assert PromptCounter.from_model_dir(tmp_path).count_prompt("x" * 40) == 11
     assert PromptCounter.from_model_dir(tmp_path, bytes_per_token=1).count_prompt("x" * 40) == 41
+
+
+def test_counts_are_the_lengths_encode_gives_on_a_byte_level_bpe() -> None:
+    # The count takes the tokenizer's batch path without offsets; it must count what
+    # ``encode`` (the engine's tokenizing) makes, special tokens added or not, for any
+    # text: multi-byte characters, a special token's own text, spaces and newlines.
+    from tokenizers import decoders, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = ["a partition is an ordered, immutable sequence of records"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]
+    )
+    counter = PromptCounter(tokenizer)
+    texts = [
+        "",
+        "a partition is an ordered sequence",
+        "héllo wörld 🙂 数据 — ﬁ",
+        "<s>user: hi</s>\n\n  tabs\tand   spaces ",
+        "records " * 300,
+    ]
+    for text in texts:
+        with_special = len(tokenizer.encode(text).ids)
+        without = len(tokenizer.encode(text, add_special_tokens=False).ids)
+        assert with_special == without + 1
+        assert counter.count_prompt(text) == with_special, text
+        assert counter._count(text, add_special_tokens=False) == without, text
