@@ -27,16 +27,19 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.admission import print_profile
 from bench.common import (
     add_settings_args,
     bench_settings,
     model_dir,
     parse_overrides,
+    profiled_name,
     progress,
     run_benchmark,
 )
@@ -44,6 +47,7 @@ from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.hop import floor as hop_floor
 from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
+from bench.profile import Profiler, merge_raw, top_frames
 from bench.report import uptime_load
 from bench.stats import added_ttft_ms, ratio, summarize
 from bench.workload import prompts, tenant
@@ -110,6 +114,45 @@ def stack_meter(stack: Stack) -> CpuMeter:
     )
 
 
+class WaveProfiles:
+    """py-spy on tokenbus's own processes (the job, the worker process, billing, and this
+    client) during the tokenbus arm's waves only, one profile per process and
+    concurrency, pooled over the rounds: where the CPU per token of the split goes."""
+
+    PARTS = ("stream_job", "worker_process", "billing", "client")
+
+    def __init__(self, stack: Stack, directory: Path) -> None:
+        pids = {service.name: service.process.pid for service in stack.services}
+        self._pids = {
+            "stream_job": pids["stream_job"],
+            "worker_process": pids["worker-0"],
+            "billing": pids["billing"],
+            "client": os.getpid(),
+        }
+        self._directory = directory
+        self._raw: dict[tuple[str, int], list[Path]] = {}
+        self._running: list[Profiler] = []
+
+    def start(self, round_index: int, concurrency: int) -> None:
+        for part, pid in self._pids.items():
+            out = self._directory / f"{part}-c{concurrency}-r{round_index}.txt"
+            self._raw.setdefault((part, concurrency), []).append(out)
+            self._running.append(Profiler(pid, out))
+
+    def stop(self) -> None:
+        for profiler in self._running:
+            profiler.stop()
+        self._running.clear()
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """``{"c=64": {"stream_job": top_frames, ...}, ...}``."""
+        summary: dict[str, dict[str, Any]] = {}
+        for (part, concurrency), raws in self._raw.items():
+            merged = merge_raw(raws, self._directory / f"{part}-c{concurrency}.txt")
+            summary.setdefault(f"c={concurrency}", {})[part] = top_frames(merged, num_frames=20)
+        return summary
+
+
 def broker_pid(stack: Stack) -> int:
     return next(s.process.pid for s in stack.services if s.name == "broker")
 
@@ -161,6 +204,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         await stack.start()
         await direct.ready()
         meter = stack_meter(stack)
+        profiles = WaveProfiles(stack, settings.home / "profiles") if args.profile else None
         async with TokenbusClient(settings) as client:
             tokenbus = TokenbusArm(stack, client, args.max_tokens)
             with progress(console) as bar:
@@ -211,12 +255,16 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     idle_cpu[part] += stack_cpu.get(part, 0.0)
                                 bar.update(task, completed=len(texts))
                             else:
+                                if profiles is not None:
+                                    profiles.start(round_index, concurrency)
                                 wave = await tokenbus.wave(
                                     round_index,
                                     texts,
                                     concurrency,
                                     lambda _t, task=task: bar.advance(task),
                                 )
+                                if profiles is not None:
+                                    profiles.stop()
                                 waits = meter.wait_delta()
                                 waits["client"] = runqueue_wait_seconds(os.getpid()) - wait_client
                                 cpu = {
@@ -237,7 +285,10 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             if args.hop_messages
             else None
         )
+        profiled = profiles.summary() if profiles is not None else None
     finally:
+        if profiles is not None:
+            profiles.stop()
         direct.stop()
         stack.stop()
     load_end = uptime_load()
@@ -255,7 +306,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         if idle_s_total
         else None,
     )
-    return {**result, "hop_floor": floor}
+    return {**result, "hop_floor": floor, **({"profiles": profiled} if profiled else {})}
 
 
 IDLE_PARTS = {
@@ -469,6 +520,9 @@ def render(result: dict[str, Any], console: Console) -> None:
         f"load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}; "
         f"billed {result['num_billed']}/{result['num_sent']}"
     )
+    for concurrency, parts in (result.get("profiles") or {}).items():
+        for part, profile in parts.items():
+            print_profile(profile, console, f"{concurrency}, {part}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -481,12 +535,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--min-requests", type=int, default=32, help="per wave")
     parser.add_argument("--requests-per-lane", type=int, default=2, help="per wave")
-    parser.add_argument("--name", default="overhead", help="result file name")
+    parser.add_argument("--name", help="result file name (default: overhead, or overhead-profile)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the job, the worker process, billing and the client in the tokenbus "
+        "waves (slows them: the run's CPU figures are not the goals')",
+    )
     parser.add_argument(
         "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
     )
     add_settings_args(parser)
-    run_benchmark(parser, argv, measure, render)
+    run_benchmark(parser, argv, measure, render, profiled_name("overhead"))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,18 @@ class Profiler:
         return self.out
 
 
+def merge_raw(parts: list[Path], out: Path) -> Path:
+    """The collapsed stacks of ``parts`` (one profile of the same process, stopped and
+    started again) as one file: ``top_frames`` adds up repeated stacks."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as merged:
+        for part in parts:
+            if part.exists():
+                text = part.read_text(errors="replace")
+                merged.write(text if text.endswith("\n") or not text else text + "\n")
+    return out
+
+
 def _frame_name(frame: str) -> str:
     """``func (path/to/file.py:123)`` --> ``func (file.py:123)``: short, still findable."""
     name, _, where = frame.partition(" (")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.profile import top_frames
+from bench.profile import merge_raw, top_frames
 
 
 def test_self_and_inclusive_shares_from_collapsed_stacks(tmp_path: Path) -> None:
@@ -22,3 +22,14 @@ def test_self_and_inclusive_shares_from_collapsed_stacks(tmp_path: Path) -> None
 
 def test_a_missing_profile_is_empty(tmp_path: Path) -> None:
     assert top_frames(tmp_path / "none.txt")["num_samples"] == 0
+
+
+def test_profiles_of_one_process_merge_into_one_count(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("main (app.py:1);fetch (fetcher.py:9) 3")  # no final newline
+    second.write_text("main (app.py:1);fetch (fetcher.py:9) 1\nmain (app.py:1);admit (d.py:4) 4\n")
+    merged = merge_raw([first, second, tmp_path / "never-written.txt"], tmp_path / "all.txt")
+    profile = top_frames(merged)
+    assert profile["num_samples"] == 8
+    assert profile["self"][0] == {"frame": "fetch (fetcher.py:9)", "pct": 50.0}
+    assert {r["frame"]: r["pct"] for r in profile["self"]}["admit (d.py:4)"] == 50.0
