@@ -318,6 +318,9 @@ def print_profile(profile: dict[str, Any] | None, console: Console, title: str) 
     for own, incl in zip(profile["self"], profile["inclusive"], strict=False):
         table.add_row(str(own["pct"]), own["frame"], str(incl["pct"]), incl["frame"])
     console.print(table)
+    if profile.get("by_package"):
+        shares = ", ".join(f"{row['package']} {row['pct']}%" for row in profile["by_package"])
+        console.print(f"self time by package: {shares}")
 
 
 async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:

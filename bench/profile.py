@@ -2,7 +2,8 @@
 
 ``Profiler(pid, out)`` starts ``py-spy record`` in raw (collapsed stack) format, sampling
 without pausing the target; ``stop()`` ends it (SIGINT makes py-spy write its file) and
-``top_frames`` reads the file: self time (leaf frames) and inclusive time.
+``top_frames`` reads the file: self time (leaf frames), inclusive time, and self time by
+the package its code is in.
 """
 
 from __future__ import annotations
@@ -74,6 +75,47 @@ def merge_raw(parts: list[Path], out: Path) -> Path:
     return out
 
 
+LOOP_ENTRIES = ("mode/worker.py", "mode/threads.py", "asyncio/runners.py", "uvloop/__init__.py")
+"""Where a thread enters its event loop: a sample that ends there was in the loop's own
+C code (uvloop's, the selector's wait), not in any Python frame above it."""
+OWN_PACKAGES = frozenset(
+    ("batches", "billing", "bridge", "producers", "schemas", "stream_jobs", "tokenbus", "workers")
+)
+
+
+def package_of(frame: str) -> str:
+    """The package a collapsed-stack frame's code is in: the top-level module (py-spy
+    names a file from its ``sys.path`` entry: ``aiokafka/client.py``), ``tokenbus`` for
+    this project's own packages, ``asyncio`` and ``stdlib`` for the standard library,
+    ``event loop`` for a loop's own C code."""
+    where = frame.rpartition(" (")[2].rstrip(")").rpartition(":")[0]
+    if any(where.endswith(entry) for entry in LOOP_ENTRIES):
+        return "event loop"
+    if where.startswith("<frozen"):
+        return "stdlib"
+    if where.startswith("<"):  # generated code: a namedtuple's or dataclass's methods
+        return "other"
+    parts = Path(where).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            parts = parts[parts.index(marker) + 1 :]
+            break
+    else:
+        lib = next((i for i, part in enumerate(parts) if part.startswith("python3.")), None)
+        if lib is not None:
+            parts = parts[lib + 1 :]
+        elif any(part in OWN_PACKAGES for part in parts[:-1]):
+            return "tokenbus"
+    if not parts or parts[0] == "/":
+        return "other"
+    top = parts[0].removesuffix(".py")
+    if top in OWN_PACKAGES:
+        return "tokenbus"
+    if top == "asyncio":
+        return "asyncio"
+    return "stdlib" if top in sys.stdlib_module_names else top
+
+
 def _frame_name(frame: str) -> str:
     """``func (path/to/file.py:123)`` --> ``func (file.py:123)``: short, still findable."""
     name, _, where = frame.partition(" (")
@@ -89,19 +131,22 @@ def top_frames(path: Path, num_frames: int = 15) -> dict[str, Any]:
     """Self and inclusive shares of the recorded samples, biggest first."""
     self_counts: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     total = 0
     if not path.exists():
-        return {"num_samples": 0, "self": [], "inclusive": []}
+        return {"num_samples": 0, "self": [], "inclusive": [], "by_package": []}
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
         # The first element is the thread ("process 123:\"python\";thread ..."); skip it.
-        frames = [_frame_name(f) for f in stack.split(";") if " (" in f]
-        if not frames:
+        raw_frames = [f for f in stack.split(";") if " (" in f]
+        if not raw_frames:
             continue
+        frames = [_frame_name(f) for f in raw_frames]
         total += count
+        packages[package_of(raw_frames[-1])] += count
         self_counts[frames[-1]] += count
         for frame in set(frames):
             if not any(marker in frame for marker in PLUMBING):
@@ -113,4 +158,9 @@ def top_frames(path: Path, num_frames: int = 15) -> dict[str, Any]:
             for frame, n in counter.most_common(num_frames)
         ]
 
-    return {"num_samples": total, "self": share(self_counts), "inclusive": share(inclusive)}
+    return {
+        "num_samples": total,
+        "self": share(self_counts),
+        "inclusive": share(inclusive),
+        "by_package": [{"package": r["frame"], "pct": r["pct"]} for r in share(packages)],
+    }
