@@ -88,6 +88,7 @@ from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.finished_span import end_span
+from tokenbus.heap_reserve import reserve_heap
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.pricing import Pricer
 from tokenbus.retry import Backoff, until_done
@@ -216,6 +217,8 @@ class BillingSink:
         """The newest ``created_at`` (epoch s) of the events stored: billing lag's mark."""
         self.consumer: Any = None
         """The usage topic's consumer while ``run`` runs (its lag is a metric)."""
+        self._heap_pins: list[bytes] | None = None
+        """What keeps ``billing_heap_reserve_mb`` reserved, from the first ``consume`` on."""
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         """Makes revoking wait until the batch in hand is inserted and committed."""
@@ -264,6 +267,8 @@ class BillingSink:
 
     async def consume(self, consumer: UsageConsumer, publish: Publish, stop: asyncio.Event) -> None:
         """The loop of ``run``, on clients the caller started and will stop."""
+        if self._heap_pins is None:  # each batch's objects reuse memory, not fresh pages
+            self._heap_pins = reserve_heap(self._settings.billing_heap_reserve_mb)
         collector = _CollectorPause()
         while not stop.is_set():
             try:

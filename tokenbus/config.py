@@ -342,6 +342,10 @@ class Settings(BaseSettings):
     newest stored one; older ones it looks up in ClickHouse when they come again."""
     billing_prices_file: Path | None = None
     """TOML price table (see ``tokenbus/prices.toml``); unset: that bundled file."""
+    billing_heap_reserve_mb: int = Field(default=128, ge=0)
+    """MiB of heap the usage sink faults in at start and keeps for its life, so that each
+    batch reuses memory instead of faulting in fresh pages the kernel must clear
+    (tokenbus.heap_reserve). 0: none."""
 
     # -- cost weights (tokenbus.cost; shared by the quota and billing) ------------------
     peak_hours: str = ""

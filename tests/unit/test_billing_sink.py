@@ -214,6 +214,7 @@ def _settings(tmp_path: Path, batch_rows: int = 100, batch_max_rows: int = 100) 
         billing_batch_rows=batch_rows,
         billing_batch_max_rows=batch_max_rows,
         billing_batch_interval_s=0.01,
+        billing_heap_reserve_mb=0,  # the test of its own below reserves
     )
 
 
@@ -522,6 +523,30 @@ async def test_a_failing_dead_letter_send_is_retried_before_the_commit(
         "commit",
     ]
     assert (sink.num_dead_letters, sink.num_write_failures) == (1, num_failures)
+
+
+async def test_the_heap_reserve_is_taken_once_with_the_configured_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reserved: list[int] = []
+
+    def reserve_heap(mib: int) -> list[bytes]:
+        reserved.append(mib)
+        return [b"pin"]
+
+    monkeypatch.setattr("billing.sink.reserve_heap", reserve_heap)
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0), _usage(1)], P1: [_usage(2)]})
+    settings = _settings(tmp_path, batch_rows=1, batch_max_rows=1).model_copy(
+        update={"billing_heap_reserve_mb": 7}
+    )
+    sink = _sink(settings, FakeStore(journal), FAST)
+
+    await _run_until(sink, consumer, FakePublish(journal), lambda: consumer.drained)
+    await _run_until(sink, consumer, FakePublish(journal), lambda: True)
+
+    assert reserved == [7]  # at the first consume, not per batch or per run
+    assert [kind for kind, _ in journal].count("insert") == 3
 
 
 async def test_the_cycle_collector_pauses_for_a_batch_only(tmp_path: Path) -> None:
