@@ -233,6 +233,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             meter.start()
                             wall = time.perf_counter()
                             cpu_client = time.process_time()
+                            system_client = os.times().system
                             wait_client = runqueue_wait_seconds(os.getpid())
                             if arm == "direct":
                                 reply = await direct.wave(
@@ -267,9 +268,14 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     profiles.stop()
                                 waits = meter.wait_delta()
                                 waits["client"] = runqueue_wait_seconds(os.getpid()) - wait_client
+                                system = {
+                                    **meter.system_delta(),
+                                    "client": os.times().system - system_client,
+                                }
                                 cpu = {
                                     **meter.delta(),
                                     "client": round(time.process_time() - cpu_client, 3),
+                                    **{f"{k}_system": round(v, 3) for k, v in system.items()},
                                     **{f"{k}_runqueue_wait": round(v, 3) for k, v in waits.items()},
                                 }
                             slot.waves.append(wave)
@@ -318,6 +324,16 @@ IDLE_PARTS = {
 """The stack's processes whose idle cores are measured: ``CpuMeter`` name --> the name
 the per-token split uses. The client is this process, busy driving the direct arm
 meanwhile."""
+
+
+SYSTEM_SHARE_PARTS = {
+    "stream_job": "stream_job",
+    "worker_loop": "worker_process",
+    "client": "client",
+    "billing": "billing",
+    "broker": "broker",
+}
+"""The per-token split's parts --> the CPU counter whose kernel share stands for each."""
 
 
 def summarize_run(
@@ -383,6 +399,13 @@ def summarize_run(
                         "billing": cpu_bus["billing"],
                         "broker": cpu_bus["broker"],
                     }.items()
+                },
+                # How much of each process's CPU in these waves the kernel spent (system
+                # calls, page faults); the worker's is its whole process, front end and all.
+                "system_share_by_process": {
+                    part: round(cpu_bus.get(f"{name}_system", 0.0) / cpu_bus[name], 3)
+                    for part, name in SYSTEM_SHARE_PARTS.items()
+                    if cpu_bus.get(name)
                 },
                 # What the same processes spend idle, over this wave's time and tokens:
                 # the share of the figure above that is polling, not work.
@@ -507,6 +530,12 @@ def render(result: dict[str, Any], console: Console) -> None:
             split.add_row(
                 f"{row['concurrency']}, of it idle",
                 *(f"{idle[part]:.1f}" if part in idle else "-" for part in us),
+            )
+        kernel = row.get("system_share_by_process") or {}
+        if kernel:  # the kernel's share of each process's CPU in these waves
+            split.add_row(
+                f"{row['concurrency']}, kernel %",
+                *(f"{100 * kernel[part]:.0f}%" if part in kernel else "-" for part in us),
             )
     console.print(split)
     floor = result.get("hop_floor")

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from tokenbus.procfs import children, stat_fields
 
-__all__ = ["CpuMeter", "children", "cpu_seconds", "descendants", "runqueue_wait_seconds"]
+__all__ = [
+    "CpuMeter",
+    "children",
+    "cpu_seconds",
+    "descendants",
+    "runqueue_wait_seconds",
+    "system_seconds",
+]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -25,6 +32,15 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def system_seconds(pid: int) -> float:
+    """The kernel's share of ``cpu_seconds``: system calls, page faults; 0.0 once gone."""
+    try:
+        fields = stat_fields(f"/proc/{pid}/stat")
+    except OSError:
+        return 0.0
+    return int(fields[12]) * _TICK_S
 
 
 def runqueue_wait_seconds(pid: int) -> float:
@@ -72,6 +88,7 @@ class CpuMeter:
         self.groups = {name: tuple(pids) for name, pids in self.groups.items()}
         self._start: dict[str, float] = {}
         self._start_wait: dict[str, float] = {}
+        self._start_system: dict[str, float] = {}
 
     def _read(self) -> dict[str, float]:
         return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.groups.items()}
@@ -81,13 +98,22 @@ class CpuMeter:
             name: sum(runqueue_wait_seconds(p) for p in pids) for name, pids in self.groups.items()
         }
 
+    def _read_system(self) -> dict[str, float]:
+        return {name: sum(system_seconds(p) for p in pids) for name, pids in self.groups.items()}
+
     def start(self) -> None:
         self._start = self._read()
         self._start_wait = self._read_wait()
+        self._start_system = self._read_system()
 
     def delta(self) -> dict[str, float]:
         now = self._read()
         return {name: round(now[name] - self._start.get(name, 0.0), 3) for name in now}
+
+    def system_delta(self) -> dict[str, float]:
+        """The kernel's part of ``delta()``, per group."""
+        now = self._read_system()
+        return {name: round(now[name] - self._start_system.get(name, 0.0), 3) for name in now}
 
     def wait_delta(self) -> dict[str, float]:
         """Run-queue wait per group since ``start()``, summed over threads."""

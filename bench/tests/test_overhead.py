@@ -31,6 +31,9 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         "billing": 0.002,
         "client": 0.004,
         "worker_process": 0.03,
+        "stream_job_system": 0.002,
+        "client_system": 0.001,
+        "worker_process_system": 0.0,
     }
     results = {
         ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.02}]),
@@ -54,6 +57,14 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         "client": 4.0,
         "billing": 2.0,
         "broker": 50.0,
+    }
+    # The kernel's share of each process's CPU, where it was measured.
+    assert row["system_share_by_process"] == {
+        "stream_job": 0.2,
+        "worker_loop": 0.0,
+        "client": 0.25,
+        "billing": 0.0,
+        "broker": 0.0,
     }
     assert row["pipeline_cpu_s_per_1k_tokens"] == pytest.approx(0.076)
     assert row["added_ttft_ms"]["p50"] == pytest.approx(14.0)

@@ -30,6 +30,16 @@ def test_meter_reports_each_group() -> None:
     assert meter.delta()["me"] > 0
 
 
+def test_the_kernels_share_is_part_of_the_cpu() -> None:
+    meter = CpuMeter({"me": [os.getpid()]})
+    meter.start()
+    for _ in range(100_000):
+        os.stat("/")  # system calls: kernel time
+    sum(i * i for i in range(1_000_000))
+    system, total = meter.system_delta()["me"], meter.delta()["me"]
+    assert 0 < system <= total
+
+
 def test_runqueue_wait_is_read_for_a_live_process_only() -> None:
     from bench.procstat import runqueue_wait_seconds
 
