@@ -215,6 +215,10 @@ class VllmEngine:
             stop=list(params.stop) or None,
             ignore_eos=params.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            # Made here for this one request and never touched again: vLLM's deep copy
+            # of it (as its own OpenAI server, which skips it the same way) would guard
+            # nothing, and cost the worker's loop a deepcopy per request.
+            skip_clone=True,
         )
         engine_prompt: TextPrompt | TokensPrompt = (
             TextPrompt(prompt=prompt)

@@ -119,6 +119,26 @@ async def test_cache_salt_isolates_tenants(engine: VllmEngine) -> None:
     assert same_salt[0].num_cached_tokens is not None and same_salt[0].num_cached_tokens > 0
 
 
+async def test_each_request_has_sampling_params_of_its_own_that_vllm_does_not_copy(
+    engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = engine._engine()
+    generate = llm.generate
+    seen: list[object] = []
+
+    def spy(prompt: object, sampling_params: object, *args: object, **kwargs: object) -> object:
+        seen.append(sampling_params)
+        return generate(prompt, sampling_params, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(llm, "generate", spy)
+    params = GenerateParams(max_tokens=5, ignore_eos=True, temperature=0.0)
+    streams = [await collect(engine, text, params) for text in ("one", "two")]
+    assert [sum(len(d.token_ids) for d in deltas) for deltas in streams] == [5, 5]
+    first, second = seen
+    assert first is not second  # nothing shared between requests for a copy to protect
+    assert getattr(first, "skip_clone", False) and getattr(second, "skip_clone", False)
+
+
 async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
     request_id = uuid.uuid4().hex
     params = GenerateParams(max_tokens=3000, ignore_eos=True)
