@@ -6,7 +6,8 @@ A backlog of UsageEvents is produced first; then the real sink (``python -m bill
 embedded ClickHouse in its own home) is started and drains it. The rate is taken from
 the sink's own counters (``/healthz``), from its first insert to its last, so start-up
 (chdb, migrations, the group join) is not counted; CPU is the sink process's over the
-same span.
+same span, with the kernel's share of it and the sink's minor page faults per event
+(``--set billing_heap_reserve_mb=0`` runs the sink without its heap reserve).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from bench.common import (
     progress,
     run_benchmark,
 )
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_seconds, minor_faults, system_seconds
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_billing
@@ -97,7 +98,8 @@ async def run_ingest(
     topics = Topics(settings.topic_prefix)
     stack = Stack(settings)
     producer = make_producer(settings, linger_ms=5, max_batch_size=512 * 1024)
-    samples: list[tuple[float, int, float]] = []  # (time, rows handled, sink CPU s)
+    # (time, rows handled, sink CPU s, of it the kernel's, the sink's minor faults)
+    samples: list[tuple[float, int, float, float, int]] = []
     try:
         await stack.start_broker()
         await producer.start()
@@ -116,7 +118,15 @@ async def run_ingest(
         while handled < num_events and time.monotonic() < deadline:
             health = await asyncio.to_thread(_health, settings)
             handled = int(health.get("num_inserted", 0)) + int(health.get("num_duplicates", 0))
-            samples.append((time.perf_counter(), handled, cpu_seconds(pid)))
+            samples.append(
+                (
+                    time.perf_counter(),
+                    handled,
+                    cpu_seconds(pid),
+                    system_seconds(pid),
+                    minor_faults(pid),
+                )
+            )
             on_progress(handled)
             await asyncio.sleep(0.05)
         profile = top_frames(profiler.stop()) if profiler else None
@@ -130,6 +140,7 @@ async def run_ingest(
     last = next((s for s in samples if s[1] >= num_events), samples[-1])
     wall_s = max(1e-9, last[0] - first[0])
     cpu_s = max(1e-9, last[2] - first[2])
+    handled = max(1, last[1])
     return {
         "num_events": num_events,
         "num_handled": last[1],
@@ -140,24 +151,49 @@ async def run_ingest(
         "events_per_s": round(last[1] / wall_s, 1),
         "sink_cpu_s": round(cpu_s, 3),
         "events_per_core_s": round(last[1] / cpu_s, 1),
+        "us_cpu_per_event": round(cpu_s / handled * 1e6, 2),
+        "us_system_per_event": round((last[3] - first[3]) / handled * 1e6, 2),
+        "minor_faults_per_event": round((last[4] - first[4]) / handled, 3),
+        "heap_reserve_mb": settings.billing_heap_reserve_mb,
         "profile": profile,
     }
 
 
 def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
     table = Table(title=title)
-    for column in ("tenants", "batch rows", "events", "events/s", "goal", "events/s/core"):
+    columns = (
+        "tenants",
+        "batch rows",
+        "heap reserve MiB",
+        "events",
+        "events/s",
+        "goal",
+        "events/s/core",
+        "µs CPU/event",
+        "of it kernel",
+        "minor faults/event",
+    )
+    for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row["num_tenants"]),
             str(row["batch_rows"]),
+            str(row.get("heap_reserve_mb", "-")),
             str(row["num_handled"]),
             f"{row['events_per_s']:.0f}",
             "met" if row["events_per_s"] >= GOAL_EVENTS_PER_S else "NOT met",
             f"{row['events_per_core_s']:.0f}",
+            _figure(row, "us_cpu_per_event", ".2f"),
+            _figure(row, "us_system_per_event", ".2f"),
+            _figure(row, "minor_faults_per_event", ".3f"),
         )
     console.print(table)
+
+
+def _figure(row: dict[str, Any], key: str, spec: str) -> str:
+    """A figure that result files older than it lack shows as a dash."""
+    return format(row[key], spec) if key in row else "-"
 
 
 async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:

@@ -18,6 +18,7 @@ __all__ = [
     "children",
     "cpu_seconds",
     "descendants",
+    "minor_faults",
     "runqueue_wait_seconds",
     "system_seconds",
 ]
@@ -41,6 +42,16 @@ def system_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return int(fields[12]) * _TICK_S
+
+
+def minor_faults(pid: int) -> int:
+    """Page faults of one process that needed no disk read (``minflt``): on a VM, each one
+    whose page is new costs the kernel a zeroed page; 0 once the process has gone."""
+    try:
+        fields = stat_fields(f"/proc/{pid}/stat")
+    except OSError:
+        return 0
+    return int(fields[7])
 
 
 def runqueue_wait_seconds(pid: int) -> float:

@@ -255,6 +255,20 @@ FIGURES: tuple[Figure, ...] = (
         lambda r: _float((_first_row(r) or {}).get("events_per_core_s")),
     ),
     Figure(
+        "billing.us_system_per_event",
+        "billing",
+        "of the sink's CPU, the kernel's per event",
+        "µs",
+        lambda r: _float((_first_row(r) or {}).get("us_system_per_event")),
+    ),
+    Figure(
+        "billing.minor_faults_per_event",
+        "billing",
+        "the sink's minor page faults per event",
+        "faults",
+        lambda r: _float((_first_row(r) or {}).get("minor_faults_per_event")),
+    ),
+    Figure(
         "e2e.tokenbus_us_per_token",
         "overhead",
         "c=64: job + worker loop + client + billing CPU per token",
@@ -385,6 +399,7 @@ GOALS: tuple[Goal, ...] = (
         "billing.events_per_core_s",
         ">=",
         100_000,
+        ("billing.us_system_per_event", "billing.minor_faults_per_event"),
     ),
     Goal(
         "e2e_tokenbus",

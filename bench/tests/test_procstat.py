@@ -40,6 +40,17 @@ def test_the_kernels_share_is_part_of_the_cpu() -> None:
     assert 0 < system <= total
 
 
+def test_minor_faults_count_fresh_pages_touched() -> None:
+    from bench.procstat import minor_faults
+
+    before = minor_faults(os.getpid())
+    pages = bytearray(64 * 1024 * 1024)  # fresh anonymous memory, faulted in as touched
+    for offset in range(0, len(pages), 4096):
+        pages[offset] = 1
+    assert minor_faults(os.getpid()) - before >= 1_000
+    assert minor_faults(2**22 + 12345) == 0
+
+
 def test_runqueue_wait_is_read_for_a_live_process_only() -> None:
     from bench.procstat import runqueue_wait_seconds
 

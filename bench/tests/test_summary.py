@@ -135,6 +135,39 @@ def test_goal_verdicts() -> None:
     assert by_key["billing"]["commit"] is None
 
 
+def billing(at: str, per_core: float, kernel: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A billing run; ``kernel``: its µs of kernel CPU and minor faults per event."""
+    row: dict[str, Any] = {"events_per_core_s": per_core}
+    if kernel is not None:
+        row["us_system_per_event"], row["minor_faults_per_event"] = kernel
+    return {
+        "benchmark": "billing",
+        "machine": {"commit": "c2", "dirty": False},
+        "load_start": {"at": at, "load_1_5_15": [1.0, 0.0, 0.0]},
+        "results": [row],
+    }
+
+
+def test_billing_shows_the_kernels_share_and_faults_of_the_runs_that_measured_them() -> None:
+    runs = [
+        billing("2026-12-04T01:00:00", 120_000, (1.0, 0.1)),
+        billing("2026-12-04T02:00:00", 130_000, (3.0, 0.3)),
+        billing("2026-12-04T03:00:00", 90_000),  # written before the two figures existed
+    ]
+    built = summary.build_summary({"billing": runs})
+    figures = built["figures"]
+    assert figures["billing.events_per_core_s"]["median"] == 120_000
+    assert figures["billing.us_system_per_event"]["median"] == 2.0
+    assert figures["billing.us_system_per_event"]["num_runs"] == 2
+    assert figures["billing.minor_faults_per_event"]["max"] == 0.3
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert by_key["billing"]["verdict"] == "met"
+    assert by_key["billing"]["beside"] == [
+        "billing.us_system_per_event",
+        "billing.minor_faults_per_event",
+    ]
+
+
 @pytest.mark.parametrize(
     ("op", "value", "expected"),
     [(">=", 5000, "met"), (">=", 4999, "not met"), ("<=", 10, "met"), ("<=", 10.1, "not met")],
