@@ -295,6 +295,11 @@ class Settings(BaseSettings):
     evicted); unset: ``max_loras``."""
     max_lora_rank: int = 16
     """The largest adapter rank a worker accepts."""
+    stream_interval: int = Field(default=1, ge=1, le=1024)
+    """Tokens of one request vLLM gathers before it hands them on (its ``stream_interval``,
+    per request): 1 streams each token as it is made; more cut the worker's, the broker's
+    and the client's work per token for a coarser stream. A request's first token and its
+    end go at once whatever the interval."""
     worker_metrics_port: int | None = None
     """Serves the worker's ``/metrics`` and ``/healthz`` here; unset, none (the local
     stack gives each worker a free port)."""

@@ -107,9 +107,12 @@ class VllmEngine:
         max_loras: int = 0,
         max_cpu_loras: int | None = None,
         max_lora_rank: int = 16,
+        stream_interval: int = 1,
     ) -> None:
         self.model_name = served_model_name
         self.max_num_seqs = max_num_seqs
+        self.stream_interval = stream_interval
+        """Tokens a request's stream gathers before each delta (first and last at once)."""
         self.max_loras = max_loras
         # LoRA only when asked for: vLLM-CPU turns graph compilation off with it, and
         # every step pays for the LoRA kernels even with no adapter in the batch.
@@ -158,6 +161,7 @@ class VllmEngine:
             max_loras=settings.max_loras,
             max_cpu_loras=settings.max_cpu_loras,
             max_lora_rank=settings.max_lora_rank,
+            stream_interval=settings.stream_interval,
         )
 
     async def start(self) -> None:
@@ -219,6 +223,8 @@ class VllmEngine:
             # of it (as its own OpenAI server, which skips it the same way) would guard
             # nothing, and cost the worker's loop a deepcopy per request.
             skip_clone=True,
+            # Per request, so the engine's own interval (1) never holds back a token more.
+            stream_interval=self.stream_interval,
         )
         engine_prompt: TextPrompt | TokensPrompt = (
             TextPrompt(prompt=prompt)

@@ -139,6 +139,25 @@ async def test_each_request_has_sampling_params_of_its_own_that_vllm_does_not_co
     assert getattr(first, "skip_clone", False) and getattr(second, "skip_clone", False)
 
 
+async def test_a_stream_interval_gathers_tokens_but_sends_the_first_and_last_at_once(
+    engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = unique_prompt(41)
+    params = GenerateParams(max_tokens=22, ignore_eos=True, temperature=0.0)
+    # Salted apart, so both prefill the prompt afresh.
+    each = await collect(engine, prompt, params, cache_salt="each")
+    monkeypatch.setattr(engine, "stream_interval", 8)
+    gathered = await collect(engine, prompt, params, cache_salt="gathered")
+
+    sizes = [len(d.token_ids) for d in gathered]
+    assert sizes == [1, 8, 8, 5]  # the first at once, then 8 at a time, the rest at the end
+    assert [len(d.token_ids) for d in each] == [1] * 22
+    assert [t for d in gathered for t in d.token_ids] == [t for d in each for t in d.token_ids]
+    assert "".join(d.text for d in gathered) == "".join(d.text for d in each)
+    assert gathered[0].num_prompt_tokens == each[0].num_prompt_tokens == NUM_PROMPT_TOKENS
+    assert gathered[-1].finish_reason == each[-1].finish_reason == "length"
+
+
 async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
     request_id = uuid.uuid4().hex
     params = GenerateParams(max_tokens=3000, ignore_eos=True)
