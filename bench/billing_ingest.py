@@ -140,7 +140,7 @@ async def run_ingest(
     last = next((s for s in samples if s[1] >= num_events), samples[-1])
     wall_s = max(1e-9, last[0] - first[0])
     cpu_s = max(1e-9, last[2] - first[2])
-    handled = max(1, last[1])
+    num_seen = max(1, last[1])
     return {
         "num_events": num_events,
         "num_handled": last[1],
@@ -151,9 +151,9 @@ async def run_ingest(
         "events_per_s": round(last[1] / wall_s, 1),
         "sink_cpu_s": round(cpu_s, 3),
         "events_per_core_s": round(last[1] / cpu_s, 1),
-        "us_cpu_per_event": round(cpu_s / handled * 1e6, 2),
-        "us_system_per_event": round((last[3] - first[3]) / handled * 1e6, 2),
-        "minor_faults_per_event": round((last[4] - first[4]) / handled, 3),
+        "us_cpu_per_event": round(cpu_s / num_seen * 1e6, 2),
+        "us_system_per_event": round((last[3] - first[3]) / num_seen * 1e6, 2),
+        "minor_faults_per_event": round((last[4] - first[4]) / num_seen, 3),
         "heap_reserve_mb": settings.billing_heap_reserve_mb,
         "profile": profile,
     }

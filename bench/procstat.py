@@ -26,32 +26,29 @@ __all__ = [
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (all its threads); 0.0 once it has gone."""
+def _stat_counters(pid: int, *indexes: int) -> list[int]:
+    """The given ``stat_fields`` of one process as integers; zeros once it has gone."""
     try:
         fields = stat_fields(f"/proc/{pid}/stat")
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * _TICK_S
+        return [0] * len(indexes)
+    return [int(fields[i]) for i in indexes]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (all its threads); 0.0 once it has gone."""
+    return sum(_stat_counters(pid, 11, 12)) * _TICK_S
 
 
 def system_seconds(pid: int) -> float:
     """The kernel's share of ``cpu_seconds``: system calls, page faults; 0.0 once gone."""
-    try:
-        fields = stat_fields(f"/proc/{pid}/stat")
-    except OSError:
-        return 0.0
-    return int(fields[12]) * _TICK_S
+    return _stat_counters(pid, 12)[0] * _TICK_S
 
 
 def minor_faults(pid: int) -> int:
     """Page faults of one process that needed no disk read (``minflt``): on a VM, each one
     whose page is new costs the kernel a zeroed page; 0 once the process has gone."""
-    try:
-        fields = stat_fields(f"/proc/{pid}/stat")
-    except OSError:
-        return 0
-    return int(fields[7])
+    return _stat_counters(pid, 7)[0]
 
 
 def runqueue_wait_seconds(pid: int) -> float:
