@@ -30,7 +30,8 @@ class EngineTimings:
 
 @dataclass(frozen=True)
 class EngineDelta:
-    """New output of one request since its previous delta (one engine step's worth)."""
+    """New output of one request since its previous delta: one engine step's worth, or
+    what its stream interval gathered."""
 
     text: str
     token_ids: list[int]
@@ -85,6 +86,9 @@ class GenerateOptions:
     """Separates prefix-cache entries: only requests with the same salt share blocks."""
     adapter: AdapterRef | None = None
     """The LoRA adapter to run with; ``None``: the base model."""
+    stream_interval: int | None = None
+    """Tokens the request's stream gathers before each delta (its first and its last go
+    at once, as does what it holds when it is aborted); ``None``: the engine's own."""
 
 
 class Engine(Protocol):

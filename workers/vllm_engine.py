@@ -224,7 +224,7 @@ class VllmEngine:
             # nothing, and cost the worker's loop a deepcopy per request.
             skip_clone=True,
             # Per request, so the engine's own interval (1) never holds back a token more.
-            stream_interval=self.stream_interval,
+            stream_interval=options.stream_interval or self.stream_interval,
         )
         engine_prompt: TextPrompt | TokensPrompt = (
             TextPrompt(prompt=prompt)

@@ -158,6 +158,33 @@ async def test_a_stream_interval_gathers_tokens_but_sends_the_first_and_last_at_
     assert gathered[-1].finish_reason == each[-1].finish_reason == "length"
 
 
+async def test_an_aborted_stream_sends_what_its_interval_held_and_it_is_the_greedy_run(
+    engine: VllmEngine,
+) -> None:
+    """A batch line paused for interactive work goes on from every token it made: vLLM's
+    answer to the abort carries the tokens its stream interval was holding."""
+    prompt = unique_prompt(43)
+    request_id = uuid.uuid4().hex
+    params = GenerateParams(max_tokens=3000, ignore_eos=True, temperature=0.0)
+    options = GenerateOptions(cache_salt="held", stream_interval=1024)
+    deltas: list[EngineDelta] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        async for delta in engine.generate(request_id, prompt, params, options):
+            deltas.append(delta)
+            if len(deltas) == 1:
+                await asyncio.sleep(0.3)  # steps go on; the interval holds their tokens
+                await engine.abort(request_id)
+
+    first, last = deltas  # the first token at once, then everything held with the abort
+    assert len(first.token_ids) == 1 and last.finish_reason == "abort"
+    assert len(last.token_ids) > 1, "no token was held when the abort came"
+    made = first.token_ids + last.token_ids
+    greedy = GenerateParams(max_tokens=len(made), ignore_eos=True, temperature=0.0)
+    each = await collect(engine, prompt, greedy, cache_salt="each-held")
+    assert [t for d in each for t in d.token_ids] == made
+    assert first.text + last.text == "".join(d.text for d in each)
+
+
 async def test_abort_ends_stream_with_abort(engine: VllmEngine) -> None:
     request_id = uuid.uuid4().hex
     params = GenerateParams(max_tokens=3000, ignore_eos=True)
