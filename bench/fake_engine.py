@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from workers.interface import (
     AdapterRef,
@@ -86,7 +87,10 @@ class FakeEngine:
     def generate(
         self, request_id: str, prompt: Prompt, params: GenerateParams, options: GenerateOptions
     ) -> AsyncIterator[EngineDelta]:
-        return self.deltas(request_id, prompt, params)
+        deltas = self.deltas(request_id, prompt, params)
+        if (options.stream_interval or 1) <= 1:
+            return deltas
+        return gathered(deltas, options.stream_interval or 1)
 
     async def deltas(
         self, request_id: str, prompt: Prompt, params: GenerateParams
@@ -146,3 +150,39 @@ class FakeEngine:
     async def shutdown(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+
+
+async def gathered(deltas: AsyncIterator[EngineDelta], interval: int) -> AsyncIterator[EngineDelta]:
+    """vLLM's stream interval over a stream of deltas: the first at once, then
+    ``interval`` tokens at a time, and the end (a finish or an abort) at once with all it
+    held."""
+    held: EngineDelta | None = None
+    first = True
+    try:
+        async for delta in deltas:
+            held = delta if held is None else _joined(held, delta)
+            if first or held.finish_reason is not None or len(held.token_ids) >= interval:
+                yield held
+                held, first = None, False
+    finally:
+        aclose = getattr(deltas, "aclose", None)  # a reader that leaves early ends it
+        if aclose is not None:
+            await aclose()
+
+
+def _joined(earlier: EngineDelta, later: EngineDelta) -> EngineDelta:
+    return replace(
+        later,
+        text=earlier.text + later.text,
+        token_ids=earlier.token_ids + later.token_ids,
+        num_prompt_tokens=(
+            earlier.num_prompt_tokens
+            if earlier.num_prompt_tokens is not None
+            else later.num_prompt_tokens
+        ),
+        num_cached_tokens=(
+            earlier.num_cached_tokens
+            if earlier.num_cached_tokens is not None
+            else later.num_cached_tokens
+        ),
+    )

@@ -300,6 +300,11 @@ class Settings(BaseSettings):
     per request): 1 streams each token as it is made; more cut the worker's, the broker's
     and the client's work per token for a coarser stream. A request's first token and its
     end go at once whatever the interval."""
+    batch_stream_interval: int = Field(default=16, ge=1, le=1024)
+    """The same for class 2 requests (batch lines), never below ``stream_interval``: no one
+    reads a batch line as it streams (the runner collects it whole), so its tokens go in
+    fewer, larger reply chunks. A line paused for interactive work sends the tokens it
+    held with the pause, so it goes on from all it made."""
     worker_metrics_port: int | None = None
     """Serves the worker's ``/metrics`` and ``/healthz`` here; unset, none (the local
     stack gives each worker a free port)."""

@@ -237,6 +237,8 @@ class Worker:
         # (tenant, request_id) -> the engine's id of the attempt running now
         self._running: dict[tuple[str, str], str] = {}
         self._batch_gate = create_batch_gate(settings, engine)
+        # Batch lines stream coarser: the runner collects them whole (config).
+        self._batch_stream_interval = max(settings.stream_interval, settings.batch_stream_interval)
         self.metrics = WorkerMetrics(
             self.worker_id,
             engine,
@@ -599,7 +601,10 @@ class Worker:
         counts, and the last delta's times start at the first part's."""
         gate = self._batch_gate
         options = GenerateOptions(
-            priority=request.priority, cache_salt=request.cache_salt, adapter=adapter
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            adapter=adapter,
+            stream_interval=self._batch_stream_interval if request.priority >= 2 else None,
         )
         if gate is None or request.priority < 2:
             async with _closing(self._engine.generate(engine_id, prompt, params, options)) as it:

@@ -21,6 +21,7 @@ from openai.types import Batch
 from billing.reader import open_reader
 from schemas import SchemaError, UsageEvent, UsageStatus, decode
 from tests.integration.conftest import BridgeProcess, bridge_key, eventually, start_bridge
+from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
@@ -141,6 +142,28 @@ async def usage_events(settings: Settings, batch_id: str) -> list[UsageEvent]:
     return events
 
 
+async def reply_token_counts(settings: Settings, batch_id: str) -> dict[str, list[int]]:
+    """Request id --> the tokens of each of its chunks on the batch's reply topic, by seq."""
+    topic = Topics(settings.topic_prefix).batch_replies(TENANT, batch_id)
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    chunks: dict[str, dict[int, int]] = {}
+    try:
+        tps = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        while fetched := await consumer.getmany(timeout_ms=2_000):
+            for records in fetched.values():
+                for record in records:
+                    for chunk in decode_batch(record.value).chunks:
+                        chunks.setdefault(chunk.request_id, {})[chunk.seq] = chunk.num_tokens
+    finally:
+        await consumer.stop()
+    return {rid: [n for _, n in sorted(seqs.items())] for rid, seqs in chunks.items()}
+
+
 @pytest.fixture(scope="module")
 def short_window_bridge(stack: Stack) -> Iterator[BridgeProcess]:
     """A bridge that accepts completion windows of seconds, for the expiry test."""
@@ -200,6 +223,33 @@ async def test_500_lines_through_the_openai_client_complete_each_custom_id_once(
         prompt,
         completion,
     )
+
+
+async def test_batch_lines_stream_their_tokens_at_the_batch_interval(
+    bridge: BridgeProcess, settings: Settings
+) -> None:
+    """No one reads a batch line as it streams: its tokens reach the runner in chunks of
+    ``batch_stream_interval`` (the first and the last at once), and the output and
+    billing hold every one of them."""
+    interval = settings.batch_stream_interval
+    assert interval > settings.stream_interval
+    client = openai_client(bridge)
+    tag = f"si{int(time.time())}"
+    num_tokens = 2 * interval + 7
+    batch = submit(client, batch_input(tag, 3, max_tokens=num_tokens))
+    batch = await poll(client, batch.id, ended, timeout_s=300)
+    assert batch.status == "completed"
+    good, bad = results_of(client, batch)
+    assert (len(good), len(bad)) == (3, 0)
+    counts = await reply_token_counts(settings, batch.id)
+    for line in good:
+        assert line["response"]["body"]["usage"]["completion_tokens"] == num_tokens
+        request_id = line["response"]["request_id"]
+        assert counts[request_id] == [1, interval, interval, 6], (request_id, counts)
+    rows = await eventually(
+        lambda: clickhouse_rows(settings, batch.id), timeout_s=60, until=lambda r: len(r) >= 3
+    )
+    assert [r["completion_tokens"] for r in rows] == [num_tokens] * 3
 
 
 async def test_cancel_lets_running_lines_finish_and_cancels_the_rest(

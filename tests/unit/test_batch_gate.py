@@ -17,7 +17,7 @@ from tokenbus.batch_yield import YieldPolicy
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
 from workers.batch_gate import BatchGate, SeatLearner, plan_seats
-from workers.interface import EngineDelta, GenerateParams
+from workers.interface import EngineDelta, GenerateOptions, GenerateParams, Prompt
 from workers.replies import ReplyBatcher
 from workers.worker import Worker, create_batch_gate
 
@@ -186,7 +186,13 @@ async def batch_worker(
     settings = Settings(
         home=tmp_path,
         worker_id="w1",
-        **{"batch_yield_seats_per_worker": 0, "batch_yield_hold_s": 0.05, **overrides},
+        # A delta per token unless a test says otherwise: it can pause a line anywhere.
+        **{
+            "batch_yield_seats_per_worker": 0,
+            "batch_yield_hold_s": 0.05,
+            "batch_stream_interval": 1,
+            **overrides,
+        },
     )
     worker = Worker(settings, engine)
     producer = RecordingProducer()
@@ -236,6 +242,83 @@ async def test_a_paused_batch_line_goes_on_in_one_stream_billed_once(tmp_path: P
     labels = {"model": "tiny", "worker": "w1"}
     assert registry.get_sample_value("tokenbus_worker_batch_pauses_total", labels) == 1
     assert registry.get_sample_value("tokenbus_worker_batch_lines_waiting", labels) == 0
+
+
+class OptionsEngine(RecordingEngine):
+    """Notes the options each part ran with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.options: dict[str, GenerateOptions] = {}
+
+    def generate(
+        self, request_id: str, prompt: Prompt, params: GenerateParams, options: GenerateOptions
+    ) -> AsyncIterator[EngineDelta]:
+        self.options[request_id] = options
+        return super().generate(request_id, prompt, params, options)
+
+
+def token_counts(producer: RecordingProducer, request_id: str) -> list[int]:
+    chunks = [c for raw in producer.on(REPLY_TO) for c in decode_batch(raw).chunks]
+    mine = [c for c in chunks if c.request_id == request_id]
+    assert [c.seq for c in mine] == list(range(len(mine)))  # no gap, no repeat
+    return [c.num_tokens for c in mine]
+
+
+async def test_batch_lines_stream_at_the_batch_interval_and_interactive_requests_per_token(
+    tmp_path: Path,
+) -> None:
+    engine = OptionsEngine()
+    worker, producer = await batch_worker(tmp_path, engine, batch_stream_interval=8)
+    await worker._serve(work_item(max_tokens=20, priority=2))
+    await worker._serve(work_item(max_tokens=5, request_id="r2", priority=1))
+    await worker._replies.drain()  # type: ignore[union-attr]
+    assert engine.options["acme/r1/0"].stream_interval == 8
+    assert engine.options["acme/r2/0"].stream_interval is None  # the engine's own
+    assert token_counts(producer, "r1") == [1, 8, 8, 3]  # the first at once, the end too
+    assert token_counts(producer, "r2") == [1] * 5
+    usage = {
+        e.request_id: e
+        for e in (decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage))
+    }
+    assert usage["r1"].num_completion_tokens == 20 and usage["r1"].last_seq == 3
+
+
+async def test_a_batch_line_never_streams_finer_than_the_workers_interval(tmp_path: Path) -> None:
+    engine = OptionsEngine()
+    worker, producer = await batch_worker(
+        tmp_path, engine, stream_interval=4, batch_stream_interval=2
+    )
+    await worker._serve(work_item(max_tokens=10, priority=2))
+    await worker._replies.drain()  # type: ignore[union-attr]
+    assert engine.options["acme/r1/0"].stream_interval == 4
+    assert token_counts(producer, "r1") == [1, 4, 4, 1]
+
+
+async def test_a_line_paused_while_its_interval_held_tokens_sends_them_and_makes_none_twice(
+    tmp_path: Path,
+) -> None:
+    engine = OptionsEngine()
+    worker, producer = await batch_worker(tmp_path, engine, batch_stream_interval=8)
+    gate = worker._batch_gate
+    assert gate is not None
+    line = asyncio.create_task(worker._serve(work_item(max_tokens=40, priority=2)))
+    # Paused after its fifth step: the first token went out, four are held.
+    await until(lambda: len(engine._generated) >= 5)
+    gate.interactive_started()
+    await until(lambda: gate.num_pauses == 1)
+    gate.interactive_ended()
+    await asyncio.wait_for(line, 2.0)
+    await worker._replies.drain()  # type: ignore[union-attr]
+    counts = token_counts(producer, "r1")
+    assert sum(counts) == 40
+    prompt_len = len(engine.tokenize("hello there"))
+    (first, second) = engine.parts
+    made = 40 - second[2]  # what the first part made: the second goes on from all of it
+    assert first == ("acme/r1/0", prompt_len, 40)
+    assert second == ("acme/r1/0/part1", prompt_len + made, 40 - made) and 1 < made < 8
+    assert counts[:2] == [1, made - 1]  # the held tokens went out with the pause
+    assert engine.options["acme/r1/0/part1"].stream_interval == 8
 
 
 async def test_interactive_lines_are_never_paused_and_a_cancel_while_paused_ends_the_line(
