@@ -1,6 +1,11 @@
 """The physical floor: one loopback produce --> consume hop through the bundled broker,
 and what an idle consumer costs, for several ``fetch_max_wait_ms``.
 
+Every hop of a request goes from one process to another, so the hop reported
+(``hop_ms``) has its producer in a child process (``bench.hop_producer``); the hop with
+producer and consumer in this one process (``hop_in_process_ms``) is measured too, since
+the bundled broker answers that one sooner and earlier figures were of it.
+
     .venvs/stream/bin/python -m bench.hop
 """
 
@@ -9,22 +14,97 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
 import time
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import bench_settings, exit_on_sigterm, make_console, progress
+from bench.hop_producer import sent_at_ns
 from bench.procstat import CpuMeter
 from bench.report import uptime_load, write_result
 from bench.services import broker_only
 from bench.stats import summarize
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer
+from tokenbus_cli.stack import REPO_ROOT, settings_env
 
 TOPIC = "bench.hop"
+
+
+async def in_process_hops(
+    producer: AIOKafkaProducer,
+    consumer: AIOKafkaConsumer,
+    num_messages: int,
+    pause_ms: float,
+    on_step: Any,
+) -> list[float]:
+    """Producer and consumer in this process, on one event loop: the first record sent
+    after each pause is timed from before its send to its arrival."""
+    hops: list[float] = []
+    for i in range(num_messages):
+        sent = time.perf_counter()
+        await producer.send_and_wait(TOPIC, str(i).encode(), partition=0)
+        while True:
+            # tansu never answers a fetch with fetch_max_wait_ms=0: bound the wait.
+            record = await asyncio.wait_for(consumer.getone(), timeout=10)
+            if record.value == str(i).encode():
+                break
+        hops.append(time.perf_counter() - sent)
+        on_step()
+        # A pause between messages, as a quiet topic sees them: the consumer's fetch
+        # is parked in the broker when the record arrives. tansu 0.6.0 answers a
+        # fetch parked for long later than one parked for 2 ms (the old pause).
+        await asyncio.sleep(pause_ms / 1000 * (0.5 + random.random()))
+    return hops
+
+
+async def cross_process_hops(
+    settings: Settings,
+    consumer: AIOKafkaConsumer,
+    num_messages: int,
+    pause_ms: float,
+    on_step: Any,
+) -> list[float]:
+    """The producer in a process of its own (``bench.hop_producer``), as every hop of a
+    request is: from the producer's clock before its send to this consumer's receipt,
+    both read from CLOCK_MONOTONIC."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.hop_producer",
+        "--topic",
+        TOPIC,
+        "--messages",
+        str(num_messages),
+        "--pause-ms",
+        str(pause_ms),
+        stdin=asyncio.subprocess.PIPE,
+        env=settings_env(settings),
+        cwd=REPO_ROOT,
+    )
+    assert child.stdin is not None
+    try:
+        child.stdin.write(b"go\n")  # the producer starts once it is connected
+        await child.stdin.drain()
+        hops: list[float] = []
+        while len(hops) < num_messages:
+            record = await asyncio.wait_for(consumer.getone(), timeout=30)
+            received = time.monotonic_ns()
+            sent = sent_at_ns(record.value or b"")
+            if sent is not None:
+                hops.append((received - sent) / 1e9)
+                on_step()
+        if await child.wait() != 0:
+            raise RuntimeError(f"bench.hop_producer exited with {child.returncode}")
+        return hops
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
 
 
 async def one_setting(
@@ -55,29 +135,22 @@ async def one_setting(
         await asyncio.sleep(idle_s)
         idle = meter.delta()
         idle_self = time.process_time() - cpu_self
-        hops: list[float] = []
-        for i in range(num_messages):
-            sent = time.perf_counter()
-            await producer.send_and_wait(TOPIC, str(i).encode(), partition=0)
-            acked = time.perf_counter()
-            while True:
-                # tansu never answers a fetch with fetch_max_wait_ms=0: bound the wait.
-                record = await asyncio.wait_for(consumer.getone(), timeout=10)
-                if record.value == str(i).encode():
-                    break
-            hops.append(time.perf_counter() - sent)
-            if i == 0:
-                first_ack = acked - sent
-            on_step()
-            # A pause between messages, as a quiet topic sees them: the consumer's fetch
-            # is parked in the broker when the record arrives. tansu 0.6.0 answers a
-            # fetch parked for long later than one parked for 2 ms (the old pause).
-            await asyncio.sleep(pause_ms / 1000 * (0.5 + random.random()))
+        started = time.perf_counter()
+        await producer.send_and_wait(TOPIC, b"first", partition=0)
+        first_ack = time.perf_counter() - started
+        while (await asyncio.wait_for(consumer.getone(), timeout=10)).value != b"first":
+            pass  # past the first record (its send connects the producer), to the timed ones
+        in_process = await in_process_hops(producer, consumer, num_messages, pause_ms, on_step)
+        cross_process = await cross_process_hops(
+            settings, consumer, num_messages, pause_ms, on_step
+        )
         return {
             "fetch_max_wait_ms": wait_ms,
             "num_partitions": num_partitions,
             "pause_ms": pause_ms,
-            "hop_ms": summarize(hops, 1000),
+            # The floor of a request's hops: each is from one process to another.
+            "hop_ms": summarize(cross_process, 1000),
+            "hop_in_process_ms": summarize(in_process, 1000),
             "first_ack_ms": round(first_ack * 1000, 3),
             "idle_broker_cores": round(idle["broker"] / idle_s, 3),
             "idle_consumer_cores": round(idle_self / idle_s, 3),
@@ -111,7 +184,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     async with broker_only(settings, {TOPIC: args.partitions}) as stack:
         with progress(console) as bar:
             for wait_ms in args.fetch_wait_ms:
-                task = bar.add_task(f"fetch_max_wait_ms={wait_ms}", total=args.messages)
+                task = bar.add_task(f"fetch_max_wait_ms={wait_ms}", total=2 * args.messages)
                 rows.append(
                     await one_setting(
                         settings,
@@ -146,6 +219,7 @@ def main() -> None:
         "fetch_max_wait_ms",
         "hop p50 ms",
         "hop p99 ms",
+        "in one process: hop p50 ms",
         "idle broker cores",
         "idle consumer cores",
     ):
@@ -155,6 +229,7 @@ def main() -> None:
             str(row["fetch_max_wait_ms"]),
             f"{row['hop_ms']['p50']:.2f}",
             f"{row['hop_ms']['p99']:.2f}",
+            f"{row['hop_in_process_ms']['p50']:.2f}",
             f"{row['idle_broker_cores']:.3f}",
             f"{row['idle_consumer_cores']:.3f}",
         )

@@ -107,7 +107,13 @@ def overhead(result: dict[str, Any]) -> str:
         blocks.append(
             f"One hop through the same stack's broker after the waves (fetch_max_wait_ms "
             f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']:.2f} ms, p99 "
-            f"{floor['hop_ms']['p99']:.2f} ms."
+            f"{floor['hop_ms']['p99']:.2f} ms"
+            + (
+                f"; with the producer in the consumer's process, p50 "
+                f"{floor['hop_in_process_ms']['p50']:.2f} ms."
+                if "hop_in_process_ms" in floor
+                else "."
+            )
         )
     return "\n\n".join(blocks)
 
@@ -246,6 +252,7 @@ def hop(result: dict[str, Any]) -> str:
             r.get("pause_ms", 2),
             f"{r['hop_ms']['p50']:.2f}",
             f"{r['hop_ms']['p99']:.2f}",
+            f"{r['hop_in_process_ms']['p50']:.2f}" if "hop_in_process_ms" in r else "-",
             f"{r['idle_broker_cores']:.3f}",
             f"{r['idle_consumer_cores']:.3f}",
         ]
@@ -257,6 +264,7 @@ def hop(result: dict[str, Any]) -> str:
         "mean pause before a record, ms",
         "hop p50 ms",
         "hop p99 ms",
+        "producer in the consumer's process: hop p50 ms",
         "idle broker cores",
         "idle consumer cores",
     ]

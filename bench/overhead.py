@@ -544,6 +544,11 @@ def render(result: dict[str, Any], console: Console) -> None:
             f"one hop through this stack's broker (fetch_max_wait_ms "
             f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']} ms, "
             f"p99 {floor['hop_ms']['p99']} ms"
+            + (
+                f"; producer in the consumer's process p50 {floor['hop_in_process_ms']['p50']} ms"
+                if "hop_in_process_ms" in floor
+                else ""
+            )
         )
     console.print(
         f"load {result['load_start']['load_1_5_15']} -> {result['load_end']['load_1_5_15']}; "

@@ -334,12 +334,16 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "ttft.hop_floor_p50_ms",
         "overhead",
-        "one broker hop p50, same run",
+        "one broker hop p50 (process to process), same run",
         "ms",
         _overhead(1, lambda row: (row["hop_floor"] or {}).get("hop_ms", {}).get("p50")),
     ),
-    Figure("hop.p50_ms", "hop", "one broker hop p50 (bench.hop)", "ms", _hop("p50")),
-    Figure("hop.p99_ms", "hop", "one broker hop p99 (bench.hop)", "ms", _hop("p99")),
+    Figure(
+        "hop.p50_ms", "hop", "one broker hop p50, process to process (bench.hop)", "ms", _hop("p50")
+    ),
+    Figure(
+        "hop.p99_ms", "hop", "one broker hop p99, process to process (bench.hop)", "ms", _hop("p99")
+    ),
 )
 FIGURES_BY_KEY = {f.key: f for f in FIGURES}
 

@@ -88,8 +88,9 @@ def test_goals_table_shows_median_spread_load_commit_and_verdict() -> None:
     assert billing.endswith("| - | - | - | - | not measured |")
     assert len([line for line in lines if line.startswith("| ")]) == 1 + len(_summary()["goals"])
     assert lines[-1] == (
-        "Reported beside the goals: one broker hop p50 (bench.hop) 1.40 ms (`0123456789`, "
-        "load 0.5); one broker hop p99 (bench.hop) 2.50 ms (`0123456789`, load 0.5); "
+        "Reported beside the goals: one broker hop p50, process to process (bench.hop) 1.40 ms "
+        "(`0123456789`, load 0.5); one broker hop p99, process to process (bench.hop) 2.50 ms "
+        "(`0123456789`, load 0.5); "
         "broker CPU per request (admission) 300 µs (300..300) (`0123456789`, load 1.0)."
     )
 
