@@ -116,12 +116,11 @@ def clickhouse_rows(settings: Settings, batch_id: str) -> list[dict[str, Any]]:
     return rows
 
 
-async def usage_events(settings: Settings, batch_id: str) -> list[UsageEvent]:
-    """Every UsageEvent of the batch's lines on the usage topic (not deduplicated)."""
-    topic = Topics(settings.topic_prefix).usage
+async def topic_values(settings: Settings, topic: str) -> list[bytes]:
+    """Every record's value on ``topic``, from the beginning of each partition."""
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
-    events: list[UsageEvent] = []
+    values: list[bytes] = []
     try:
         tps = [
             TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
@@ -129,38 +128,32 @@ async def usage_events(settings: Settings, batch_id: str) -> list[UsageEvent]:
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         while fetched := await consumer.getmany(timeout_ms=2_000):
-            for records in fetched.values():
-                for record in records:
-                    try:
-                        event = decode(UsageEvent, record.value)
-                    except SchemaError:
-                        continue
-                    if event.tenant_id == TENANT and event.request_id.startswith(f"{batch_id}."):
-                        events.append(event)
+            values += [record.value for records in fetched.values() for record in records]
     finally:
         await consumer.stop()
+    return values
+
+
+async def usage_events(settings: Settings, batch_id: str) -> list[UsageEvent]:
+    """Every UsageEvent of the batch's lines on the usage topic (not deduplicated)."""
+    events: list[UsageEvent] = []
+    for value in await topic_values(settings, Topics(settings.topic_prefix).usage):
+        try:
+            event = decode(UsageEvent, value)
+        except SchemaError:
+            continue
+        if event.tenant_id == TENANT and event.request_id.startswith(f"{batch_id}."):
+            events.append(event)
     return events
 
 
 async def reply_token_counts(settings: Settings, batch_id: str) -> dict[str, list[int]]:
     """Request id --> the tokens of each of its chunks on the batch's reply topic, by seq."""
     topic = Topics(settings.topic_prefix).batch_replies(TENANT, batch_id)
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
     chunks: dict[str, dict[int, int]] = {}
-    try:
-        tps = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
-        ]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        while fetched := await consumer.getmany(timeout_ms=2_000):
-            for records in fetched.values():
-                for record in records:
-                    for chunk in decode_batch(record.value).chunks:
-                        chunks.setdefault(chunk.request_id, {})[chunk.seq] = chunk.num_tokens
-    finally:
-        await consumer.stop()
+    for value in await topic_values(settings, topic):
+        for chunk in decode_batch(value).chunks:
+            chunks.setdefault(chunk.request_id, {})[chunk.seq] = chunk.num_tokens
     return {rid: [n for _, n in sorted(seqs.items())] for rid, seqs in chunks.items()}
 
 
