@@ -78,6 +78,18 @@ RECOVERY_MEAN_S = 3
 # -- pure summarising parts (unit-tested) -------------------------------------------------
 
 
+CLIENTS = "bench (clients)"
+"""The CPU group of this process: the interactive clients and the batch's submission."""
+
+
+def cpu_per_token(cpu_s: dict[str, float], tokens: float) -> dict[str, float]:
+    """µs of CPU per token for each process, and of ``all`` (empty without tokens)."""
+    if tokens <= 0 or not cpu_s:
+        return {}
+    per = {name: round(1e6 * used / tokens, 1) for name, used in cpu_s.items()}
+    return {**per, "all": round(1e6 * sum(cpu_s.values()) / tokens, 1)}
+
+
 def per_second(events: Sequence[tuple[float, int]]) -> dict[int, int]:
     """(epoch seconds, tokens) --> tokens per whole second."""
     buckets: dict[int, int] = {}
@@ -86,12 +98,17 @@ def per_second(events: Sequence[tuple[float, int]]) -> dict[int, int]:
     return buckets
 
 
+def window_tokens(buckets: dict[int, int], start: float, end: float) -> int:
+    """Tokens in the whole seconds in [start, end)."""
+    return sum(buckets.get(s, 0) for s in range(int(start), int(end)))
+
+
 def window_rate(buckets: dict[int, int], start: float, end: float) -> float:
     """Tokens/s over the whole seconds in [start, end) (a second with none counts as 0)."""
     seconds = range(int(start), int(end))
     if not seconds:
         return 0.0
-    return sum(buckets.get(s, 0) for s in seconds) / len(seconds)
+    return window_tokens(buckets, start, end) / len(seconds)
 
 
 def trace_rate(traces: Sequence[RequestTrace], start: float, end: float) -> float:
@@ -262,17 +279,24 @@ class PhaseCpu:
         self._meter = CpuMeter(groups)
         self._since: float | None = None
         self._phases: dict[str, dict[str, float]] = {}
+        self._cpu_s: dict[str, dict[str, float]] = {}
 
     def mark(self, phase: str) -> None:
         now = time.monotonic()
         if self._since is not None and now > self._since:
             wall = now - self._since
-            self._phases[phase] = {k: round(v / wall, 3) for k, v in self._meter.delta().items()}
+            used = self._meter.delta()
+            self._phases[phase] = {k: round(v / wall, 3) for k, v in used.items()}
+            self._cpu_s[phase] = {k: round(v, 3) for k, v in used.items()}
         self._meter.start()
         self._since = now
 
     def cores(self) -> dict[str, dict[str, float]]:
         return dict(self._phases)
+
+    def cpu_s(self, phase: str) -> dict[str, float]:
+        """CPU seconds each process used in ``phase`` (empty if it was not marked)."""
+        return dict(self._cpu_s.get(phase, {}))
 
 
 @dataclass
@@ -589,7 +613,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         groups = {
             srv.name: [srv.process.pid, *descendants(srv.process.pid)] for srv in stack.services
         }
-        cpu = PhaseCpu({**groups, "bench (clients)": [os.getpid()]})
+        cpu = PhaseCpu({**groups, CLIENTS: [os.getpid()]})
         async with TokenbusClient(settings) as client:
             bus = Interactive(client, args.max_tokens, say)
             say("warm-up")
@@ -708,6 +732,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "batch_lines": args.batch_lines,
             "settings_overrides": overrides,
             "batch_max_in_flight": settings.batch_max_in_flight,
+            "stream_interval": settings.stream_interval,
+            "batch_stream_interval": settings.batch_stream_interval,
             "batch_tokens_counted_from": "usage topic, events with batch_id, per second "
             "by finished_at",
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
@@ -745,6 +771,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         ],
         "phases": {k: [round(a - origin, 1), round(b - origin, 1)] for k, (a, b) in phases.items()},
         "cores_by_phase": cpu.cores(),
+        # The stack's CPU in C (the batch alone) over the batch tokens finished in it.
+        "cpu_us_per_batch_token_in_C": cpu_per_token(
+            {k: v for k, v in cpu.cpu_s("C_batch_alone").items() if k != CLIENTS},
+            window_tokens(buckets, *phases["C_batch_alone"]),
+        ),
     }
 
 

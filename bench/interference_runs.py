@@ -117,6 +117,24 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             spread=False,
         )
     figure(
+        "batch stream interval (worker's)",
+        "-",
+        [
+            "{batch_stream_interval} ({stream_interval})".format(**r["parameters"])
+            if "batch_stream_interval" in r.get("parameters", {})
+            else None
+            for r in results
+        ],
+        spread=False,
+    )
+    per_token = [r.get("cpu_us_per_batch_token_in_C") or {} for r in results]
+    for name in sorted({k for p in per_token for k in p}, key=lambda k: (k == "all", k)):
+        figure(
+            f"C: CPU µs per batch token, {'the stack' if name == 'all' else name}",
+            "-",
+            [p.get(name) for p in per_token],
+        )
+    figure(
         "load (1 min) at start → end",
         "-",
         [

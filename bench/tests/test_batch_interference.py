@@ -10,6 +10,7 @@ from bench.batch_interference import (
     PhaseCpu,
     Sample,
     UsageFollower,
+    cpu_per_token,
     drain,
     first_below,
     goals,
@@ -25,6 +26,7 @@ from bench.batch_interference import (
     wave_size,
     wave_summary,
     window_rate,
+    window_tokens,
 )
 from bench.driver import RequestTrace, WaveResult
 from tokenbus.config import Settings
@@ -51,6 +53,16 @@ def test_rates_count_whole_seconds_and_empty_seconds_as_zero() -> None:
     assert buckets == {100: 32, 101: 16, 103: 16}
     assert window_rate(buckets, 100, 104) == 64 / 4
     assert window_rate(buckets, 100, 100) == 0.0
+    assert window_tokens(buckets, 100.5, 103.9) == 48  # the seconds 100, 101 and 102
+
+
+def test_cpu_per_token_is_per_process_and_of_them_all() -> None:
+    assert cpu_per_token({"broker": 0.2, "worker-0": 0.6}, 1000) == {
+        "broker": 200.0,
+        "worker-0": 600.0,
+        "all": 800.0,
+    }
+    assert cpu_per_token({"broker": 0.2}, 0) == {}  # no batch token finished in the phase
 
 
 def test_trace_rate_takes_the_deltas_inside_the_window_only() -> None:

@@ -54,3 +54,24 @@ def test_the_table_gives_each_run_and_the_median_with_its_spread() -> None:
     assert "| 2.4 | 1.6 | 2 |" in lines["c=1: against the baseline before only"]
     assert lines["seat learner in D at c=1: probes / failed / held"].count("1 / 1 / 0") == 3
     assert "`def5678`" in lines["commit"] and text.splitlines()[0].count("run ") == 3
+
+
+def test_the_table_gives_the_stacks_cpu_per_batch_token_and_the_intervals() -> None:
+    runs = [result([0], 1.0), result([0], 1.0), result([0], 1.0)]
+    figures = [(300.0, 700.0), (500.0, 900.0), (400.0, 800.0)]
+    for run, (worker, everything) in zip(runs, figures, strict=True):
+        run["parameters"] = {"stream_interval": 1, "batch_stream_interval": 16}
+        run["cpu_us_per_batch_token_in_C"] = {"worker-0": worker, "all": everything}
+    del runs[2]["parameters"]  # a run written before the field
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table(runs).splitlines()}
+    assert "| 16 (1) | 16 (1) | - |" in lines["batch stream interval (worker's)"]
+    assert lines["C: CPU µs per batch token, worker-0"].endswith(
+        "| 300 | 500 | 400 | **400** (300..500) |"
+    )
+    assert lines["C: CPU µs per batch token, the stack"].endswith(
+        "| 700 | 900 | 800 | **800** (700..900) |"
+    )
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table(runs).splitlines()]
+    assert rows.index("C: CPU µs per batch token, worker-0") < rows.index(
+        "C: CPU µs per batch token, the stack"
+    )
