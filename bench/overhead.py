@@ -358,6 +358,7 @@ def summarize_run(
         t = WaveResult(concurrency, sum(w.wall_s for w in bus.waves), bus.traces()).summary()
         cpu_bus = {k: round(sum(c.get(k, 0.0) for c in bus.cpu), 3) for k in bus.cpu[0]}
         cpu_direct = {k: round(sum(c.get(k, 0.0) for c in direct.cpu), 3) for k in direct.cpu[0]}
+        legs = request_legs(bus, request_ids, by_request, concurrency)
         worker_loop = cpu_bus["worker_process"] - cpu_direct["direct_frontend"]
         pipeline = (
             cpu_bus["broker"] + cpu_bus["stream_job"] + cpu_bus["billing"] + cpu_bus["client"]
@@ -413,7 +414,8 @@ def summarize_run(
                     part: round(1e6 * cores * t["wall_s"] / max(1, t["num_tokens"]), 2)
                     for part, cores in (idle_cores or {}).items()
                 },
-                "ttft_breakdown_ms": ttft_breakdown(bus, request_ids, by_request, concurrency),
+                "ttft_breakdown_ms": ttft_breakdown(legs),
+                "slowest_ttft_ms": slowest(legs),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
                     arm: {
@@ -450,35 +452,53 @@ def summarize_run(
     }
 
 
-def ttft_breakdown(
+def request_legs(
     bus: ArmWaves,
     request_ids: dict[str, tuple[int, int, int]],
     by_request: dict[str, dict[str, Any]],
     concurrency: int,
-) -> dict[str, Any]:
-    """Splits the client's TTFT with the worker's own timestamps (from its UsageEvent).
-
-    client --> job dispatched: ``queue_ms``; dispatched --> first token at the worker:
-    ``ttft_ms - queue_ms``; worker's first token --> client: client TTFT - ``ttft_ms``.
-    """
+) -> list[dict[str, Any]]:
+    """Each request of the bus arm at ``concurrency`` with its TTFT split by the worker's
+    own timestamps (from its UsageEvent): client --> job dispatched is ``queue_ms``;
+    dispatched --> first token at the worker ``ttft_ms - queue_ms``; the worker's first
+    token --> client the client's TTFT less ``ttft_ms``. In wave order."""
     index = {(r, c, i): rid for rid, (r, c, i) in request_ids.items() if c == concurrency}
-    to_dispatch: list[float] = []
-    to_worker_token: list[float] = []
-    to_client: list[float] = []
+    legs: list[dict[str, Any]] = []
     for round_index, wave in enumerate(bus.waves):
         for trace in wave.traces:
             rid = index.get((round_index, concurrency, trace.index))
             row = by_request.get(rid or "")
             if row is None or trace.ttft_s is None or row["ttft_ms"] is None:
                 continue
-            to_dispatch.append(row["queue_ms"])
-            to_worker_token.append(row["ttft_ms"] - row["queue_ms"])
-            to_client.append(trace.ttft_s * 1000 - row["ttft_ms"])
-    return {
-        "client_to_dispatched": summarize(to_dispatch),
-        "dispatched_to_worker_first_token": summarize(to_worker_token),
-        "worker_first_token_to_client": summarize(to_client),
-    }
+            legs.append(
+                {
+                    "round": round_index,
+                    "index": trace.index,
+                    "ttft": round(trace.ttft_s * 1000, 2),
+                    "client_to_dispatched": row["queue_ms"],
+                    "dispatched_to_worker_first_token": row["ttft_ms"] - row["queue_ms"],
+                    "worker_first_token_to_client": trace.ttft_s * 1000 - row["ttft_ms"],
+                }
+            )
+    return legs
+
+
+LEGS = ("client_to_dispatched", "dispatched_to_worker_first_token", "worker_first_token_to_client")
+
+
+def ttft_breakdown(legs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each leg's percentiles over the requests of one concurrency."""
+    return {leg: summarize([request[leg] for request in legs]) for leg in LEGS}
+
+
+def slowest(legs: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` requests with the longest TTFT, each with where it was in its wave (the
+    tail's requests: the first of a wave, or anywhere) and its legs, ms."""
+    worst = sorted(legs, key=lambda request: -request["ttft"])[:n]
+    return [
+        {k: round(v, 2) if isinstance(v, float) else v for k, v in request.items()}
+        for request in worst
+    ]
 
 
 def render(result: dict[str, Any], console: Console) -> None:
@@ -519,6 +539,13 @@ def render(result: dict[str, Any], console: Console) -> None:
             *(str(b[k].get("p50", "-")) for k in b),
         )
     console.print(breakdown)
+    for row in result["results"]:
+        for request in row.get("slowest_ttft_ms", []):
+            console.print(
+                f"c={row['concurrency']} slow: round {request['round']} request "
+                f"{request['index']}: TTFT {request['ttft']} ms = "
+                + " + ".join(str(request[leg]) for leg in LEGS)
+            )
     split = Table(title="µs of CPU per token, by process")
     for column in ("conc", "job", "worker loop", "client", "billing", "broker"):
         split.add_column(column, justify="right")

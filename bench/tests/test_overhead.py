@@ -72,6 +72,17 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
     assert legs["client_to_dispatched"]["p50"] == 3.0
     assert legs["dispatched_to_worker_first_token"]["p50"] == 19.0
     assert legs["worker_first_token_to_client"]["p50"] == pytest.approx(8.0)
+    # The slowest requests, where each stood in its wave, and their legs (which add up).
+    assert row["slowest_ttft_ms"] == [
+        {
+            "round": 0,
+            "index": 0,
+            "ttft": 30.0,
+            "client_to_dispatched": 3.0,
+            "dispatched_to_worker_first_token": 19.0,
+            "worker_first_token_to_client": 8.0,
+        }
+    ]
 
 
 def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
