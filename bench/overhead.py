@@ -58,6 +58,17 @@ from tokenbus_cli.stack import Stack
 
 TENANT = tenant(0)
 WARMUP_ROUND = -1
+ARM_SETTLE_S = 1.5
+"""Pause before each wave, so one arm's wave starts with the other arm's engine quiet.
+
+vLLM on the CPU runs its model in a worker process that reads each step from a shared
+memory queue and, after its last read, spins on ``sched_yield`` for one second
+(``SpinCondition.busy_loop_s`` in vLLM's ``shm_broadcast``) before it waits on a socket:
+a whole core, measured here as 1.01 CPU s in the 2 s after a wave and 0.03 in the next
+2 s. The direct arm's engine runs at niceness 0 and the stack's worker at
+``worker_nice``, so a tokenbus wave started within that second ran its first requests
+beside a core-hungry process that production does not have (the worker leg of each
+round's first c=1 request was 125 to 238 ms against 18 to 25 at p50)."""
 STACK_SERVICES_ON_PATH = ("broker", "stream_job", "billing", "worker-0")
 
 
@@ -226,6 +237,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             else ("tokenbus", "direct")
                         )
                         for arm in order:
+                            await asyncio.sleep(ARM_SETTLE_S)
                             task = bar.add_task(
                                 f"r{round_index} {arm} c={concurrency}", total=len(texts)
                             )
