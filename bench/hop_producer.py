@@ -1,6 +1,6 @@
-"""The producer side of ``bench.hop``'s cross-process hop, in a process of its own as
-every producer of tokenbus is: the consumer's process is not the one that wrote the
-record, so neither shares the other's event loop or its wake-ups.
+"""The producer side of ``bench.hop``'s hop, in a process of its own as every producer
+of tokenbus is, and paced by its own clock, never by the consumer's reads: each record
+reaches a consumer that is waiting in a parked fetch, as a request's records do.
 
 It reads its settings from ``TOKENBUS_*`` (as every service does), waits for one line
 on stdin, then sends ``--messages`` records to partition 0 of ``--topic``, each after a

@@ -109,7 +109,7 @@ def overhead(result: dict[str, Any]) -> str:
             f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']:.2f} ms, p99 "
             f"{floor['hop_ms']['p99']:.2f} ms"
             + (
-                f"; with the producer in the consumer's process, p50 "
+                f"; producer and consumer in lock-step in one process (the old measure), p50 "
                 f"{floor['hop_in_process_ms']['p50']:.2f} ms."
                 if "hop_in_process_ms" in floor
                 else "."
@@ -264,7 +264,7 @@ def hop(result: dict[str, Any]) -> str:
         "mean pause before a record, ms",
         "hop p50 ms",
         "hop p99 ms",
-        "producer in the consumer's process: hop p50 ms",
+        "lock-step in one process (the old measure): hop p50 ms",
         "idle broker cores",
         "idle consumer cores",
     ]

@@ -584,7 +584,7 @@ def render(result: dict[str, Any], console: Console) -> None:
             f"{floor['fetch_max_wait_ms']}): p50 {floor['hop_ms']['p50']} ms, "
             f"p99 {floor['hop_ms']['p99']} ms"
             + (
-                f"; producer in the consumer's process p50 {floor['hop_in_process_ms']['p50']} ms"
+                f"; lock-step in one process p50 {floor['hop_in_process_ms']['p50']} ms"
                 if "hop_in_process_ms" in floor
                 else ""
             )
