@@ -32,17 +32,23 @@ def batch_backoff_s(result: dict[str, Any]) -> float | None:
     return None
 
 
+def _number(value: float) -> str:
+    """Three significant digits, and whole numbers with separators from 1,000 up."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def _spread(values: Sequence[float | None]) -> str:
     known = [v for v in values if v is not None]
     if not known:
         return ""
-    return f"**{statistics.median(known):.3g}** ({min(known):.3g}..{max(known):.3g})"
+    median, low, high = (_number(v) for v in (statistics.median(known), min(known), max(known)))
+    return f"**{median}** ({low}..{high})"
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    return _number(value) if isinstance(value, float) else str(value)
 
 
 def _learner(result: dict[str, Any], concurrency: str) -> str:

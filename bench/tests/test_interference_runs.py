@@ -58,7 +58,7 @@ def test_the_table_gives_each_run_and_the_median_with_its_spread() -> None:
 
 def test_the_table_gives_the_stacks_cpu_per_batch_token_and_the_intervals() -> None:
     runs = [result([0], 1.0), result([0], 1.0), result([0], 1.0)]
-    figures = [(300.0, 700.0), (500.0, 900.0), (400.0, 800.0)]
+    figures = [(300.0, 1700.0), (500.0, 2540.5), (400.0, 2130.0)]
     for run, (worker, everything) in zip(runs, figures, strict=True):
         run["parameters"] = {"stream_interval": 1, "batch_stream_interval": 16}
         run["cpu_us_per_batch_token_in_C"] = {"worker-0": worker, "all": everything}
@@ -69,7 +69,7 @@ def test_the_table_gives_the_stacks_cpu_per_batch_token_and_the_intervals() -> N
         "| 300 | 500 | 400 | **400** (300..500) |"
     )
     assert lines["C: CPU µs per batch token, the stack"].endswith(
-        "| 700 | 900 | 800 | **800** (700..900) |"
+        "| 1,700 | 2,540 | 2,130 | **2,130** (1,700..2,540) |"
     )
     rows = [line.split(" | ")[0].lstrip("| ") for line in table(runs).splitlines()]
     assert rows.index("C: CPU µs per batch token, worker-0") < rows.index(
