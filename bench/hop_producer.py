@@ -3,9 +3,10 @@ of tokenbus is, and paced by its own clock, never by the consumer's reads: each 
 reaches a consumer that is waiting in a parked fetch, as a request's records do.
 
 It reads its settings from ``TOKENBUS_*`` (as every service does), waits for one line
-on stdin, then sends ``--messages`` records to partition 0 of ``--topic``, each after a
-random pause around ``--pause-ms``; a record's value is ``t<CLOCK_MONOTONIC ns>`` taken
-just before it is sent, a clock every process on the machine shares.
+on stdin (and sends nothing if stdin closes first), then sends ``--messages`` records to
+partition 0 of ``--topic``, each after a random pause around ``--pause-ms``; a record's
+value is ``t<CLOCK_MONOTONIC ns>`` taken just before it is sent, a clock every process
+on the machine shares.
 
     .venvs/stream/bin/python -m bench.hop_producer --topic bench.hop --messages 100
 """
@@ -37,7 +38,8 @@ async def produce(topic: str, messages: int, pause_ms: float) -> None:
     producer = make_producer(Settings())
     await producer.start()
     try:
-        await asyncio.to_thread(sys.stdin.readline)  # the consumer is assigned and waiting
+        if not await asyncio.to_thread(sys.stdin.readline):
+            return  # stdin closed before the go line: the consumer's process is gone
         for _ in range(messages):
             await asyncio.sleep(pause_ms / 1000 * (0.5 + random.random()))
             await producer.send_and_wait(topic, stamp(), partition=0)

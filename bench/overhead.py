@@ -66,10 +66,10 @@ memory queue and, after its last read, spins on ``sched_yield`` for one second
 (``SpinCondition.busy_loop_s`` in vLLM's ``shm_broadcast``) before it waits on a socket:
 ``bench.engine_spin`` measured a whole core in the first half second after a wave's
 end, a third of one in the next, 0.02 after that. The direct arm's engine runs at
-niceness 0 and the stack's worker at
-``worker_nice``, so a tokenbus wave started within that second ran its first requests
-beside a core-hungry process that production does not have (the worker leg of each
-round's first c=1 request was 125 to 238 ms against 18 to 25 at p50)."""
+niceness 0 and the stack's worker at ``worker_nice``, so a tokenbus wave started within
+that second ran its first requests beside a core-hungry process that production does
+not have (the worker leg of each round's first c=1 request was 125 to 238 ms against 18
+to 25 at p50)."""
 STACK_SERVICES_ON_PATH = ("broker", "stream_job", "billing", "worker-0")
 
 
