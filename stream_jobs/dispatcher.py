@@ -243,6 +243,9 @@ class _InFlight:
     """Its trace, so that an attempt sent again after a worker loss joins it."""
     home: int | None = None
     """The partition of the tenant's requests (its ledger entry's)."""
+    forwarded: bool = False
+    """The broker acknowledged its forward, and its FORWARDED entry is written: until
+    then, the ledger holds nothing of it (``Dispatcher._held_entry``)."""
 
     @property
     def worker(self) -> tuple[str | None, str | None]:
@@ -483,7 +486,7 @@ class Dispatcher:
                 await self._reply_only(item.reply_to, item.tenant_id, item.request_id, 0, error)
             return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
-        entry = self._ledger.get(*ident)
+        entry = self._ledger.get(*ident) or self._held_entry(item, now)
         in_memory = self._holds(ident)
         verdict = judge(entry, item.reply_to, now, in_memory=in_memory)
         if verdict in (Verdict.SAME_STREAM, Verdict.DUPLICATE):
@@ -503,9 +506,7 @@ class Dispatcher:
                 # Its producer reads the one stream; this copy is answered after it, once
                 # the request has ended (``ledger.ended``), for it may have been sent
                 # after the stream's last chunk.
-                if entry is None:  # held here past its dedupe window: remembered again
-                    held = State.ADMITTED if ident in self._waiting else State.FORWARDED
-                    entry = self._entry(item, held, now, 0)
+                assert entry is not None  # held here: ``_held_entry``
                 if entry.copies < MAX_COPIES:
                     self._ledger.put(*ident, entry.with_copy())
                 else:  # a flood: kept where an operator finds it, and nothing more
@@ -644,7 +645,11 @@ class Dispatcher:
             await self._answer_duplicate(item, 0, True)
             return Outcome.DUPLICATE
         self._store.save(window, state)
-        self._remember(item, State.ADMITTED, now)
+        # No ledger entry yet: the request's event stays unacked until its forward (or
+        # its answer), so a job that dies first has it redelivered and admits it again
+        # (its reservation still in the window, so not charged twice); meanwhile a copy
+        # is judged against the request held here (``_held_entry``). The ledger's first
+        # record of it is FORWARDED, with where it runs (``_note_forward``).
         self.metrics.num_admitted += 1
         if item.batch_id is not None:
             self.metrics.num_batch_admitted += 1
@@ -1021,6 +1026,23 @@ class Dispatcher:
         else:
             self._ledger.put_at(home, item.tenant_id, item.request_id, entry)
         return owed
+
+    def _held_entry(self, item: WorkItem, now: float) -> Entry | None:
+        """The entry of a request this instance holds but the ledger has none of (never
+        written before its forward, or forgotten past its dedupe window): ADMITTED while
+        it waits or its forward is unacknowledged, FORWARDED once forwarded. None if it
+        is not held here. A copy's answer is judged by it, and a copy counted in it
+        writes it (``with_copy``): ADMITTED, a job restarted before the forward admits
+        the request again (``Verdict.RUN``)."""
+        ident = (item.tenant_id, item.request_id)
+        waiting = self._waiting.get(ident)
+        if waiting is not None:
+            return self._entry(waiting.request, State.ADMITTED, now, 0)
+        flight = self._in_flight.get(ident)
+        if flight is None:
+            return None
+        state = State.FORWARDED if flight.forwarded else State.ADMITTED
+        return self._entry(flight.request, state, now, 0)
 
     def _holds(self, ident: Key) -> bool:
         """Whether this instance holds the request, waiting or in flight."""
@@ -1496,6 +1518,9 @@ class Dispatcher:
             else None
         )
         self._remember(forwarded, State.FORWARDED, self._clock.time(), home=home, forward=forward)
+        flight = self._in_flight.get((forwarded.tenant_id, forwarded.request_id))
+        if flight is not None and flight.request is forwarded:
+            flight.forwarded = True
 
     def _pick(self, waiting: _Waiting) -> _Picked | None:
         """Chooses the worker and counts the request in flight there, without awaiting,
@@ -1608,7 +1633,7 @@ class Dispatcher:
                     *ident, forward.topic, forward.partition, forward.offset,
                 )  # fmt: skip
                 continue
-            self._in_flight[ident] = _InFlight(item, home=forward.home)
+            self._in_flight[ident] = _InFlight(item, home=forward.home, forwarded=True)
             self._orphans[ident] = since
             num_adopted += 1
         self.metrics.num_adopted += num_adopted

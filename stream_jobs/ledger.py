@@ -1,6 +1,7 @@
 """One request id, one run: what the job remembers of each request id, per tenant. Pure.
 
-# admitted --> ADMITTED --> forwarded to a worker --> FORWARDED
+# admitted --> (held in the job, nothing written) --> forwarded to a worker --> FORWARDED
+# a copy taken while it is held --> ADMITTED, with the copy counted
 # its UsageEvent (ok, cancelled, failed; never a refusal) --> DONE, with its last seq
 # the same (tenant, request_id) produced again --> judge() --> Verdict
 # a copy taken while it ran (SAME_STREAM) --> counted (with_copy) --> answered when it ends
@@ -46,7 +47,10 @@ is a ledger write now and a chunk later, and costs its producer no quota)."""
 
 class State(StrEnum):
     ADMITTED = "admitted"
-    """Charged and queued, not yet on a worker: a crash here must not lose it."""
+    """Charged and queued, not yet on a worker. Written only to count a copy taken
+    meanwhile: an admitted request is held in the job, its event unacked, until its
+    forward, so a crash here has it redelivered; the ledger's first record of it is
+    FORWARDED."""
     FORWARDED = "forwarded"
     DONE = "done"
 

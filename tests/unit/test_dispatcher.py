@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -215,6 +216,51 @@ class SlowLedger(MemoryLedger):
     ) -> None:
         await self.acknowledged.wait()
         await super().put_durably(home, tenant_id, request_id, entry)
+
+
+class GatedRecorder(Recorder):
+    """The topics, with the broker's acknowledgement of each forward held until told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forwards_acknowledged = asyncio.Event()
+
+    async def __call__(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> Any:
+        if topic == "w-topic":
+            await self.forwards_acknowledged.wait()
+        return await super().__call__(topic, key, value, headers)
+
+
+async def test_a_copy_taken_before_the_forward_is_acknowledged_leaves_it_to_run_again(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    # Picked and sent, the broker's acknowledgement not in: the ledger holds nothing of
+    # it yet. A copy counted now must be written ADMITTED, not FORWARDED: a job killed
+    # before the acknowledgement has the request redelivered, and must run it.
+    settings = Settings(home=tmp_path, worker_dead_after_s=0.3)
+    recorder, ledger = GatedRecorder(), MemoryLedger()
+    dispatcher = dispatcher_for(settings, recorder, clock, ledger)
+    dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    handled = await admit(dispatcher, request(1))
+    await asyncio.sleep(0.05)
+    assert ("t", "r1") in dispatcher._in_flight and ledger.get("t", "r1") is None
+    assert await (await admit(dispatcher, request(1))) is Outcome.DUPLICATE
+    entry = ledger.get("t", "r1")
+    assert entry is not None and (entry.state, entry.copies) == (State.ADMITTED, 1)
+
+    # Killed here, its request redelivered to a new job: it runs.
+    again = dispatcher_for(settings, recorder, clock, ledger)
+    again.observe_heartbeat(heartbeat())
+    again_loop = asyncio.create_task(again.run())
+    redelivered = await admit(again, request(1))
+    recorder.forwards_acknowledged.set()
+    assert await redelivered is Outcome.FORWARDED
+    entry = ledger.get("t", "r1")
+    assert entry is not None and (entry.state, entry.copies) == (State.FORWARDED, 1)
+    assert await handled is Outcome.FORWARDED  # (the first job's own send, let through)
+    loop.cancel()
+    again_loop.cancel()
 
 
 @pytest.mark.parametrize("refusal", ["quota_exceeded", "no_worker"])

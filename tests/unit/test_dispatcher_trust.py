@@ -20,7 +20,7 @@ from schemas.messages import DeadLetter, WorkItem
 from schemas.replies import TokenChunk, TokenChunkBatch
 from schemas.usage import UsageEvent, UsageStatus
 from stream_jobs.dispatcher import Dispatcher, Outcome, Record
-from stream_jobs.ledger import MAX_COPIES
+from stream_jobs.ledger import MAX_COPIES, State
 from tests.unit.fakes import (
     TOPICS,
     ManualClock,
@@ -406,6 +406,39 @@ async def test_a_copy_of_a_request_cancelled_while_it_waited_is_answered_after_i
         (0, "cancelled"),
         (1, "duplicate_request"),
     ]
+
+
+async def test_a_waiting_request_is_judged_from_memory_and_written_once_forwarded(
+    bus: Bus,
+) -> None:
+    """Nothing of an admitted request is in the ledger before its forward (its event
+    stays unacked until then); a copy meanwhile is judged against the request held."""
+    for n in range(8):  # the worker's eight seats
+        assert await bus.produce(body(f"busy{n}"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    ledger = bus.dispatcher._ledger
+    first = asyncio.create_task(bus.produce(body("r9"), headers=bearer(ACME_KEY)))
+    await asyncio.sleep(0.05)
+    assert not first.done()  # waiting for a seat
+    assert ledger.get("acme", "r9") is None
+    # For another reply topic: a duplicate, answered at once.
+    other = reply_topic("acme", "c2")
+    assert await bus.produce(body("r9", reply_to=other), headers=bearer(ACME_KEY)) is (
+        Outcome.DUPLICATE
+    )
+    chunk = only(bus.chunks(other))
+    assert chunk.error.code == "duplicate_request" and chunk.seq == 0
+    assert "is running, for another reply topic" in chunk.error.message
+    assert ledger.get("acme", "r9") is None  # answered; nothing owed after the stream
+    # For the same one: counted, in an ADMITTED entry (a job restarted now runs it).
+    assert await bus.produce(body("r9"), headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    held = ledger.get("acme", "r9")
+    assert held is not None and (held.state, held.copies) == (State.ADMITTED, 1)
+    bus.finish("acme", "busy0", last_seq=0)  # a seat frees
+    assert await first is Outcome.FORWARDED
+    entry = ledger.get("acme", "r9")
+    assert entry is not None and (entry.state, entry.copies) == (State.FORWARDED, 1)
+    assert entry.forward is not None
+    assert [i.request_id for i in bus.forwarded()].count("r9") == 1
 
 
 async def test_a_running_request_asked_for_on_another_reply_topic_is_a_duplicate(
