@@ -391,7 +391,7 @@ def _num(value: float) -> str:
 
 def _figure(figure: dict[str, Any], label: bool = False) -> str:
     """``median unit (min..max)``, optionally after its label."""
-    text = f"{_num(figure['median'])} {figure['unit']}"
+    text = f"{_num(figure['median'])} {figure['unit']}".rstrip()
     if figure["num_runs"] > 1:
         text += f" ({_num(figure['min'])}..{_num(figure['max'])})"
     return f"{figure['label']} {text}" if label else text

@@ -293,6 +293,20 @@ FIGURES: tuple[Figure, ...] = (
         _overhead(64, _idle_us(("stream_job", "worker_loop", "billing"))),
     ),
     Figure(
+        "e2e.throughput_ratio",
+        "overhead",
+        "c=64: tokens/s, tokenbus over direct (same run)",
+        "x",
+        _overhead(64, lambda row: (row.get("ratios") or {}).get("throughput")),
+    ),
+    Figure(
+        "e2e.vip_reserve",
+        "overhead",
+        "c=64: share of the seats held back for class 0 (vip_reserve; 0.3 before it was set)",
+        "",
+        lambda r: _float((r.get("parameters") or {}).get("vip_reserve", 0.3)),
+    ),
+    Figure(
         "e2e.pipeline_s_per_1k_tokens",
         "overhead",
         "c=64: whole pipeline CPU (with the broker) per 1k tokens",
@@ -414,6 +428,8 @@ GOALS: tuple[Goal, ...] = (
         (
             *(f"e2e.{p}_us_per_token" for p in TOKENBUS_PROCESSES),
             "e2e.tokenbus_idle_us_per_token",
+            "e2e.throughput_ratio",
+            "e2e.vip_reserve",
         ),
     ),
     Goal(

@@ -114,6 +114,20 @@ def test_added_ttft_is_the_bus_arms_percentile_less_the_direct_arms_median() -> 
     assert by_key["ttft_p99"]["verdict"] == "not met"
 
 
+def test_the_c64_goals_show_the_seat_reserve_and_throughput_their_runs_had() -> None:
+    old, new = overhead("2026-12-01T10:00:00"), overhead("2026-12-01T11:00:00")
+    new["parameters"] = {"vip_reserve": 0.0}
+    for run, ratio in ((old, 0.5), (new, 0.8)):
+        run["results"][1]["ratios"] = {"throughput": ratio}
+    built = summary.build_summary({"overhead": [old, new]})
+    reserve, ratio = built["figures"]["e2e.vip_reserve"], built["figures"]["e2e.throughput_ratio"]
+    # A run written before the field ran on the default (0.3).
+    assert (reserve["min"], reserve["max"]) == (0.0, 0.3)
+    assert (ratio["min"], ratio["max"]) == (0.5, 0.8)
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert {"e2e.vip_reserve", "e2e.throughput_ratio"} <= set(by_key["e2e_tokenbus"]["beside"])
+
+
 def test_goal_verdicts() -> None:
     runs = [admission("2026-12-01T10:00:00", 6000)]
     built = summary.build_summary({"admission": runs, "overhead": [overhead("x")]})
