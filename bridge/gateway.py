@@ -71,6 +71,11 @@ class Bus(Protocol):
     """What the gateway needs of ``producers.TokenbusClient``."""
 
     reply_topic: str
+    """Where the replies of the requests it submits now go."""
+
+    @property
+    def reply_prefix(self) -> str:
+        """Its reply topics, as a token names them (``Principal.owns_reply_topic``)."""
 
     async def submit(
         self,
@@ -239,7 +244,7 @@ class Gateway:
         # narrowed class, models and balance, and the flags the screening raised.
         credential = self._tokens.token(
             caller.tenant.tenant_id,
-            self._bus.reply_topic,
+            self._bus.reply_prefix,
             narrowed=caller.tenant,
             quota_balance=caller.quota_balance,
             flags=tuple(plan.flags),

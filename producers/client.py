@@ -4,15 +4,18 @@
 # replies.{client_id} --> TokenChunkBatch (tokenbus.chunks) --> per-request inboxes --> ``stream()``
 # ``cancel()`` --> CancelRequest on the cancels topic (keyed by tenant)
 
-Each client owns one reply topic and reads it without a consumer group from the end,
+Each client owns its reply topic and reads it without a consumer group from the end,
 positioned before the first request is sent, so no reply can be missed. Nothing is
-committed: a reply stream is live, and a client that restarts asks again.
+committed: a reply stream is live, and a client that restarts asks again. On the
+bundled broker a client moves to a fresh reply topic every
+``Settings.reply_topic_records`` records, reading the old one until its streams end
+(``producers.reply_topics``).
 
 Credentials: a client of one tenant (``tenant_id=``, with its API key or JWT as
 ``credential``) names its reply topic ``<prefix>.replies.<tenant>.<client_id>``, which
 every credential of that tenant owns. A client for many tenants (the bridge, tools)
-gives a function ``(tenant_id, reply_topic) -> token`` that mints tokens carrying its
-reply topic as ``reply_prefix``. A chunk reaches a stream only if both its tenant and
+gives a function ``(tenant_id, reply_prefix) -> token`` that mints tokens carrying its
+reply topics' prefix (``reply_prefix``). A chunk reaches a stream only if both its tenant and
 its request id are the stream's.
 
 Reading: one ``getmany`` per fetch, one decode per record (``tokenbus.chunks``: types,
@@ -28,16 +31,17 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Self, TypedDict, Unpack
+from typing import Any, Self, TypedDict, Unpack
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError
 from opentelemetry.trace import Span, SpanKind, StatusCode, set_span_in_context
 
 from producers.inbox import Inbox
+from producers.reply_topics import ReplyTopics
 from schemas import (
     CancelRequest,
     ChatMessage,
@@ -74,7 +78,7 @@ class RequestFailed(RuntimeError):
 
 
 Credential = str | Callable[[str, str], str]
-"""A tenant's API key or JWT, or ``(tenant_id, reply_topic) -> token`` for many tenants."""
+"""A tenant's API key or JWT, or ``(tenant_id, reply_prefix) -> token`` for many tenants."""
 StreamKey = tuple[str, str]
 """(tenant, request_id)."""
 
@@ -135,9 +139,15 @@ class TokenbusClient:
             assert settings.bus_service_secret is not None
             credential = _service_credential(settings.bus_service_secret)
         self.credential = credential
-        self.reply_topic = self._topics.replies(
-            f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id
+        self._reply_topics = ReplyTopics(
+            self._topics.replies(f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id),
+            settings.reply_topic_records if reply_reader else None,
         )
+        self.reply_topic = self._reply_topics.current
+        """Where new requests' replies go."""
+        self._stream_topics: dict[StreamKey, str] = {}
+        """The reply topic of each open stream: an old one is read until none is left."""
+        self._housekeeping: set[asyncio.Task[None]] = set()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -150,6 +160,11 @@ class TokenbusClient:
         self._reply_sent: OrderedDict[StreamKey, int] = OrderedDict()
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def reply_prefix(self) -> str:
+        """What a token minted for this client's requests names as its reply topics."""
+        return self._reply_topics.prefix
 
     @property
     def reply_consumer(self) -> AIOKafkaConsumer | None:
@@ -180,6 +195,7 @@ class TokenbusClient:
         tp = TopicPartition(self.reply_topic, 0)
         self._consumer.assign([tp])
         await self._consumer.seek_to_end(tp)
+        self._stream_topics.clear()
         await self._consumer.position(tp)  # resolves the end offset before any request
         self._reader = asyncio.create_task(self._read_replies())
         if self._tracing is not None:
@@ -202,15 +218,17 @@ class TokenbusClient:
             await self._reply_log.stop()
         if self._producer is not None:
             await self._producer.stop()
+        if self._housekeeping:
+            await asyncio.gather(*self._housekeeping, return_exceptions=True)
         if self._reply_reader:
-            await delete_topics(self._settings, [self.reply_topic])
+            await delete_topics(self._settings, self._reply_topics.owned)
 
     def headers(self, tenant_id: str, credential: str | None = None) -> list[tuple[str, bytes]]:
         """The record headers that carry the credential for ``tenant_id``."""
         token = credential
         if token is None:
             if callable(self.credential):
-                token = self.credential(tenant_id, self.reply_topic)
+                token = self.credential(tenant_id, self.reply_prefix)
             else:
                 token = self.credential
         return [("authorization", f"Bearer {token}".encode())] if token else []
@@ -251,6 +269,7 @@ class TokenbusClient:
         if self._reply_reader:
             self.watch(request.request_id, tenant)
             self._created[key] = created
+            self._stream_topics[key] = request.reply_to
         headers = self.headers(tenant, options.get("credential"))
         context = None
         if self._request_spans and self._reply_reader:
@@ -326,6 +345,7 @@ class TokenbusClient:
         inbox = self._streams.get(key)
         if inbox is None:
             inbox = self._streams[key] = Inbox()
+        self._stream_topics[key] = request.reply_to
         chunks = inbox.items
         expected = 0
         ahead: dict[int, Chunk] = {}  # received, not yet yielded: seq >= expected
@@ -369,6 +389,7 @@ class TokenbusClient:
             inbox.close()
             self._streams.pop(key, None)
             self._created.pop(key, None)
+            self._stream_topics.pop(key, None)
             span = self._spans.pop(key, None)
             if span is not None:
                 # Returned right after the last chunk: ``chunk`` is it.
@@ -398,7 +419,7 @@ class TokenbusClient:
         try:
             tenant = _tenant_of(request)
             chunks = await self._reply_log.read(
-                reply_to=self.reply_topic,
+                reply_to=request.reply_to,
                 tenant_id=tenant,
                 request_id=request.request_id,
                 since=self._created.get((tenant, request.request_id))
@@ -423,7 +444,7 @@ class TokenbusClient:
                 len(missed),
                 missed[0].seq,
                 missed[-1].seq,
-                self.reply_topic,
+                request.reply_to,
             )
         for chunk in missed:
             ahead[chunk.seq] = chunk
@@ -482,6 +503,52 @@ class TokenbusClient:
                         if sent_ns is not None and chunk.seq == 0:
                             self._note_reply_sent(key, sent_ns)
                         inbox.put(chunk)
+        if self._reply_topics.rolls:
+            await self._roll()
+
+    async def _roll(self) -> None:
+        """Moves new requests to a fresh reply topic once the current one is full, and
+        stops reading (and deletes) the old ones no stream reads any more."""
+        topics, consumer = self._reply_topics, self._consumer
+        assert consumer is not None
+        num_records = consumer.highwater(TopicPartition(topics.current, 0)) or 0
+        wanted = topics.wants_next(num_records)
+        if wanted is not None:
+            self._in_background(self._make(wanted))
+        moved = topics.switch(num_records)
+        if moved:
+            log.info("replies to new requests go to %s", topics.current)
+            self.reply_topic = topics.current
+        retired = topics.retire(set(self._stream_topics.values()))
+        if moved or retired:
+            await self._read_from(topics.read)
+        if retired:
+            self._in_background(delete_topics(self._settings, retired))
+
+    async def _make(self, topic: str) -> None:
+        try:
+            await ensure_topics(self._settings, {topic: 1})
+        except Exception:
+            log.warning("could not create reply topic %s; will try again", topic, exc_info=True)
+            self._reply_topics.not_ready(topic)
+        else:
+            self._reply_topics.ready(topic)
+
+    async def _read_from(self, topics: list[str]) -> None:
+        """Reads ``topics`` from here on: each one read before from where it was, a new
+        one from its start."""
+        consumer = self._consumer
+        assert consumer is not None
+        positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
+        wanted = [TopicPartition(topic, 0) for topic in topics]
+        consumer.assign(wanted)
+        for tp in wanted:
+            consumer.seek(tp, positions.get(tp, 0))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
 
 
 MAX_REPLY_STAMPS = 4096

@@ -112,6 +112,15 @@ class Settings(BaseSettings):
     doubles its fetch wait up to this (tokenbus.tansu.fetch_wait: the bundled broker's
     fetch costs more as a partition grows, and stops at the wait). ``tansu`` profile
     only; 0 turns it off."""
+    reply_topic_roll_records: int | None = Field(default=None, ge=0)
+    """A client (the bridge's, a program's) moves its replies to a fresh reply topic once
+    the current one holds this many records, and deletes the old one once no stream of
+    its own reads there (``reply_topic_records`` resolves it; 0: never). Unset: 1,000
+    with the ``tansu`` profile, whose fetch costs it more the more record batches the
+    partition holds (a consumer tailing a 5,000-batch partition cost it 0.25 cores, one
+    tailing an empty one 0.08), so a long-lived client's reply topic made the whole
+    machine slower by the hour; never with ``kafka``, where a fetch costs the same at
+    any length and retention trims the log."""
     request_timeout_ms: int = 30_000
     kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this
@@ -509,6 +518,15 @@ class Settings(BaseSettings):
         if self.fetch_max_wait_ms is not None:
             return self.fetch_max_wait_ms
         return 500 if self.broker_profile == "kafka" else 20
+
+    @property
+    def reply_topic_records(self) -> int | None:
+        """``reply_topic_roll_records``, or its default for the broker profile; None:
+        a client keeps one reply topic."""
+        records = self.reply_topic_roll_records
+        if records is None:
+            records = 1_000 if self.broker_profile == "tansu" else 0
+        return records or None
 
     @property
     def background_fetch_wait_ms(self) -> int:
