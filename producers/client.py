@@ -139,9 +139,12 @@ class TokenbusClient:
             assert settings.bus_service_secret is not None
             credential = _service_credential(settings.bus_service_secret)
         self.credential = credential
+        # Rolls only where this client's tokens are minted for its prefix: a key or token
+        # given to it may name one reply topic exactly (a JWT's ``reply_prefix``).
+        rolls = reply_reader and callable(credential)
         self._reply_topics = ReplyTopics(
             self._topics.replies(f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id),
-            settings.reply_topic_records if reply_reader else None,
+            settings.reply_topic_records if rolls else None,
         )
         self.reply_topic = self._reply_topics.current
         """Where new requests' replies go."""

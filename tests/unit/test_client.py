@@ -242,3 +242,28 @@ async def test_first_chunk_stamps_nobody_asks_for_are_bounded(
     client._consumer = Consumer(records)
     await client._route_replies()
     assert [client.reply_sent_ns(request(r)) for r in ("r1", "r2", "r3")] == [None, 101, 102]
+
+
+@pytest.mark.parametrize(
+    ("profile", "minted", "rolls"),
+    [("tansu", True, True), ("tansu", False, False), ("kafka", True, False)],
+    ids=["tansu-minted", "tansu-given-key", "kafka"],
+)
+def test_a_client_rolls_its_reply_topics_only_on_tansu_and_with_tokens_minted_for_it(
+    profile: str, minted: bool, rolls: bool, tmp_path: Path
+) -> None:
+    """A key or token handed to the client may own one reply topic by its exact name (a
+    JWT's ``reply_prefix``): such a client keeps that one topic."""
+    settings = Settings.model_validate(
+        {"home": tmp_path, "broker_profile": profile, "bus_service_secret": "s" * 32}
+    )
+    client = (
+        TokenbusClient(settings, "c1")
+        if minted
+        else TokenbusClient(settings, "c1", credential="sk-acme", tenant_id="acme")
+    )
+    base = Topics(settings.topic_prefix).replies("c1" if minted else "acme.c1")
+    if rolls:
+        assert (client.reply_topic, client.reply_prefix) == (f"{base}.0", f"{base}.")
+    else:
+        assert client.reply_topic == client.reply_prefix == base
