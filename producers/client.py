@@ -526,14 +526,7 @@ class TokenbusClient:
         if start is not None or retired:
             await self._read_from(topics.read, {topics.current: start or 0})
         if retired:
-            self._in_background(self._delete(retired))
-
-    async def _delete(self, topics: list[str]) -> None:
-        try:
-            await delete_topics(self._settings, topics)
-        finally:
-            for topic in topics:
-                self._reply_topics.deleted(topic)
+            self._in_background(delete_topics(self._settings, retired))
 
     async def _make(self, topic: str) -> None:
         """Creates the next reply topic (or finds it, its name used before) and notes

@@ -61,8 +61,6 @@ class ReplyTopics:
         self._preparing: str | None = None
         self._retired: dict[str, float] = {}
         """Old topics still read --> when new requests stopped replying to them."""
-        self._deleting: set[str] = set()
-        """Old topics let go whose deletion has not ended: their names wait for it."""
 
     @property
     def rolls(self) -> bool:
@@ -95,7 +93,7 @@ class ReplyTopics:
         if num_records < self._roll_after // 2:
             return None
         name = self._name(self._generation + 1)
-        if name in self._retired or name in self._deleting:
+        if name in self._retired:
             return None
         self._preparing = name
         return name
@@ -123,9 +121,7 @@ class ReplyTopics:
 
     def retire(self, in_use: Collection[str]) -> list[str]:
         """The old topics to stop reading and delete: no stream reads there (``in_use``:
-        the topics of the client's open streams), and ``RETIRE_AFTER_S`` has passed.
-        Their names come back only after ``deleted``: made ready while a deletion was on
-        its way, a name would be read from the end of a partition about to go."""
+        the topics of the client's open streams), and ``RETIRE_AFTER_S`` has passed."""
         now = self._clock.monotonic()
         done = [
             topic
@@ -134,12 +130,7 @@ class ReplyTopics:
         ]
         for topic in done:
             del self._retired[topic]
-        self._deleting.update(done)
         return done
-
-    def deleted(self, topic: str) -> None:
-        """Deleting ``topic`` (from ``retire``) ended, done or not: its name may come back."""
-        self._deleting.discard(topic)
 
     def _name(self, generation: int) -> str:
         if self._roll_after is None:

@@ -38,7 +38,7 @@ async def end_offsets(settings: Settings, topics: list[str]) -> dict[str, int]:
 
 
 async def test_replies_move_to_fresh_topics_and_the_old_ones_go(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert settings.broker_profile == "tansu"  # the integration stack's broker
     monkeypatch.setattr(reply_topics, "RETIRE_AFTER_S", 0.5)
@@ -71,9 +71,6 @@ async def test_replies_move_to_fresh_topics_and_the_old_ones_go(
         assert all(t.startswith(base) for t in used)
         assert len(set(used)) == reply_topics.NAMES, suffixes
         assert came_back(used), suffixes
-        # Every chunk came through the reader, none from reading a topic back.
-        missed = [r.getMessage() for r in caplog.records if "had not delivered" in r.getMessage()]
-        assert not missed, missed
         current = client.reply_topic
 
         consumer = client.reply_consumer
