@@ -4,7 +4,7 @@
 # replies.<client>.0 --> (half full) next one created, its end offset noted --> (full)
 #   new requests reply to replies.<client>.1, read from that offset; the old one still
 #   read --> no stream of ours left on it, and RETIRE_AFTER_S passed --> no longer read,
-#   and deleted --> its name used again NAMES rolls later (.0, .1, ..., .7, .0, ...)
+#   and deleted --> its name used again NAMES rolls later (.0, .1, .2, .3, .0, ...)
 
 Why (``Settings.reply_topic_roll_records``): the bundled development broker's fetch costs
 it more the more record batches a partition holds, and a client's reply topic gains one
@@ -28,12 +28,10 @@ from collections.abc import Collection
 
 from tokenbus.clock import SYSTEM_CLOCK, Clock
 
-NAMES = 8
+NAMES = 4
 """Topic names a rolling client cycles through: the current one, the next one made
-ready, and old ones still read. A name still read is not made again, and the current
-topic fills on meanwhile: at 150 records a second, 1,000 a topic, a roll comes every
-7 s, and seven rolls outlast ``RETIRE_AFTER_S``."""
-RETIRE_AFTER_S = 10.0
+ready, and two for old ones still read."""
+RETIRE_AFTER_S = 30.0
 """How long an old reply topic is still read after new requests stopped replying to it,
 once no stream of the client reads there: room for answers that come after a stream's
 end (a copy's ``duplicate_request``)."""
