@@ -518,41 +518,35 @@ class TokenbusClient:
         wanted = topics.wants_next(num_records)
         if wanted is not None:
             self._in_background(self._make(wanted))
-        start = topics.switch(num_records)
-        if start is not None:
+        moved = topics.switch(num_records)
+        if moved:
             log.info("replies to new requests go to %s", topics.current)
             self.reply_topic = topics.current
         retired = topics.retire(set(self._stream_topics.values()))
-        if start is not None or retired:
-            await self._read_from(topics.read, {topics.current: start or 0})
+        if moved or retired:
+            await self._read_from(topics.read)
         if retired:
             self._in_background(delete_topics(self._settings, retired))
 
     async def _make(self, topic: str) -> None:
-        """Creates the next reply topic (or finds it, its name used before) and notes
-        where its partition ends: its new replies start there."""
-        consumer = self._consumer
-        assert consumer is not None
-        tp = TopicPartition(topic, 0)
         try:
             await ensure_topics(self._settings, {topic: 1})
-            start = (await consumer.end_offsets([tp]))[tp]
         except Exception:
             log.warning("could not create reply topic %s; will try again", topic, exc_info=True)
             self._reply_topics.not_ready(topic)
         else:
-            self._reply_topics.ready(topic, start)
+            self._reply_topics.ready(topic)
 
-    async def _read_from(self, topics: list[str], starts: dict[str, int]) -> None:
+    async def _read_from(self, topics: list[str]) -> None:
         """Reads ``topics`` from here on: each one read before from where it was, a new
-        one from its offset in ``starts``."""
+        one from its start."""
         consumer = self._consumer
         assert consumer is not None
         positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
         wanted = [TopicPartition(topic, 0) for topic in topics]
         consumer.assign(wanted)
         for tp in wanted:
-            consumer.seek(tp, positions.get(tp, starts.get(tp.topic, 0)))
+            consumer.seek(tp, positions.get(tp, 0))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

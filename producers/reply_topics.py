@@ -1,10 +1,9 @@
 """Which reply topics a client reads, and when it moves to a fresh one. Pure.
 
 # replies.<client> (one topic, for good)                 rolling off: Apache Kafka
-# replies.<client>.0 --> (half full) next one created, its end offset noted --> (full)
-#   new requests reply to replies.<client>.1, read from that offset; the old one still
-#   read --> no stream of ours left on it, and RETIRE_AFTER_S passed --> no longer read,
-#   and deleted --> its name used again NAMES rolls later (.0, .1, .2, .3, .0, ...)
+# replies.<client>.0 --> (half full) next one created --> (full) new requests reply to
+#   replies.<client>.1, the old one still read --> no stream of ours left on it, and
+#   RETIRE_AFTER_S passed --> no longer read, and deleted
 
 Why (``Settings.reply_topic_roll_records``): the bundled development broker's fetch costs
 it more the more record batches a partition holds, and a client's reply topic gains one
@@ -13,13 +12,6 @@ per engine step for as long as the client lives. Rolling keeps each partition sh
 A client's credentials name its reply topics by prefix: with rolling on, every topic it
 replies to is ``<base>.<n>``, owned by the prefix ``<base>.`` (``Principal.owns_reply_topic``);
 with it off, the one topic ``<base>``, owned by exactly that name.
-
-Names come back in a cycle because a producer never forgets a topic it wrote to (an
-aiokafka client keeps every topic in its metadata), and each metadata refresh of a
-worker's producer makes the bundled broker create a deleted topic again, empty: with a
-new name per roll, the broker and every worker's metadata would gain a topic a roll
-for good. A name used again starts where its partition ends when it is made ready, so
-nothing it held before (should its deletion have failed) is read twice.
 """
 
 from __future__ import annotations
@@ -28,9 +20,6 @@ from collections.abc import Collection
 
 from tokenbus.clock import SYSTEM_CLOCK, Clock
 
-NAMES = 4
-"""Topic names a rolling client cycles through: the current one, the next one made
-ready, and two for old ones still read."""
 RETIRE_AFTER_S = 30.0
 """How long an old reply topic is still read after new requests stopped replying to it,
 once no stream of the client reads there: room for answers that come after a stream's
@@ -54,8 +43,7 @@ class ReplyTopics:
         self._retire_after_s = RETIRE_AFTER_S if retire_after_s is None else retire_after_s
         self._generation = 0
         self.current = self._name(0)
-        self._next: tuple[str, int] | None = None
-        """The next topic, ready, and the offset new requests' replies there start at."""
+        self._next: str | None = None
         self._preparing: str | None = None
         self._retired: dict[str, float] = {}
         """Old topics still read --> when new requests stopped replying to them."""
@@ -79,43 +67,38 @@ class ReplyTopics:
     @property
     def owned(self) -> list[str]:
         """Every topic of this client's that exists, or may: to delete on close."""
-        pending = [self._next[0] if self._next else None, self._preparing]
-        return [*self.read, *(t for t in pending if t is not None)]
+        pending = [t for t in (self._next, self._preparing) if t is not None]
+        return [*self.read, *pending]
 
     def wants_next(self, num_records: int) -> str | None:
         """The next topic, once, when the current one (``num_records`` in it) is half
-        full: made ahead, so that moving to it never waits for the broker. None while
-        its name is still read (an old stream on it): the current one fills on."""
+        full: made ahead, so that moving to it never waits for the broker."""
         if self._roll_after is None or self._next or self._preparing:
             return None
         if num_records < self._roll_after // 2:
             return None
-        name = self._name(self._generation + 1)
-        if name in self._retired:
-            return None
-        self._preparing = name
-        return name
+        self._preparing = self._name(self._generation + 1)
+        return self._preparing
 
-    def ready(self, topic: str, start: int) -> None:
-        """``topic`` (from ``wants_next``) exists, and its partition ends at ``start``."""
+    def ready(self, topic: str) -> None:
+        """``topic`` (from ``wants_next``) exists."""
         if topic == self._preparing:
-            self._next, self._preparing = (topic, start), None
+            self._next, self._preparing = topic, None
 
     def not_ready(self, topic: str) -> None:
         """Making ``topic`` failed: the next ``wants_next`` asks again."""
         if topic == self._preparing:
             self._preparing = None
 
-    def switch(self, num_records: int) -> int | None:
-        """The offset to read the next topic from, if new requests now reply to it: the
-        current one holds ``num_records``, at least ``roll_after``, and the next one is
-        ready. None: no switch."""
+    def switch(self, num_records: int) -> bool:
+        """Whether new requests now reply to the next topic: the current one holds
+        ``num_records``, at least ``roll_after``, and the next one is ready."""
         if self._roll_after is None or self._next is None or num_records < self._roll_after:
-            return None
+            return False
         self._retired[self.current] = self._clock.monotonic()
-        (self.current, start), self._next = self._next, None
+        self.current, self._next = self._next, None
         self._generation += 1
-        return start
+        return True
 
     def retire(self, in_use: Collection[str]) -> list[str]:
         """The old topics to stop reading and delete: no stream reads there (``in_use``:
@@ -131,6 +114,4 @@ class ReplyTopics:
         return done
 
     def _name(self, generation: int) -> str:
-        if self._roll_after is None:
-            return self._base
-        return f"{self._base}.{generation % NAMES}"
+        return self._base if self._roll_after is None else f"{self._base}.{generation}"
