@@ -38,7 +38,7 @@ async def end_offsets(settings: Settings, topics: list[str]) -> dict[str, int]:
 
 
 async def test_replies_move_to_fresh_topics_and_the_old_ones_go(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert settings.broker_profile == "tansu"  # the integration stack's broker
     monkeypatch.setattr(reply_topics, "RETIRE_AFTER_S", 0.5)
@@ -65,6 +65,9 @@ async def test_replies_move_to_fresh_topics_and_the_old_ones_go(
         # Every reply topic is under the client's prefix, which its tokens name.
         assert all(t.startswith(base) for t in used)
         assert len(set(used)) >= 3, used  # it rolled, more than once
+        # Every chunk came through the reader, none from reading a topic back.
+        missed = [r.getMessage() for r in caplog.records if "had not delivered" in r.getMessage()]
+        assert not missed, missed
         current = client.reply_topic
         assert current != f"{base}0"
 
