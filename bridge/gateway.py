@@ -70,8 +70,9 @@ class ClientGone(Exception):
 class Bus(Protocol):
     """What the gateway needs of ``producers.TokenbusClient``."""
 
-    reply_topic: str
-    """Where the replies of the requests it submits now go."""
+    @property
+    def reply_topic(self) -> str:
+        """Where the replies of the requests it submits now go."""
 
     @property
     def reply_prefix(self) -> str:

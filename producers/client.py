@@ -146,8 +146,6 @@ class TokenbusClient:
             self._topics.replies(f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id),
             settings.reply_topic_records if rolls else None,
         )
-        self.reply_topic = self._reply_topics.current
-        """Where new requests' replies go."""
         self._stream_topics: dict[StreamKey, str] = {}
         """The reply topic of each open stream: an old one is read until none is left."""
         self._housekeeping: set[asyncio.Task[None]] = set()
@@ -163,6 +161,11 @@ class TokenbusClient:
         self._reply_sent: OrderedDict[StreamKey, int] = OrderedDict()
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        """Where new requests' replies go."""
+        return self._reply_topics.current
 
     @property
     def reply_prefix(self) -> str:
@@ -198,7 +201,6 @@ class TokenbusClient:
         tp = TopicPartition(self.reply_topic, 0)
         self._consumer.assign([tp])
         await self._consumer.seek_to_end(tp)
-        self._stream_topics.clear()
         await self._consumer.position(tp)  # resolves the end offset before any request
         self._reader = asyncio.create_task(self._read_replies())
         if self._tracing is not None:
@@ -521,8 +523,7 @@ class TokenbusClient:
         moved = topics.switch(num_records)
         if moved:
             log.info("replies to new requests go to %s", topics.current)
-            self.reply_topic = topics.current
-        retired = topics.retire(set(self._stream_topics.values()))
+        retired = topics.retire(self._stream_topics.values)
         if moved or retired:
             await self._read_from(topics.read)
         if retired:

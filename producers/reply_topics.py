@@ -16,7 +16,7 @@ with it off, the one topic ``<base>``, owned by exactly that name.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from tokenbus.clock import SYSTEM_CLOCK, Clock
 
@@ -100,15 +100,16 @@ class ReplyTopics:
         self._generation += 1
         return True
 
-    def retire(self, in_use: Collection[str]) -> list[str]:
-        """The old topics to stop reading and delete: no stream reads there (``in_use``:
-        the topics of the client's open streams), and ``RETIRE_AFTER_S`` has passed."""
+    def retire(self, in_use: Callable[[], Collection[str]]) -> list[str]:
+        """The old topics to stop reading and delete: no stream reads there (``in_use``
+        gives the topics of the client's open streams, asked only once one is due), and
+        ``RETIRE_AFTER_S`` has passed."""
         now = self._clock.monotonic()
-        done = [
-            topic
-            for topic, since in self._retired.items()
-            if topic not in in_use and now - since >= self._retire_after_s
-        ]
+        due = [t for t, since in self._retired.items() if now - since >= self._retire_after_s]
+        if not due:
+            return []
+        reading = set(in_use())
+        done = [topic for topic in due if topic not in reading]
         for topic in done:
             del self._retired[topic]
         return done

@@ -49,9 +49,9 @@ def test_an_old_topic_is_dropped_once_no_stream_reads_it_and_the_grace_passed() 
     assert topics.switch(10)
     old = f"{BASE}.0"
     clock.advance(RETIRE_AFTER_S - 1)
-    assert topics.retire(in_use=set()) == []  # answers after a stream's end may come
+    assert topics.retire(set) == []  # answers after a stream's end may come
     clock.advance(2)
-    assert topics.retire(in_use={old}) == []  # a stream still reads it
-    assert topics.retire(in_use={f"{BASE}.1"}) == [old]
+    assert topics.retire(lambda: {old}) == []  # a stream still reads it
+    assert topics.retire(lambda: {f"{BASE}.1"}) == [old]
     assert topics.read == [f"{BASE}.1"]
-    assert topics.retire(in_use=set()) == []  # once
+    assert topics.retire(set) == []  # once
