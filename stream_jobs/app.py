@@ -24,7 +24,7 @@ being charged twice. A request whose handling fails is logged and its event acke
 the per-event agent's loop acked the event it raised on: no taken event is left unacked,
 for Faust waits for every one (``Consumer.wait_empty``) on shutdown and rebalance. An
 agent stopped with requests not yet forwarded leaves their events unacked (redelivered).
-Faust's commit flushes its producer first: ``keep_producer_topics`` keeps that flush
+Faust's commit flushes its producer first: ``track_producer_topics`` keeps that flush
 from waiting on a changelog record aiokafka lost the partition leader of.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
@@ -71,8 +71,7 @@ from tokenbus.clock import SYSTEM_CLOCK, Clock, OffsetClock
 from tokenbus.config import Settings
 from tokenbus.forwards import KafkaForwardLog
 from tokenbus.heap import freeze_startup_heap
-from tokenbus.kafka import make_consumer
-from tokenbus.metadata import keep_known_topics
+from tokenbus.kafka import make_consumer, track_reply_topics
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
@@ -413,20 +412,21 @@ def job_clock(settings: Settings) -> Clock:
     return OffsetClock(offset)
 
 
-def keep_producer_topics(app: faust.App) -> None:
-    """Faust's producer (aiokafka's) keeps the metadata of every topic it knows
+def track_producer_topics(app: faust.App, settings: Settings) -> None:
+    """Faust's producer (aiokafka's) tracks each topic it sends to from the first send
     (``tokenbus.metadata``): else a changelog record queued as a new topic is first sent
     to finds no leader for 30 s, and Faust's commit, which flushes the producer first,
-    waits that long (so did a SIGTERM, in ``wait_empty``)."""
+    waits that long (so did a SIGTERM, in ``wait_empty``). It lets go of a reply topic
+    it no longer answers on, so a deleted one is not made again."""
     producer = cast(Any, app.producer)
     new_producer = producer._new_producer
 
-    def new_producer_keeping_topics(*args: Any, **kwargs: Any) -> Any:
+    def new_producer_tracking_topics(*args: Any, **kwargs: Any) -> Any:
         made = new_producer(*args, **kwargs)
-        keep_known_topics(made.client)
+        track_reply_topics(settings, made)
         return made
 
-    producer._new_producer = new_producer_keeping_topics
+    producer._new_producer = new_producer_tracking_topics
 
 
 def drop_faust_monitor(app: faust.App) -> None:
@@ -473,7 +473,7 @@ def faust_app(settings: Settings) -> faust.App:
         producer_linger_ms=settings.linger_ms,
         consumer_auto_offset_reset="earliest",
     )
-    keep_producer_topics(app)
+    track_producer_topics(app, settings)
     drop_faust_monitor(app)
     return app
 

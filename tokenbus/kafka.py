@@ -20,7 +20,8 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.metadata import keep_known_topics
+from tokenbus.metadata import track_sent_topics
+from tokenbus.topics import Topics
 
 
 class Publish(Protocol):
@@ -58,8 +59,18 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     }
     options.update(overrides)
     producer = AIOKafkaProducer(**options)
-    keep_known_topics(producer.client)
+    track_reply_topics(settings, producer)
     return producer
+
+
+def track_reply_topics(settings: Settings, producer: AIOKafkaProducer) -> None:
+    """``producer`` asks the broker only about topics it sends to, and lets go of a
+    reply topic it no longer sends to (``tokenbus.metadata``)."""
+    track_sent_topics(
+        producer,
+        forgettable=Topics(settings.topic_prefix).is_reply_topic,
+        forget_after_s=settings.reply_topic_forget_s,
+    )
 
 
 def make_consumer(

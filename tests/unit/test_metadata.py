@@ -1,16 +1,23 @@
-"""A producer's metadata keeps every topic it knows once it tracks one (aiokafka's client
-asks only for the tracked topics from then on)."""
+"""A producer asks the broker about the topics it sends to, from the first send on, and
+lets go of a reply topic it no longer sends to (aiokafka's client asks only for the
+tracked topics once it tracks one, and a broker that makes topics on demand makes a
+deleted one again when asked about it)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient
+from aiokafka import AIOKafkaProducer
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.protocol.metadata import MetadataResponse_v0
+from aiokafka.structs import TopicPartition
 
-from tokenbus.metadata import keep_known_topics
+from tokenbus.metadata import SentTopics, track_sent_topics
+
+ROUND_S = 0.05
 
 
 def answer(*topics: str) -> Any:
@@ -20,24 +27,54 @@ def answer(*topics: str) -> Any:
     )
 
 
+def is_reply(topic: str) -> bool:
+    return topic.startswith("replies.")
+
+
 class Client:
-    """What ``keep_known_topics`` uses of aiokafka's client, with its own ``add_topic``:
-    the broker answers for the tracked topics only, all of them while none is tracked."""
+    """What ``track_sent_topics`` uses of aiokafka's client, with its own ``add_topic``:
+    the broker answers for the tracked topics only (all of them while none is tracked),
+    and makes a topic it is asked about, as the bundled broker does."""
 
     def __init__(self, *on_broker: str) -> None:
         self.on_broker = set(on_broker)
         self.cluster = ClusterMetadata()
         self._topics: set[str] = set()
+        self.asked: list[set[str]] = []
         self.update()  # the bootstrap: every topic
 
     def update(self) -> None:
+        self.on_broker |= self._topics  # made on demand
+        self.asked.append(set(self._topics))
         self.cluster.update_metadata(answer(*sorted(self._topics or self.on_broker)))
 
     def add_topic(self, topic: str) -> bool:
-        self.on_broker.add(topic)
         self._topics.add(topic)
         self.update()
         return True
+
+
+class Producer:
+    """What ``track_sent_topics`` uses of ``AIOKafkaProducer``; ``send`` asks for the
+    topic's partitions as aiokafka's send path does before it queues a batch."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._closed = False
+        self._message_accumulator = SimpleNamespace(_batches={})
+
+    def send(self, topic: str) -> Any:
+        return self.client.cluster.partitions_for_topic(topic)
+
+    def queue(self, topic: str) -> None:
+        self._message_accumulator._batches[TopicPartition(topic, 0)] = deque(["batch"])
+
+
+def tracked(**kwargs: Any) -> tuple[Client, Producer]:
+    client = Client("changelog", "worker", "replies.old", *kwargs.get("also", ()))
+    producer = Producer(client)
+    track_sent_topics(producer, forgettable=is_reply, forget_after_s=ROUND_S)
+    return client, producer
 
 
 def test_aiokafka_s_client_drops_a_known_topic_once_it_tracks_another() -> None:
@@ -47,36 +84,112 @@ def test_aiokafka_s_client_drops_a_known_topic_once_it_tracks_another() -> None:
     assert client.cluster.leader_for_partition(_tp("changelog")) is None  # what is fixed
 
 
-def test_every_known_topic_keeps_its_leader_when_a_new_one_is_tracked() -> None:
-    client = Client("changelog", "worker")
-    keep_known_topics(client)
-    client.add_topic("replies.new")
-    client.add_topic("replies.newer")
-    for topic in ("changelog", "worker", "replies.new", "replies.newer"):
-        assert client.cluster.leader_for_partition(_tp(topic)) == 1, topic
-    assert client._topics == {"changelog", "worker", "replies.new", "replies.newer"}
-
-
-def test_installed_after_a_topic_is_tracked_it_keeps_what_is_known_then() -> None:
-    client = Client("changelog", "worker")
-    client._topics.add("replies.new")  # tracked, the answer for it not in yet
-    keep_known_topics(client)
-    client.update()
-    assert client.cluster.leader_for_partition(_tp("changelog")) == 1
-
-
-def test_it_patches_aiokafka_s_own_client() -> None:
+def test_a_topic_sent_to_keeps_its_leader_when_a_new_one_is_tracked() -> None:
     async def main() -> None:
-        client = AIOKafkaClient(bootstrap_servers="127.0.0.1:1")
-        client.cluster.update_metadata(answer("changelog"))
-        keep_known_topics(client)
-        client.add_topic("replies.new")
-        assert client._topics == {"changelog", "replies.new"}
+        client, producer = tracked()
+        assert producer.send("changelog") == {0}  # known from the all-topics answer
+        producer.send("replies.new")
+        producer.send("replies.newer")
+        for topic in ("changelog", "replies.new", "replies.newer"):
+            assert client.cluster.leader_for_partition(_tp(topic)) == 1, topic
+        assert client._topics == {"changelog", "replies.new", "replies.newer"}
+
+    asyncio.run(main())
+
+
+def test_a_topic_never_sent_to_is_never_asked_about() -> None:
+    async def main() -> None:
+        client, producer = tracked()
+        producer.send("changelog")
+        producer.send("replies.new")
+        assert all("replies.old" not in asked for asked in client.asked)
+        assert "replies.old" not in client._topics
+
+    asyncio.run(main())
+
+
+def test_a_reply_topic_sent_nothing_for_a_round_is_let_go() -> None:
+    async def main() -> None:
+        client, producer = tracked()
+        producer.send("changelog")
+        producer.send("replies.a")
+        producer.send("replies.b")
+        for _ in range(4):  # a's sends go on; b's stopped
+            await asyncio.sleep(ROUND_S / 2)
+            producer.send("replies.a")
+        assert client._topics == {"changelog", "replies.a"}  # changelog is not a reply topic
+        # Deleted now, b is not made again by the next metadata request.
+        client.on_broker.discard("replies.b")
+        client.update()
+        assert "replies.b" not in client.on_broker
+
+    asyncio.run(main())
+
+
+def test_a_reply_topic_with_a_batch_queued_is_kept() -> None:
+    async def main() -> None:
+        client, producer = tracked()
+        producer.send("replies.a")
+        producer.queue("replies.a")  # the broker is slow to take it
+        await asyncio.sleep(ROUND_S * 3)
+        assert "replies.a" in client._topics
+
+    asyncio.run(main())
+
+
+def test_a_reply_topic_sent_to_again_is_tracked_again() -> None:
+    async def main() -> None:
+        client, producer = tracked()
+        producer.send("replies.a")
+        await asyncio.sleep(ROUND_S * 3)
+        assert "replies.a" not in client._topics
+        assert producer.send("replies.a") == {0}
+        assert "replies.a" in client._topics
+        assert client.cluster.leader_for_partition(_tp("replies.a")) == 1
+
+    asyncio.run(main())
+
+
+def test_rounds_stop_once_no_reply_topic_is_tracked_or_the_producer_closed() -> None:
+    async def main() -> None:
+        client, producer = tracked()
+        producer.send("replies.a")
+        await asyncio.sleep(ROUND_S * 3)
+        assert not client._topics
+        asked = len(client.asked)
+        producer._closed = True
+        producer.send("replies.b")  # tracked; its round finds the producer closed
+        await asyncio.sleep(ROUND_S * 3)
+        assert client._topics == {"replies.b"}
+        assert len(client.asked) == asked + 1  # only b's own request
+
+    asyncio.run(main())
+
+
+def test_sent_topics_forgets_only_forgettable_idle_unqueued_topics() -> None:
+    topics = SentTopics(is_reply)
+    topics.recent.update({"replies.sent", "changelog"})
+    tracked_now = {"replies.sent", "replies.idle", "replies.queued", "changelog", "worker"}
+    assert topics.forget(tracked_now, ["replies.queued"]) == {"replies.idle"}
+    # The next round: nothing sent since.
+    assert topics.forget(tracked_now, []) == {"replies.sent", "replies.idle", "replies.queued"}
+    assert topics.any_forgettable({"changelog", "replies.x"})
+    assert not topics.any_forgettable({"changelog", "worker"})
+
+
+def test_it_patches_aiokafka_s_own_producer() -> None:
+    async def main() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
+        client = producer.client
+        client.cluster.update_metadata(answer("changelog", "replies.a"))
+        track_sent_topics(producer, forgettable=is_reply, forget_after_s=ROUND_S)
+        assert client.cluster.partitions_for_topic("replies.a") == {0}
+        assert client._topics == {"replies.a"}
+        await asyncio.sleep(ROUND_S * 3)
+        assert client._topics == set()
 
     asyncio.run(main())
 
 
 def _tp(topic: str) -> Any:
-    from aiokafka.structs import TopicPartition
-
     return TopicPartition(topic, 0)
