@@ -145,6 +145,7 @@ class TokenbusClient:
         self._reply_topics = ReplyTopics(
             self._topics.replies(f"{tenant_id}.{self.client_id}" if tenant_id else self.client_id),
             settings.reply_topic_records if rolls else None,
+            delete_again_after_s=2 * settings.reply_topic_forget_s + 1,
         )
         self._stream_topics: dict[StreamKey, str] = {}
         """The reply topic of each open stream: an old one is read until none is left."""
@@ -528,6 +529,8 @@ class TokenbusClient:
             await self._read_from(topics.read)
         if retired:
             self._in_background(delete_topics(self._settings, retired))
+        if again := topics.delete_again():
+            self._in_background(delete_topics(self._settings, again))
 
     async def _make(self, topic: str) -> None:
         try:

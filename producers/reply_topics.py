@@ -3,7 +3,8 @@
 # replies.<client> (one topic, for good)                 rolling off: Apache Kafka
 # replies.<client>.0 --> (half full) next one created --> (full) new requests reply to
 #   replies.<client>.1, the old one still read --> no stream of ours left on it, and
-#   RETIRE_AFTER_S passed --> no longer read, and deleted
+#   RETIRE_AFTER_S passed --> no longer read, and deleted --> delete_again_after_s later,
+#   deleted once more (a producer asking about it meanwhile made it again, empty)
 
 Why (``Settings.reply_topic_roll_records``): the bundled development broker's fetch costs
 it more the more record batches a partition holds, and a client's reply topic gains one
@@ -34,9 +35,11 @@ class ReplyTopics:
         *,
         clock: Clock = SYSTEM_CLOCK,
         retire_after_s: float | None = None,
+        delete_again_after_s: float = 30.0,
     ) -> None:
         """``roll_after``: records in the current topic before new requests reply to the
-        next one; None: never (one topic, ``base``)."""
+        next one; None: never (one topic, ``base``). ``delete_again_after_s``: by then no
+        producer asks the broker about a topic deleted before (``tokenbus.metadata``)."""
         self._base = base
         self._roll_after = roll_after
         self._clock = clock
@@ -47,6 +50,9 @@ class ReplyTopics:
         self._preparing: str | None = None
         self._retired: dict[str, float] = {}
         """Old topics still read --> when new requests stopped replying to them."""
+        self._delete_again_after_s = delete_again_after_s
+        self._deleted: dict[str, float] = {}
+        """Old topics deleted once --> when."""
 
     @property
     def rolls(self) -> bool:
@@ -68,7 +74,7 @@ class ReplyTopics:
     def owned(self) -> list[str]:
         """Every topic of this client's that exists, or may: to delete on close."""
         pending = [t for t in (self._next, self._preparing) if t is not None]
-        return [*self.read, *pending]
+        return [*self.read, *pending, *self._deleted]
 
     def wants_next(self, num_records: int) -> str | None:
         """The next topic, once, when the current one (``num_records`` in it) is half
@@ -112,7 +118,18 @@ class ReplyTopics:
         done = [topic for topic in due if topic not in reading]
         for topic in done:
             del self._retired[topic]
+            self._deleted[topic] = now
         return done
+
+    def delete_again(self) -> list[str]:
+        """The topics deleted ``delete_again_after_s`` ago, to delete once more (once): a
+        broker that makes topics on demand made one again, empty, if a producer asked
+        about it before it let the topic go."""
+        now = self._clock.monotonic()
+        again = [t for t, at in self._deleted.items() if now - at >= self._delete_again_after_s]
+        for topic in again:
+            del self._deleted[topic]
+        return again
 
     def _name(self, generation: int) -> str:
         return self._base if self._roll_after is None else f"{self._base}.{generation}"

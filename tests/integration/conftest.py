@@ -221,6 +221,9 @@ def stack(
         clock_offset_file=home / "clock-offset",
         budget_webhook_url=webhook,
         budget_webhook_secret=WEBHOOK_SECRET,
+        # Producers let go of an idle reply topic sooner, so that the roll test sees a
+        # deleted one stay deleted in seconds (tokenbus.metadata).
+        reply_topic_forget_s=2.0,
     )
     stack = Stack(settings, on_progress=print)
     asyncio.run(stack.start())

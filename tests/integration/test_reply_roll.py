@@ -78,12 +78,22 @@ async def test_replies_move_to_fresh_topics_and_the_old_ones_go(
                 break
             await asyncio.sleep(0.1)
         assert {tp.topic for tp in consumer.assignment()} == {current}
-        # Deleted: gone, or (a producer that wrote there refreshing its metadata makes the
-        # bundled broker create it again) back empty, which no fetch pays for.
+        # Deleted, and once every producer that wrote there let it go, deleted again:
+        # gone for good, not made again empty by a producer's metadata refresh.
         old = sorted((set(used) | {f"{base}0"}) - {current})
-        left = [t for t in old if t in await topic_names(settings)]
-        assert all(n == 0 for n in (await end_offsets(settings, left)).values()), left
-    # Closed: each of its topics deleted (gone, or back empty as above).
+        left = old
+        for _ in range(int(2 * settings.reply_topic_forget_s + 15) * 2):
+            left = [t for t in old if t in await topic_names(settings)]
+            if not left:
+                break
+            await asyncio.sleep(0.5)
+        assert not left, left
+        # A fresh request after that (workers and job refresh their metadata) brings
+        # none of them back.
+        request = await client.submit(tenant_id="tenant-a", prompt="after", sampling=sampling)
+        assert sum(c.num_tokens for c in await _collect(client, request)) == 8
+        assert not [t for t in old if t in await topic_names(settings)]
+    # Closed: each of its topics deleted.
     left = sorted(t for t in await topic_names(settings) if t.startswith(base))
     assert left != sorted({*used, current}), "none was deleted"
     assert all(n == 0 for n in (await end_offsets(settings, left)).values()), left

@@ -55,3 +55,20 @@ def test_an_old_topic_is_dropped_once_no_stream_reads_it_and_the_grace_passed() 
     assert topics.retire(lambda: {f"{BASE}.1"}) == [old]
     assert topics.read == [f"{BASE}.1"]
     assert topics.retire(set) == []  # once
+
+
+def test_a_deleted_topic_is_deleted_once_more_when_producers_let_it_go() -> None:
+    clock = ManualClock()
+    topics = ReplyTopics(BASE, 10, clock=clock, delete_again_after_s=21)
+    topics.ready(topics.wants_next(5) or "")
+    assert topics.switch(10)
+    old = f"{BASE}.0"
+    clock.advance(RETIRE_AFTER_S)
+    assert topics.retire(set) == [old]
+    assert old in topics.owned  # a close deletes it again too
+    clock.advance(20)
+    assert topics.delete_again() == []  # a producer may still ask about it
+    clock.advance(1)
+    assert topics.delete_again() == [old]
+    assert topics.delete_again() == []  # once
+    assert old not in topics.owned
