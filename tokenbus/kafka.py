@@ -20,7 +20,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.metadata import track_sent_topics
+from tokenbus.metadata import ProducerTopics, track_sent_topics
 from tokenbus.topics import Topics
 
 
@@ -49,6 +49,14 @@ def partition_by_key(key: bytes | None, all_partitions: list[int], available: li
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
+    return make_tracked_producer(settings, **overrides)[0]
+
+
+def make_tracked_producer(
+    settings: Settings, **overrides: Any
+) -> tuple[AIOKafkaProducer, ProducerTopics]:
+    """A producer, and the topics it asks the broker about (``tokenbus.metadata``): for a
+    sender that knows when it is done with a reply topic (``ProducerTopics.let_go``)."""
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "acks": settings.kafka_acks,
@@ -59,14 +67,13 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     }
     options.update(overrides)
     producer = AIOKafkaProducer(**options)
-    track_reply_topics(settings, producer)
-    return producer
+    return producer, track_reply_topics(settings, producer)
 
 
-def track_reply_topics(settings: Settings, producer: AIOKafkaProducer) -> None:
+def track_reply_topics(settings: Settings, producer: AIOKafkaProducer) -> ProducerTopics:
     """``producer`` asks the broker only about topics it sends to, and lets go of a
     reply topic it no longer sends to (``tokenbus.metadata``)."""
-    track_sent_topics(
+    return track_sent_topics(
         producer,
         forgettable=Topics(settings.topic_prefix).is_reply_topic,
         forget_after_s=settings.reply_topic_forget_s,

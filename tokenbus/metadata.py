@@ -2,7 +2,8 @@
 by ``track_sent_topics``).
 
 # send(topic) --> tracked from its first send on (before its batch is queued)
-# a forgettable topic (a reply topic) sent nothing for a round --> no longer tracked
+# a forgettable topic (a reply topic) sent nothing for a round, or let go by its sender
+#   (a worker, once no request of its answers there) --> no longer tracked
 # metadata request --> asks for the tracked topics only (all of them while none is)
 
 aiokafka's client asks for the metadata of every topic while it tracks none, and only
@@ -19,7 +20,8 @@ flushes the producer first, so commits stopped for 30 s, and a SIGTERM waited in
 So a producer tracks every topic it sends to, from the send on: a queued batch's topic
 is always in the answers. It does not track what it never sends to, and it lets go of a
 reply topic it has sent nothing to for a round (``forget_after_s``, so between one and
-two rounds after its last send) once no batch for it is queued. That matters because a
+two rounds after its last send), or at once when its sender says it is done with it
+(``ProducerTopics.let_go``), once no batch for it is queued. That matters because a
 metadata request names the topics it asks about, and a broker that creates topics on
 demand (the bundled one; Apache Kafka with ``auto.create.topics.enable``) makes a
 deleted one again, empty: a client deletes its reply topics when it closes and, on the
@@ -58,44 +60,62 @@ class SentTopics:
         return any(self._forgettable(t) for t in tracked)
 
 
-def track_sent_topics(
-    producer: Any, *, forgettable: Callable[[str], bool], forget_after_s: float
-) -> SentTopics:
-    """Makes ``producer`` (an ``aiokafka.AIOKafkaProducer``) track each topic it sends to
-    from its first send, and let go of a ``forgettable`` one it sent nothing to for a
-    round of ``forget_after_s``. Rounds run on the running loop while a forgettable topic
-    is tracked."""
-    client = producer.client
-    cluster = client.cluster
-    partitions_for_topic = cluster.partitions_for_topic
-    topics = SentTopics(forgettable)
-    rounds: list[asyncio.TimerHandle] = []
+class ProducerTopics:
+    """The topics ``producer`` (an ``aiokafka.AIOKafkaProducer``) asks the broker about:
+    each one it sends to, from its first send (aiokafka's send path asks the cluster for
+    the topic's partitions before it queues a batch), until it lets a ``forgettable``
+    one go: after a round of ``forget_after_s`` with nothing sent to it, or at once when
+    its sender says it has nothing more for it (``let_go``). Rounds run on the running
+    loop while a forgettable topic is tracked, and stop when the producer is closed."""
 
-    def queued() -> Iterable[str]:
-        batches = producer._message_accumulator._batches
+    def __init__(
+        self, producer: Any, *, forgettable: Callable[[str], bool], forget_after_s: float
+    ) -> None:
+        self._producer = producer
+        self._client = producer.client
+        self._forgettable = forgettable
+        self._forget_after_s = forget_after_s
+        self._sent = SentTopics(forgettable)
+        self._round: asyncio.TimerHandle | None = None
+        cluster = self._client.cluster
+        self._partitions_for_topic = cluster.partitions_for_topic
+        cluster.partitions_for_topic = self._partitions_sending_to
+
+    def let_go(self, topic: str) -> None:
+        """Stops asking about ``topic`` now, unless a batch for it is still queued (the
+        rounds let it go then). Sending to it again tracks it again."""
+        if topic not in self._queued():
+            self._client._topics.discard(topic)
+
+    def _partitions_sending_to(self, topic: str) -> Any:
+        tracked = self._client._topics
+        if topic not in tracked:
+            self._client.add_topic(topic)  # every answer from here on keeps it
+            if self._round is None and self._forgettable(topic):
+                self._schedule()
+        self._sent.recent.add(topic)
+        return self._partitions_for_topic(topic)
+
+    def _queued(self) -> set[str]:
+        batches = self._producer._message_accumulator._batches
         return {tp.topic for tp, queue in batches.items() if queue}
 
-    def run_round() -> None:
-        rounds.clear()
-        if producer._closed:
+    def _run_round(self) -> None:
+        self._round = None
+        if self._producer._closed:
             return
-        tracked = client._topics
-        tracked.difference_update(topics.forget(tracked, queued()))
-        if topics.any_forgettable(tracked):
-            schedule()
+        tracked = self._client._topics
+        tracked.difference_update(self._sent.forget(tracked, self._queued()))
+        if self._sent.any_forgettable(tracked):
+            self._schedule()
 
-    def schedule() -> None:
+    def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
-        rounds.append(loop.call_later(forget_after_s, run_round))
+        self._round = loop.call_later(self._forget_after_s, self._run_round)
 
-    def partitions_sending_to(topic: str) -> Any:
-        # aiokafka's send path asks this before it queues a batch for ``topic``.
-        if topic not in client._topics:
-            client.add_topic(topic)  # every answer from here on keeps it
-            if not rounds and forgettable(topic):
-                schedule()
-        topics.recent.add(topic)
-        return partitions_for_topic(topic)
 
-    cluster.partitions_for_topic = partitions_sending_to
-    return topics
+def track_sent_topics(
+    producer: Any, *, forgettable: Callable[[str], bool], forget_after_s: float
+) -> ProducerTopics:
+    """Makes ``producer`` track the topics it sends to (``ProducerTopics``)."""
+    return ProducerTopics(producer, forgettable=forgettable, forget_after_s=forget_after_s)

@@ -68,9 +68,10 @@ from tokenbus.chunks import Chunk, ChunkError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.finished_span import end_span
-from tokenbus.kafka import ensure_topics, make_consumer, make_producer, publisher
+from tokenbus.kafka import ensure_topics, make_consumer, make_tracked_producer, publisher
 from tokenbus.lean_span import start_span
 from tokenbus.logs import request_context
+from tokenbus.metadata import ProducerTopics
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
 from tokenbus.span_path import hop_span, path_ns
 from tokenbus.topics import Topics
@@ -229,6 +230,9 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self._producer: AIOKafkaProducer | None = None
+        self._producer_topics: ProducerTopics | None = None
+        self._replying: dict[str, int] = {}
+        """Reply topic --> requests of this worker that answer on it now."""
         self._replies: ReplyBatcher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._cancel_consumer: AIOKafkaConsumer | None = None
@@ -256,7 +260,7 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         await ensure_topics(self._settings, {self.request_topic: 1})
-        self._producer = make_producer(self._settings)
+        self._producer, self._producer_topics = make_tracked_producer(self._settings)
         await self._producer.start()
         self._replies = ReplyBatcher(self._producer)
         self._consumer = await self._follow_requests()
@@ -369,13 +373,29 @@ class Worker:
                     trace_id=f"{span.get_span_context().trace_id:032x}",
                 ),
             ):
-                await self._serve(request, taken_ns)
+                self._replying[request.reply_to] = self._replying.get(request.reply_to, 0) + 1
+                try:
+                    await self._serve(request, taken_ns)
+                finally:
+                    self._done_replying(request.reply_to)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
             # the dispatcher still holds it; it is resent if this run is lost.
             log.exception("request at offset %d was not reported", record.offset)
         finally:
             self._slots.release()
+
+    def _done_replying(self, topic: str) -> None:
+        left = self._replying[topic] - 1
+        if left:
+            self._replying[topic] = left
+            return
+        del self._replying[topic]
+        # Nothing more for it until a request names it again: its client deletes a reply
+        # topic it is done with, and a metadata request that names it would make the
+        # bundled broker create it again (tokenbus.metadata).
+        if self._producer_topics is not None:
+            self._producer_topics.let_go(topic)
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
         assert self._producer is not None

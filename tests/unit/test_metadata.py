@@ -15,7 +15,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.protocol.metadata import MetadataResponse_v0
 from aiokafka.structs import TopicPartition
 
-from tokenbus.metadata import SentTopics, track_sent_topics
+from tokenbus.metadata import ProducerTopics, SentTopics, track_sent_topics
 
 ROUND_S = 0.05
 
@@ -70,11 +70,11 @@ class Producer:
         self._message_accumulator._batches[TopicPartition(topic, 0)] = deque(["batch"])
 
 
-def tracked(**kwargs: Any) -> tuple[Client, Producer]:
-    client = Client("changelog", "worker", "replies.old", *kwargs.get("also", ()))
+def tracked(forget_after_s: float = ROUND_S) -> tuple[Client, Producer, ProducerTopics]:
+    client = Client("changelog", "worker", "replies.old")
     producer = Producer(client)
-    track_sent_topics(producer, forgettable=is_reply, forget_after_s=ROUND_S)
-    return client, producer
+    topics = track_sent_topics(producer, forgettable=is_reply, forget_after_s=forget_after_s)
+    return client, producer, topics
 
 
 def test_aiokafka_s_client_drops_a_known_topic_once_it_tracks_another() -> None:
@@ -86,7 +86,7 @@ def test_aiokafka_s_client_drops_a_known_topic_once_it_tracks_another() -> None:
 
 def test_a_topic_sent_to_keeps_its_leader_when_a_new_one_is_tracked() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         assert producer.send("changelog") == {0}  # known from the all-topics answer
         producer.send("replies.new")
         producer.send("replies.newer")
@@ -99,7 +99,7 @@ def test_a_topic_sent_to_keeps_its_leader_when_a_new_one_is_tracked() -> None:
 
 def test_a_topic_never_sent_to_is_never_asked_about() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         producer.send("changelog")
         producer.send("replies.new")
         assert all("replies.old" not in asked for asked in client.asked)
@@ -110,7 +110,7 @@ def test_a_topic_never_sent_to_is_never_asked_about() -> None:
 
 def test_a_reply_topic_sent_nothing_for_a_round_is_let_go() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         producer.send("changelog")
         producer.send("replies.a")
         producer.send("replies.b")
@@ -128,7 +128,7 @@ def test_a_reply_topic_sent_nothing_for_a_round_is_let_go() -> None:
 
 def test_a_reply_topic_with_a_batch_queued_is_kept() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         producer.send("replies.a")
         producer.queue("replies.a")  # the broker is slow to take it
         await asyncio.sleep(ROUND_S * 3)
@@ -139,7 +139,7 @@ def test_a_reply_topic_with_a_batch_queued_is_kept() -> None:
 
 def test_a_reply_topic_sent_to_again_is_tracked_again() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         producer.send("replies.a")
         await asyncio.sleep(ROUND_S * 3)
         assert "replies.a" not in client._topics
@@ -150,9 +150,27 @@ def test_a_reply_topic_sent_to_again_is_tracked_again() -> None:
     asyncio.run(main())
 
 
+def test_a_topic_let_go_by_its_sender_is_no_longer_asked_about() -> None:
+    async def main() -> None:
+        client, producer, topics = tracked(forget_after_s=60)
+        producer.send("replies.a")
+        producer.send("replies.b")
+        producer.queue("replies.b")  # not yet taken by the broker
+        topics.let_go("replies.a")
+        topics.let_go("replies.b")
+        assert client._topics == {"replies.b"}  # b's batch still needs its leader
+        client.on_broker.discard("replies.a")  # its client deleted it
+        client.update()
+        assert "replies.a" not in client.on_broker  # not made again
+        producer.send("replies.a")
+        assert "replies.a" in client._topics  # sent to again: tracked again
+
+    asyncio.run(main())
+
+
 def test_rounds_stop_once_no_reply_topic_is_tracked_or_the_producer_closed() -> None:
     async def main() -> None:
-        client, producer = tracked()
+        client, producer, _ = tracked()
         producer.send("replies.a")
         await asyncio.sleep(ROUND_S * 3)
         assert not client._topics

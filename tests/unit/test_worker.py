@@ -397,3 +397,62 @@ def test_the_workers_path_edges_stay_between_its_take_and_its_first_send() -> No
     # held at the neighbour, so the phases still tile 100..140 with none negative.
     assert path_edges(100, [90, 150, 130], 140) == [100, 100, 140, 140, 140]
     assert path_edges(100, [110, 105, 130], 140) == [100, 110, 110, 130, 140]
+
+
+class GatedEngine(ScriptedEngine):
+    """Each request's last token waits for the test to open its gate."""
+
+    def __init__(self) -> None:
+        super().__init__("stop")
+        self.gates: dict[str, asyncio.Event] = {}
+        self.both_running = asyncio.Event()
+
+    async def deltas(
+        self, request_id: str, prompt: str | list[int], params: GenerateParams
+    ) -> AsyncIterator[EngineDelta]:
+        yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=0)
+        gate = self.gates.setdefault(str(prompt), asyncio.Event())
+        if len(self.gates) == 2:
+            self.both_running.set()
+        await gate.wait()
+        yield EngineDelta(" b", [6], "stop")
+
+
+class LetGo:
+    """What the worker tells its producer's topic tracking (tokenbus.metadata)."""
+
+    def __init__(self) -> None:
+        self.topics: list[str] = []
+
+    def let_go(self, topic: str) -> None:
+        self.topics.append(topic)
+
+
+async def test_a_reply_topic_is_let_go_once_its_last_running_request_ends(
+    tmp_path: Path,
+) -> None:
+    engine = GatedEngine()
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
+    producer = RecordingProducer()
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    tracking = LetGo()
+    worker._producer_topics = tracking  # type: ignore[assignment]
+    await engine.start()
+
+    def record(request_id: str, prompt: str) -> ConsumerRecord[bytes, bytes]:
+        value = encode(work_item(request_id=request_id, prompt=prompt))
+        return ConsumerRecord(worker.request_topic, 0, 1, 0, 0, b"acme", value, None, 0, 0, [])
+
+    handled = []
+    for request_id, prompt in (("r1", "first"), ("r2", "second")):
+        await worker._slots.acquire()
+        handled.append(asyncio.create_task(worker._handle(record(request_id, prompt))))
+    await asyncio.wait_for(engine.both_running.wait(), 5)
+    engine.gates["first"].set()
+    await handled[0]
+    assert tracking.topics == []  # the second one still answers there
+    engine.gates["second"].set()
+    await handled[1]
+    assert tracking.topics == [REPLY_TO]
+    assert worker._replying == {}
