@@ -226,7 +226,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
 async def _follow_heartbeats(settings: Settings, served: ServedModels) -> None:
     """Every heartbeat, no group: the served models are known to every bridge instance."""
     topic = Topics(settings.topic_prefix).heartbeats
-    consumer = make_consumer(settings, group_id=None, auto_offset_reset="latest")
+    # No request waits on it: the longer background wait polls the broker less.
+    consumer = make_consumer(settings, group_id=None, background=True, auto_offset_reset="latest")
     await consumer.start()
     try:
         await consumer.topics()
