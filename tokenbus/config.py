@@ -122,14 +122,14 @@ class Settings(BaseSettings):
     (``bench.fetch_cost``), so a long-lived client's reply topic made the whole machine
     slower by the hour. Never with ``kafka``, where a fetch costs the same at any length
     and retention trims the log."""
-    reply_topic_forget_s: float = Field(default=10.0, gt=0)
+    reply_topic_forget_s: float = Field(default=10.0, gt=0, le=3600)
     """A producer stops asking the broker about a reply topic it has sent nothing to for
     this long (between one and two times it; ``tokenbus.metadata``). A broker that makes
     topics on demand (the bundled one; Apache Kafka with ``auto.create.topics.enable``)
     makes a deleted topic again, empty, whenever a producer still asks about it: so a
     client's deleted reply topics came back at every refresh of every producer that had
     ever known them. A client deletes a rolled-off topic a second time once this has
-    passed twice over, in case a producer asked about it in between."""
+    passed twice over, in case a producer asked about it in between. At most an hour."""
     request_timeout_ms: int = 30_000
     kafka_gap_settle_s: float = 5.0
     """A consumer that meets an offset gap in a tokenbus topic fetches again for this
