@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tokenbus.tenants import TenantConfig, TenantDirectory
@@ -567,3 +567,13 @@ class Settings(BaseSettings):
         return directory.with_overrides(
             {tenant: {"tpm": tpm} for tenant, tpm in self.tenant_tpm.items()}
         )
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """A ``Settings`` validation error, one line a setting, each named as an operator
+    sets it (``TOKENBUS_<FIELD>``). The value is left out: it may be a secret."""
+    lines = [
+        "TOKENBUS_" + "__".join(str(part) for part in error["loc"]).upper() + ": " + error["msg"]
+        for error in exc.errors()
+    ]
+    return "invalid settings:\n  " + "\n  ".join(lines)

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
-from tokenbus.config import Settings
+from tokenbus.config import Settings, settings_problem
 from tokenbus_cli.batch import batch
 
 
@@ -19,7 +20,20 @@ def _settings(**overrides: object) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
-@click.group()
+class _Commands(click.Group):
+    """Bad settings (a TOKENBUS_* variable, an option that overrides one) end a command
+    with one line a setting, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ValidationError as exc:
+            if exc.title != Settings.__name__:
+                raise
+            raise click.ClickException(settings_problem(exc)) from None
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """tokenbus: multi-tenant LLM serving on Kafka."""
 
