@@ -20,7 +20,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus import tansu
 from tokenbus.config import Settings
-from tokenbus.metadata import ProducerTopics, track_sent_topics
+from tokenbus.metadata import ProducerTopics
 from tokenbus.topics import Topics
 
 
@@ -73,7 +73,7 @@ def make_tracked_producer(
 def track_reply_topics(settings: Settings, producer: AIOKafkaProducer) -> ProducerTopics:
     """``producer`` asks the broker only about topics it sends to, and lets go of a
     reply topic it no longer sends to (``tokenbus.metadata``)."""
-    return track_sent_topics(
+    return ProducerTopics(
         producer,
         forgettable=Topics(settings.topic_prefix).is_reply_topic,
         forget_after_s=settings.reply_topic_forget_s,

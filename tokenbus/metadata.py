@@ -1,5 +1,5 @@
 """Which topics a producer asks the broker about (aiokafka's client, patched per instance
-by ``track_sent_topics``).
+by ``ProducerTopics``).
 
 # send(topic) --> tracked from its first send on (before its batch is queued)
 # a forgettable topic (a reply topic) sent nothing for a round, or let go by its sender
@@ -112,10 +112,3 @@ class ProducerTopics:
     def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
         self._round = loop.call_later(self._forget_after_s, self._run_round)
-
-
-def track_sent_topics(
-    producer: Any, *, forgettable: Callable[[str], bool], forget_after_s: float
-) -> ProducerTopics:
-    """Makes ``producer`` track the topics it sends to (``ProducerTopics``)."""
-    return ProducerTopics(producer, forgettable=forgettable, forget_after_s=forget_after_s)

@@ -15,7 +15,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.protocol.metadata import MetadataResponse_v0
 from aiokafka.structs import TopicPartition
 
-from tokenbus.metadata import ProducerTopics, SentTopics, track_sent_topics
+from tokenbus.metadata import ProducerTopics, SentTopics
 
 ROUND_S = 0.05
 
@@ -32,7 +32,7 @@ def is_reply(topic: str) -> bool:
 
 
 class Client:
-    """What ``track_sent_topics`` uses of aiokafka's client, with its own ``add_topic``:
+    """What ``ProducerTopics`` uses of aiokafka's client, with its own ``add_topic``:
     the broker answers for the tracked topics only (all of them while none is tracked),
     and makes a topic it is asked about, as the bundled broker does."""
 
@@ -55,7 +55,7 @@ class Client:
 
 
 class Producer:
-    """What ``track_sent_topics`` uses of ``AIOKafkaProducer``; ``send`` asks for the
+    """What ``ProducerTopics`` uses of ``AIOKafkaProducer``; ``send`` asks for the
     topic's partitions as aiokafka's send path does before it queues a batch."""
 
     def __init__(self, client: Client) -> None:
@@ -73,7 +73,7 @@ class Producer:
 def tracked(forget_after_s: float = ROUND_S) -> tuple[Client, Producer, ProducerTopics]:
     client = Client("changelog", "worker", "replies.old")
     producer = Producer(client)
-    topics = track_sent_topics(producer, forgettable=is_reply, forget_after_s=forget_after_s)
+    topics = ProducerTopics(producer, forgettable=is_reply, forget_after_s=forget_after_s)
     return client, producer, topics
 
 
@@ -200,7 +200,7 @@ def test_it_patches_aiokafka_s_own_producer() -> None:
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
         client = producer.client
         client.cluster.update_metadata(answer("changelog", "replies.a"))
-        track_sent_topics(producer, forgettable=is_reply, forget_after_s=ROUND_S)
+        ProducerTopics(producer, forgettable=is_reply, forget_after_s=ROUND_S)
         assert client.cluster.partitions_for_topic("replies.a") == {0}
         assert client._topics == {"replies.a"}
         await asyncio.sleep(ROUND_S * 3)
