@@ -8,24 +8,24 @@
 # every load_report_interval_s --> Dispatcher.load_reports --> load (keyed by model)
 
 Commits: Faust commits, every ``faust_commit_interval_s``, the offsets below the first
-event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of what
-its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a task per
-event that runs under that event, so its table writes land on its tenant's changelog
-partition), writes each tenant's window sums once (``TableWindowStore.flush``), and only
-then may an event be acked: a refused, dead-lettered or duplicate request's once its
-answer is sent (a refusal only once the broker holds its ledger entry: one redelivered
-after a crash is then a duplicate, not a run beside the client's retry), an admitted
-one's after ``Dispatcher.finish``, once the broker
-acknowledged its forward (or it was answered) and the ledger says so. So no offset is
-committed before its request was forwarded or answered: a crash (a SIGKILL mid-batch
-included) redelivers every request of the batch, and those after it, that were not, and
-the ledger and the window's reservations keep a redelivered request from running or
-being charged twice. A request whose handling fails is logged and its event acked, as
-the per-event agent's loop acked the event it raised on: no taken event is left unacked,
-for Faust waits for every one (``Consumer.wait_empty``) on shutdown and rebalance. An
-agent stopped with requests not yet forwarded leaves their events unacked (redelivered).
-Faust's commit flushes its producer first: ``track_producer_topics`` keeps that flush
-from waiting on a changelog record aiokafka lost the partition leader of.
+event not acked yet. The admit agents ack by hand (``noack``): each takes a batch of
+what its stream holds ready and judges it in one loop turn (``Dispatcher.admit``, a task
+per event that runs under that event, so its table writes land on its tenant's changelog
+partition), and an event is acked only once its request has had its answer: a refused,
+dead-lettered or duplicate request's once its answer is sent (a refusal only once the
+broker holds its ledger entry: one redelivered after a crash is then a duplicate, not a
+run beside the client's retry), an admitted one's after ``Dispatcher.finish``, once the
+broker acknowledged its forward (or it was answered) and the ledger says so. So no
+offset is committed before its request was forwarded or answered: a crash (a SIGKILL
+mid-batch included) redelivers every request of the batch, and those after it, that were
+not, and the ledger and the window's reservations keep a redelivered request from
+running or being charged twice. A request whose handling fails is logged and its event
+acked, as the per-event agent's loop acked the event it raised on: no taken event is
+left unacked, for Faust waits for every one (``Consumer.wait_empty``) on shutdown and
+rebalance. An agent stopped with requests not yet forwarded leaves their events unacked
+(redelivered). Faust's commit flushes its producer first: ``track_producer_topics``
+keeps that flush from waiting on a changelog record aiokafka lost the partition leader
+of.
 
 Budgets: spend lives in changelog-backed tables keyed by tenant first, written from the
 agent of the tenant's partition (requests and usage are co-partitioned), so one
@@ -45,8 +45,7 @@ import socket
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, cast
 
 import faust
@@ -87,21 +86,6 @@ def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
 
 
-@contextmanager
-def in_event(event: EventT[Any] | None) -> Iterator[None]:
-    """Makes ``event`` the current one, as Faust's stream does for each event it yields:
-    a table write lands on the changelog partition of the current event. The window
-    store writes a batch's sums after the batch, each under the event it was saved in."""
-    if event is None:
-        yield  # the current event stays whatever it is
-        return
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
-
-
 class TableReservations(Reservations):
     """One tenant's reservations, each also a record of the reservations table, keyed
     ``tenant/request_id``: a change writes just that record (to the changelog partition
@@ -124,43 +108,26 @@ class TableReservations(Reservations):
 
 
 class TableWindowStore:
-    """Quota windows in two Faust tables, backed by changelogs, so a restarted job
-    recovers them before it consumes again: the bucket sums per tenant (small), and
-    one record per reservation. A request thus writes O(1) records, not its tenant's
-    whole window.
+    """Quota windows over one Faust table, backed by its changelog, so a restarted job
+    recovers them before it consumes again: one record per reservation, written through
+    as it changes (``TableReservations``). The bucket sums are derived from them on load
+    (``WindowState.of``), never stored: a request writes its own reservation, nothing else.
 
     Decoded states are kept between requests. They are dropped whenever partitions
-    move, because the tables then change under them."""
+    move, because the table then changes under them."""
 
-    def __init__(self, windows: TableT[bytes, bytes], reservations: TableT[bytes, bytes]) -> None:
-        self._windows = windows
+    def __init__(self, reservations: TableT[bytes, bytes]) -> None:
         self._reservations = reservations
         self._states: dict[str, WindowState] = {}
         self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
-        self._unsaved: dict[str, tuple[WindowState, EventT[Any] | None]] = {}
 
     def load(self, tenant_id: str) -> WindowState:
         state = self._states.get(tenant_id)
         if state is None:
-            raw = self._windows.get(tenant_id.encode())
             entries = dict(sorted(self._recovered_of(tenant_id), key=lambda e: e[1][0]))
-            state = WindowState.from_json(
-                orjson.loads(raw) if raw else None,
-                TableReservations(self._reservations, tenant_id, entries),
-            )
+            state = WindowState.of(TableReservations(self._reservations, tenant_id, entries))
             self._states[tenant_id] = state
         return state
-
-    def save(self, tenant_id: str, state: WindowState) -> None:
-        # Kept until ``flush`` with the event it was saved under: a batch writes each
-        # tenant's sums once, to the partition of that tenant's events.
-        self._unsaved[tenant_id] = (state, current_event())
-
-    def flush(self) -> None:
-        unsaved, self._unsaved = self._unsaved, {}
-        for tenant_id, (state, event) in unsaved.items():
-            with in_event(event):
-                self._windows[tenant_id.encode()] = orjson.dumps(state.to_json())
 
     def forget(self) -> None:
         self._states.clear()
@@ -495,7 +462,7 @@ def create_app(settings: Settings) -> faust.App:
 
     # Keyed by tenant, like every stream that writes it: requests and usage are
     # co-partitioned, so one instance owns each tenant's window.
-    store = TableWindowStore(table("quota-windows"), table("quota-reservations"))
+    store = TableWindowStore(table("quota-reservations"))
     # One entry per request id per tenant: what ran, so a repeat does not run again.
     ledger = TableLedger(table("request-ledger"))
 
@@ -577,15 +544,14 @@ def create_app(settings: Settings) -> faust.App:
             # its own, under its event (so its table writes land on its tenant's
             # partition): all of a batch's tasks judge in one loop turn, in order (the
             # admitted path does not await before its request is queued), and none waits
-            # for another's refusal to reach the broker. Then each tenant's window sums
-            # are written once, and each event is acked once its request has had its
-            # answer (forwarded, refused, dead-lettered), in any order.
+            # for another's refusal to reach the broker. Each event is acked once its
+            # request has had its answer (forwarded, refused, dead-lettered), in any order.
             source = cast("faust.Stream[bytes]", stream).noack()
             ready = getattr(source.channel, "queue", None)
             handling: set[asyncio.Task[None]] = set()
             batch: list[EventT[bytes]] = []
 
-            async def handle(event: EventT[bytes], saved: asyncio.Future[None]) -> None:
+            async def handle(event: EventT[bytes]) -> None:
                 # A task runs in a copy of its creator's context: this event is current
                 # for this task only, as Faust's stream makes each event current.
                 _current_event.set(weakref.ref(event))
@@ -594,8 +560,6 @@ def create_app(settings: Settings) -> faust.App:
                     dispatcher().note_lag(lag, message.timestamp)
                     spend.sweep((message.key or b"").decode("utf-8", "replace"), clock.time())
                     result = await dispatcher().admit(_record(message))
-                    await saved  # the batch's window sums are written
-                    store.flush()  # this request's own, should it have been judged after them
                     if isinstance(result, Admitted):
                         await dispatcher().finish(result)
                 except Exception:
@@ -620,15 +584,11 @@ def create_app(settings: Settings) -> faust.App:
                     if len(batch) < settings.admit_batch_max and await more_coming(ready):
                         continue  # they join this batch
                     await budgets_read.wait()  # runtime budgets bind from the first request
-                    saved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     for event in batch:
-                        task = asyncio.create_task(handle(event, saved))
+                        task = asyncio.create_task(handle(event))
                         handling.add(task)
                         task.add_done_callback(handled)
                     batch.clear()
-                    await asyncio.sleep(0)  # the tasks above run first: each judges its own
-                    store.flush()  # before any of these events is acked
-                    saved.set_result(None)
                     while len(handling) >= settings.admit_concurrency:
                         await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -35,11 +35,12 @@ they are ignored until it is moved back, and a worker seen before stays live for
 ``worker_dead_after_s``. Waiting is the event loop's (the dispatch loop's periodic look,
 ``FORWARD_RETRY_S``): a test moves the clock, then lets the loop turn.
 
-State: the windows live in a ``WindowStore`` (a changelog-backed Faust table in the job),
-written only from the agent handling the tenant's partition. The queue, the in-flight
-set, session affinity and the tier are this instance's own, rebuilt from redeliveries
-and heartbeats. (The in-flight set is what failover resends from: a job restarted while
-a worker dies loses that worker's running requests; clients see a timeout.)
+State: the windows live in a ``WindowStore`` (a changelog-backed Faust table of
+reservations in the job), written only from the agent handling the tenant's partition.
+The queue, the in-flight set, session affinity and the tier are this instance's own,
+rebuilt from redeliveries and heartbeats. (The in-flight set is what failover resends
+from: a job restarted while a worker dies loses that worker's running requests; clients
+see a timeout.)
 """
 
 from __future__ import annotations
@@ -147,17 +148,10 @@ STALL_WARN_S = 10.0
 
 class WindowStore(Protocol):
     """Quota windows, by ``window.window_key``: each tenant's, and its batch lines'
-    (``<tenant>/batch``). ``save`` is called from the tenant's partition's agent."""
+    (``<tenant>/batch``). A state loaded is changed in place, from the tenant's
+    partition's agent only; a store persists its reservations as they change."""
 
     def load(self, tenant_id: str) -> WindowState: ...
-
-    def save(self, tenant_id: str, state: WindowState) -> None:
-        """May wait for ``flush``: a batch of requests writes each tenant's window once."""
-        ...
-
-    def flush(self) -> None:
-        """Writes what ``save`` kept back; runs before the requests saved are acked."""
-        ...
 
 
 class ReplyLog(Protocol):
@@ -399,7 +393,6 @@ class Dispatcher:
     async def handle_request(self, record: Record) -> Outcome:
         """One request, start to end: ``admit``, then ``finish`` if it was queued."""
         admitted = await self.admit(record)
-        self._store.flush()
         if isinstance(admitted, Outcome):
             return admitted
         return await self.finish(admitted)
@@ -407,8 +400,7 @@ class Dispatcher:
     async def admit(self, record: Record) -> Outcome | Admitted:
         """Judges a request and queues it, without waiting for its forward: an
         ``Outcome`` when it has had its answer here, else the ``Admitted`` request that
-        ``finish`` sees through. Window saves wait in the store for ``flush``, which the
-        caller runs before the request's record may be acked.
+        ``finish`` sees through.
 
         Traced as ``job.admit``, under the trace context the record carries; its
         ``tokenbus.outcome`` says what became of the request. An admitted request's path
@@ -644,7 +636,6 @@ class Dispatcher:
             self.metrics.num_duplicates += 1
             await self._answer_duplicate(item, 0, True)
             return Outcome.DUPLICATE
-        self._store.save(window, state)
         # No ledger entry yet: the request's event stays unacked until its forward (or
         # its answer), so a job that dies first has it redelivered and admits it again
         # (its reservation still in the window, so not charged twice); meanwhile a copy
@@ -672,8 +663,6 @@ class Dispatcher:
             window = window_key(item.tenant_id, item.batch_id)
             state = self._store.load(window)
             release(state, item.request_id, self._clock.time())
-            self._store.save(window, state)
-            self._store.flush()
             budgets.release(self._spend, item.tenant_id, item.request_id)
         return outcome
 
@@ -1213,8 +1202,7 @@ class Dispatcher:
             usage.num_prompt_tokens, usage.precision, usage.created_at, self._peak_hours
         )
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
-        if settle(state, usage.request_id, actual, self._clock.time()) is not None:
-            self._store.save(window, state)
+        settle(state, usage.request_id, actual, self._clock.time())
         self._settle_budgets(usage)
         ident = (usage.tenant_id, usage.request_id)
         if usage.status is not UsageStatus.REJECTED:

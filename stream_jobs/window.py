@@ -1,7 +1,10 @@
 """Per-tenant TPM and RPM over a sliding 60 s window, in 100 ms buckets.
 
-A pure policy over plain data: ``WindowState`` round-trips through JSON, so the Faust job
-keeps it in a changelog-backed table and a restarted job resumes with the same counts.
+A pure policy over plain data. A window's state is its reservations, one per request of
+the last 60 s, in a ``Reservations`` mapping a store may persist record by record (the
+Faust job keeps each in a changelog-backed table); the bucket sums the checks read are
+derived from them (``WindowState.of``), so a restarted job resumes with the same counts
+from the reservations alone.
 
 - ``reserve`` charges a request's estimate (prompt + max_tokens) up front;
 - ``settle`` replaces the estimate by the real count when the UsageEvent arrives,
@@ -14,9 +17,9 @@ keeps it in a changelog-backed table and a restarted job resumes with the same c
   first seconds, and the fleet's other tenants do not take that burst. A request larger
   than the allowance still fits a short window that is empty.
 
-The bucket sums are small (at most 600 buckets) and travel as JSON. Reservations, one
-per request of the last 60 s, live in a ``Reservations`` mapping of their own, so that a
-store can keep each as a record and write only the ones a request changes.
+Every change to the sums is a change to one reservation (``reserve`` adds one,
+``settle`` replaces its count, ``release`` removes it), so a bucket's sums are always its
+reservations' tokens and number: a request writes its own reservation, and nothing else.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
 
 WINDOW_S = 60
 BUCKETS_PER_S = 10
@@ -133,18 +135,16 @@ class WindowState:
     redelivered request is recognised and never charged twice (forgotten a bounded share
     per call after that: ``EXPIRE_PER_CALL``)."""
 
-    def to_json(self) -> dict[str, Any]:
-        """The bucket sums; reservations are kept by the ``Reservations`` given."""
-        return {"b": {str(k): v for k, v in self.buckets.items()}}
-
     @classmethod
-    def from_json(
-        cls, data: dict[str, Any] | None, reservations: Reservations | None = None
-    ) -> WindowState:
-        return cls(
-            buckets={int(k): list(v) for k, v in (data or {}).get("b", {}).items()},
-            reservations=reservations if reservations is not None else Reservations(),
-        )
+    def of(cls, reservations: Reservations) -> WindowState:
+        """The state these reservations make: each bucket's sums are its reservations'
+        tokens and number (those out of the window go at the next ``expire``)."""
+        buckets: dict[int, list[int]] = {}
+        for bucket, tokens, _ in reservations.values():
+            sums = buckets.setdefault(bucket, [0, 0])
+            sums[0] += tokens
+            sums[1] += 1
+        return cls(buckets=buckets, reservations=reservations)
 
     def expire(self, now: float) -> None:
         oldest = _oldest(now)

@@ -62,19 +62,13 @@ class ManualClock:
 
 
 class MemoryWindowStore:
-    """The quota windows (``dispatcher.WindowStore``) in a dict; saves need no flush."""
+    """The quota windows (``dispatcher.WindowStore``) in a dict."""
 
     def __init__(self) -> None:
         self._states: dict[str, WindowState] = {}
 
     def load(self, tenant_id: str) -> WindowState:
-        return self._states.get(tenant_id) or WindowState()
-
-    def save(self, tenant_id: str, state: WindowState) -> None:
-        self._states[tenant_id] = state
-
-    def flush(self) -> None:
-        pass
+        return self._states.setdefault(tenant_id, WindowState())
 
 
 @dataclass(frozen=True)
