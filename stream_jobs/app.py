@@ -86,38 +86,18 @@ def _acks(value: int | str) -> int:
     return -1 if value == "all" else int(value)
 
 
-class TableReservations(Reservations):
-    """One tenant's reservations, each also a record of the reservations table, keyed
-    ``tenant/request_id``: a change writes just that record (to the changelog partition
-    of the event being processed, which requests and usage share by tenant)."""
-
-    def __init__(
-        self, table: TableT[bytes, bytes], tenant_id: str, entries: dict[str, list[int]]
-    ) -> None:
-        super().__init__(entries)
-        self._table = table
-        self._prefix = f"{tenant_id}/"
-
-    def __setitem__(self, request_id: str, entry: list[int]) -> None:
-        super().__setitem__(request_id, entry)
-        self._table[(self._prefix + request_id).encode()] = orjson.dumps(entry)
-
-    def __delitem__(self, request_id: str) -> None:
-        super().__delitem__(request_id)
-        self._table.pop((self._prefix + request_id).encode(), None)
-
-
 class TableWindowStore:
-    """Quota windows over one Faust table, backed by its changelog, so a restarted job
-    recovers them before it consumes again: one record per reservation, written through
-    as it changes (``TableReservations``). The bucket sums are derived from them on load
-    (``WindowState.of``), never stored: a request writes its own reservation, nothing else.
+    """Quota windows over the request ledger's table (``TableLedger``), where each
+    entry carries its request's reservation (``ledger.Reserved``), so a restarted job
+    recovers them with the ledger before it consumes again. A window's reservations are
+    written only with its requests' ledger entries, and its bucket sums are derived from
+    them on load (``WindowState.of``): a request writes no record of its own for its quota.
 
     Decoded states are kept between requests. They are dropped whenever partitions
     move, because the table then changes under them."""
 
-    def __init__(self, reservations: TableT[bytes, bytes]) -> None:
-        self._reservations = reservations
+    def __init__(self, ledger: TableT[bytes, bytes]) -> None:
+        self._ledger = ledger
         self._states: dict[str, WindowState] = {}
         self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
 
@@ -125,7 +105,7 @@ class TableWindowStore:
         state = self._states.get(tenant_id)
         if state is None:
             entries = dict(sorted(self._recovered_of(tenant_id), key=lambda e: e[1][0]))
-            state = WindowState.of(TableReservations(self._reservations, tenant_id, entries))
+            state = WindowState.of(Reservations(entries))
             self._states[tenant_id] = state
         return state
 
@@ -133,17 +113,17 @@ class TableWindowStore:
         self._states.clear()
         self._recovered = None
 
-    def _recovered_of(self, tenant_id: str) -> list[tuple[str, list[int]]]:
+    def _recovered_of(self, window: str) -> list[tuple[str, list[int]]]:
         if self._recovered is None:
             # One pass over what this instance holds, on the first load after a start
-            # or a rebalance, rather than one per tenant.
+            # or a rebalance, rather than one per window.
             self._recovered = defaultdict(list)
-            for key, value in self._reservations.items():
-                # ``<window>/<request_id>``, the window a tenant's (``acme``) or its batch
-                # lines' (``acme/batch``): request ids hold no "/".
-                window, _, request_id = key.decode().rpartition("/")
-                self._recovered[window].append((request_id, orjson.loads(value)))
-        return self._recovered.pop(tenant_id, [])
+            for key, value in self._ledger.items():
+                reserved = Entry.from_json(orjson.loads(value)).reserved
+                if reserved is not None:
+                    request_id = key.decode().partition("/")[2]
+                    self._recovered[reserved.window].append((request_id, reserved.reservation))
+        return self._recovered.pop(window, [])
 
 
 class TableLedger:
@@ -462,9 +442,10 @@ def create_app(settings: Settings) -> faust.App:
 
     # Keyed by tenant, like every stream that writes it: requests and usage are
     # co-partitioned, so one instance owns each tenant's window.
-    store = TableWindowStore(table("quota-reservations"))
     # One entry per request id per tenant: what ran, so a repeat does not run again.
-    ledger = TableLedger(table("request-ledger"))
+    ledger_table = table("request-ledger")
+    ledger = TableLedger(ledger_table)
+    store = TableWindowStore(ledger_table)
 
     # Spend budgets: keyed tenant first, written from the tenant's partition.
     spend = TableSpendStore(

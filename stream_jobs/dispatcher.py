@@ -81,6 +81,7 @@ from stream_jobs.ledger import (
     Entry,
     Forward,
     Ledger,
+    Reserved,
     State,
     Verdict,
     carried,
@@ -988,7 +989,19 @@ class Dispatcher:
         last_seq: int,
         forward: Forward | None = None,
     ) -> Entry:
-        return Entry(state, item.reply_to, now + self._settings.request_dedupe_s, last_seq, forward)
+        """A request's entry; while it may run (not DONE), with its reservation as it stands.
+        A DONE entry written here is an answer without a run: its reservation is given
+        back (``finish``), and the entry carries none."""
+        reserved = None
+        if state is not State.DONE:
+            reserved = self._reserved(window_key(item.tenant_id, item.batch_id), item.request_id)
+        expires_at = now + self._settings.request_dedupe_s
+        return Entry(state, item.reply_to, expires_at, last_seq, forward, reserved=reserved)
+
+    def _reserved(self, window: str, request_id: str) -> Reserved | None:
+        """The request's reservation in ``window``, for its ledger entry."""
+        reservation = self._store.load(window).reservations.get(request_id)
+        return None if reservation is None else Reserved(window, *reservation)
 
     def _remember(
         self,
@@ -1203,6 +1216,7 @@ class Dispatcher:
         )
         actual = math.ceil((usage.num_prompt_tokens + usage.num_completion_tokens) * weight)
         settle(state, usage.request_id, actual, self._clock.time())
+        reserved = self._reserved(window, usage.request_id)  # settled: kept in its entry
         self._settle_budgets(usage)
         ident = (usage.tenant_id, usage.request_id)
         if usage.status is not UsageStatus.REJECTED:
@@ -1217,6 +1231,7 @@ class Dispatcher:
                     entry.reply_to if entry else "",
                     self._clock.time() + self._settings.request_dedupe_s,
                     usage.last_seq or 0,
+                    reserved=reserved,
                 ),
             )
             self._ledger.put(*ident, done)

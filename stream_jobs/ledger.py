@@ -6,6 +6,7 @@
 # the same (tenant, request_id) produced again --> judge() --> Verdict
 # a copy taken while it ran (SAME_STREAM) --> counted (with_copy) --> answered when it ends
 # a job (re)started, or given partitions --> FORWARDED entries --> adopted (Forward)
+# a job (re)started, or given partitions --> every entry's reservation --> quota windows
 
 Producers retry, and the bundled broker has no idempotent producers, so the same
 request can arrive twice. Entries live in a changelog-backed table keyed
@@ -22,6 +23,13 @@ its requests in flight in memory, and a job that restarts (or that is given anot
 instance's partitions) would otherwise not know them: were their worker lost later, no
 one would send them again. So the job adopts every FORWARDED entry of the partitions it
 is given, reading the forwarded copies back, and watches their worker runs as its own.
+
+The quota windows are kept here too: each entry carries its request's reservation
+(``Reserved``), and only here, so a request's run costs the ledger's records and no
+others. An admitted request has no record until its forward, and none is needed: its
+event is redelivered after a crash, and admitted again. A worker's refusal (a
+``rejected`` UsageEvent) settles the window in memory but writes no entry, so a job
+restarted within the minute counts that request's estimate, not its real count.
 
 Every copy is answered. A copy of a running request that names the same reply topic
 is counted in its entry (``with_copy``, up to ``MAX_COPIES``), and answered
@@ -81,6 +89,32 @@ class Forward:
 
 
 @dataclass(frozen=True)
+class Reserved:
+    """A request's reservation in its quota window, as it stood when its entry was
+    written: the window (``window.window_key``: the tenant's, or its batch lines') and the
+    reservation's ``[bucket, tokens, settled]`` (``window.Reservations``). The ledger is
+    where the windows are kept: a job restarted, or given another instance's partitions,
+    rebuilds each window from the reservations of its tenants' entries."""
+
+    window: str
+    bucket: int
+    tokens: int
+    settled: int
+
+    @property
+    def reservation(self) -> list[int]:
+        return [self.bucket, self.tokens, self.settled]
+
+    def to_json(self) -> list[Any]:
+        return [self.window, self.bucket, self.tokens, self.settled]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> Reserved:
+        window, bucket, tokens, settled = data
+        return cls(str(window), int(bucket), int(tokens), int(settled))
+
+
+@dataclass(frozen=True)
 class Entry:
     state: State
     reply_to: str
@@ -91,10 +125,16 @@ class Entry:
     copies: int = 0
     """Copies taken while it ran (ADMITTED or FORWARDED), each owed a ``duplicate_request``
     answer after the stream. Always 0 once DONE: ``ended`` says which answers they are owed."""
+    reserved: Reserved | None = None
+    """Its quota reservation: while ADMITTED or FORWARDED the estimate charged, once DONE
+    after a run the settled count; None for a request answered without running (its
+    reservation was given back, or never made)."""
 
     def to_json(self) -> list[Any]:
         data = [self.state.value, self.reply_to, self.expires_at, self.last_seq]
         forward = None if self.forward is None else self.forward.to_json()
+        if self.reserved is not None:
+            return [*data, forward, self.copies, self.reserved.to_json()]
         if self.copies:
             return [*data, forward, self.copies]
         return data if forward is None else [*data, forward]
@@ -104,7 +144,10 @@ class Entry:
         state, reply_to, expires_at, last_seq, *rest = data
         forward = Forward.from_json(rest[0]) if rest and rest[0] is not None else None
         copies = int(rest[1]) if len(rest) > 1 else 0
-        return cls(State(state), reply_to, float(expires_at), int(last_seq), forward, copies)
+        reserved = Reserved.from_json(rest[2]) if len(rest) > 2 else None
+        return cls(
+            State(state), reply_to, float(expires_at), int(last_seq), forward, copies, reserved
+        )
 
     def with_copy(self) -> Entry:
         """This entry, with one more copy owed its answer (a SAME_STREAM verdict)."""

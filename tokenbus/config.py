@@ -191,9 +191,10 @@ class Settings(BaseSettings):
     """Signs the service tokens tokenbus's own services (the bridge) put on the requests
     they produce for a tenant they authenticated. Share it between the bridges and the
     job, and with nothing else. Unset: no service token is accepted (or minted)."""
-    request_dedupe_s: float = 900.0
+    request_dedupe_s: float = Field(default=900.0, ge=60.0, le=30 * 86_400)
     """How long the job remembers a finished request's id, per tenant: the same id
-    produced again within this answers ``duplicate_request`` instead of running again."""
+    produced again within this answers ``duplicate_request`` instead of running again.
+    At least the quota window's minute: the same entry keeps the request's reservation."""
     created_at_skew_s: float = 300.0
     """A producer's ``created_at`` is clamped into [admission - this, admission]: it only
     feeds latency figures; prices and windows use the time of admission."""

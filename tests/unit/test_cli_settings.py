@@ -39,3 +39,15 @@ def test_another_model_s_validation_error_is_not_taken_for_a_setting() -> None:
         cli.main.commands.pop("bad-line")
     assert isinstance(result.exception, ValidationError)
     assert "invalid settings" not in result.output
+
+
+@pytest.mark.parametrize("value", [59.0, float("nan"), float("inf"), -1.0])
+def test_request_dedupe_outlasts_the_quota_window(value: float) -> None:
+    # The ledger entry of a request keeps its quota reservation: it must live the minute.
+    from pydantic import ValidationError
+
+    from tokenbus.config import Settings
+
+    with pytest.raises(ValidationError, match="request_dedupe_s"):
+        Settings(request_dedupe_s=value)
+    assert Settings(request_dedupe_s=60.0).request_dedupe_s == 60.0

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from stream_jobs.ledger import Entry, Forward, State, Verdict, carried, ended, judge
+from stream_jobs.ledger import Entry, Forward, Reserved, State, Verdict, carried, ended, judge
 
 NOW = 1_000.0
 MINE = "tokenbus.replies.t.c1"
@@ -88,6 +88,21 @@ def test_an_entry_with_copies_owed_round_trips_with_or_without_a_forward() -> No
         assert Entry.from_json(entry.to_json()) == entry
     # With none owed, the table form is the one written before copies were counted.
     assert Entry(State.DONE, MINE, NOW, 3).to_json() == ["done", MINE, NOW, 3]
+
+
+def test_an_entry_keeps_its_reservation_through_the_table_form_and_its_changes() -> None:
+    reserved = Reserved("t/batch", 17_672_256_000, 160, 1)
+    forward = Forward(home=0, topic="tokenbus.worker.w", partition=0, offset=7)
+    for entry in (
+        Entry(State.FORWARDED, MINE, NOW, 0, forward, reserved=reserved),
+        Entry(State.DONE, MINE, NOW, 5, reserved=reserved),
+        Entry(State.ADMITTED, MINE, NOW, copies=3, reserved=reserved),
+    ):
+        assert Entry.from_json(entry.to_json()) == entry
+        assert entry.with_copy().reserved == reserved
+    assert reserved.reservation == [17_672_256_000, 160, 1]
+    # Entries written before they kept reservations read as having none.
+    assert Entry.from_json(["done", MINE, NOW, 3, None, 2]).reserved is None
 
 
 def test_copies_owed_are_carried_from_admitted_to_forwarded() -> None:

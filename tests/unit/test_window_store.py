@@ -1,106 +1,169 @@
-"""The job's quota store over a Faust table, with a dict standing in for the table: a
-request writes its own reservation and nothing else, and a new store over the same table
-(a restarted job after changelog recovery) has the same counts and still knows every
-reservation."""
+"""The job's quota windows, kept in the request ledger: a request's reservation travels
+in its ledger entry and costs no record of its own, and a job restarted over the same
+table (after changelog recovery) rebuilds every window with the same counts.
+
+The store's own tests use a dict for the Faust table; the dispatcher's run on the real
+``TableLedger`` and ``TableWindowStore`` over one such table, as the job wires them."""
 
 from __future__ import annotations
 
-from typing import cast
+import asyncio
+from pathlib import Path
+from typing import Any, cast
 
-from faust.types import TableT
+import orjson
+import pytest
 
-from stream_jobs.app import TableWindowStore
-from stream_jobs.window import EXPIRE_PER_CALL, Limits, release, reserve, settle, window_key
+from stream_jobs.app import TableLedger, TableWindowStore
+from stream_jobs.dispatcher import Dispatcher, Outcome
+from stream_jobs.ledger import Entry, Forward, Reserved, State
+from stream_jobs.window import Limits, reserve, window_key
+from tests.unit.fakes import Forwards, ManualClock, Recorder, Replies, bus_authenticator, cancel
+from tests.unit.test_dispatcher import admit, heartbeat, request, usage_of
+from tokenbus.config import Settings
 
 LIMITS = Limits(tpm=10_000, rpm=100)
-LIMITS_BIG = Limits(tpm=10**9, rpm=10**6)
 
 
-class Table(dict[bytes, bytes]):
-    """What the store uses of a Faust table; counts the records written."""
+class ChangelogTable(dict[bytes, bytes]):
+    """A Faust table as the ledger uses it; ``writes`` counts the changelog records: one
+    per item set, and one per record sent to an explicit partition (``put_at``, which
+    sets the store's ``data`` without a record of its own)."""
 
-    writes = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    @property
+    def data(self) -> _Store:
+        return _Store(self)
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.writes += 1
         super().__setitem__(key, value)
 
-
-def store_over(reservations: Table) -> TableWindowStore:
-    return TableWindowStore(cast(TableT[bytes, bytes], reservations))
-
-
-def test_a_request_writes_its_own_reservation_only() -> None:
-    reservations = Table()
-    store = store_over(reservations)
-    for n in range(50):
-        state = store.load("acme")
-        assert reserve(state, f"r{n}", 10, LIMITS, now=100.0 + n * 0.1).admitted
-    assert reservations.writes == 50 and len(reservations) == 50
-    assert b"acme/r49" in reservations
-
-    state = store.load("acme")
-    settle(state, "r0", 4, now=105.0)
-    assert reservations.writes == 51  # the settled reservation, nothing else
+    def send_changelog(self, partition: int, key: bytes, value: bytes) -> None:
+        self.writes += 1
 
 
-def test_a_new_store_over_the_same_tables_resumes_the_counts() -> None:
-    reservations = Table()
-    first = store_over(reservations)
-    for tenant in ("acme", "globex"):
-        state = first.load(tenant)
-        for n in range(3):
-            reserve(state, f"{tenant}-{n}", 100, LIMITS, now=10.0 + n)
-        settle(state, f"{tenant}-0", 40, now=13.0)
-        release(state, f"{tenant}-2", now=13.0)
+class _Store:
+    def __init__(self, table: ChangelogTable) -> None:
+        self._table = table
 
-    restarted = store_over(reservations)
-    state = restarted.load("acme")
-    assert state.used() == (140, 2)
-    # A redelivered request is known: settled ones are duplicates, none is charged again.
-    again = reserve(state, "acme-0", 100, LIMITS, now=14.0)
-    assert again.admitted and again.duplicate and state.used() == (140, 2)
-    assert set(state.reservations) == {"acme-0", "acme-1"}
-    assert set(restarted.load("globex").reservations) == {"globex-0", "globex-1"}
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        dict.__setitem__(self._table, key, value)
 
 
-def test_reservations_leaving_the_window_are_deleted_from_the_table() -> None:
-    reservations = Table()
-    store = store_over(reservations)
-    state = store.load("acme")
-    reserve(state, "old", 100, LIMITS, now=0.0)
-    reserve(state, "new", 100, LIMITS, now=30.0)
-    state = store.load("acme")
-    reserve(state, "later", 100, LIMITS, now=65.0)
-    assert set(reservations) == {b"acme/new", b"acme/later"}
-    assert state.used() == (200, 2)
+def put(table: ChangelogTable, tenant: str, request_id: str, entry: Entry) -> None:
+    table[f"{tenant}/{request_id}".encode()] = orjson.dumps(entry.to_json())
 
 
-def test_a_tenant_back_after_a_quiet_minute_deletes_a_bounded_share_per_request() -> None:
-    reservations = Table()
-    store = store_over(reservations)
-    state = store.load("acme")
-    for n in range(300):
-        reserve(state, f"r{n}", 1, LIMITS_BIG, now=n * 0.1)
-    before = len(reservations)
-    reserve(state, "back", 1, LIMITS_BIG, now=200.0)
-    assert before - len(reservations) == EXPIRE_PER_CALL - 1  # and one written: "back"
-    for n in range(10):
-        reserve(state, f"more{n}", 1, LIMITS_BIG, now=200.0 + n)
-    assert all(not key.startswith(b"acme/r") for key in reservations)
+def store_over(table: ChangelogTable) -> TableWindowStore:
+    return TableWindowStore(cast(Any, table))
 
 
-def test_a_restarted_store_keeps_a_tenant_s_batch_window_apart_from_its_own() -> None:
-    reservations = Table()
-    first = store_over(reservations)
-    own, batch = window_key("acme"), window_key("acme", "b1")
-    for window, num_tokens in ((own, 100), (batch, 300)):
-        state = first.load(window)
-        reserve(state, f"{window}-r".replace("/", "-"), num_tokens, LIMITS, now=10.0)
-    assert set(reservations) == {b"acme/acme-r", b"acme/batch/acme-batch-r"}
+def test_a_store_rebuilds_each_window_from_the_reservations_in_the_entries() -> None:
+    table = ChangelogTable()
+    batch = window_key("acme", "b1")
+    on_w = Forward(0, "w", 0, 1)
+    put(
+        table,
+        "acme",
+        "r1",
+        Entry(State.FORWARDED, "r", 900.0, 0, on_w, 0, Reserved("acme", 100, 300, 0)),
+    )
+    put(
+        table, "acme", "r2", Entry(State.DONE, "r", 900.0, 5, None, 0, Reserved("acme", 101, 40, 1))
+    )
+    put(table, "acme", "r3", Entry(State.DONE, "r", 900.0))  # refused: never reserved
+    put(
+        table,
+        "acme",
+        "l1",
+        Entry(State.FORWARDED, "r", 900.0, 0, on_w, 0, Reserved(batch, 100, 500, 0)),
+    )
+    put(
+        table,
+        "globex",
+        "g1",
+        Entry(State.ADMITTED, "r", 900.0, 0, None, 1, Reserved("globex", 100, 7, 0)),
+    )
 
-    restarted = store_over(reservations)  # recovered from the changelogs
-    assert restarted.load(batch).used() == (300, 1)
-    assert set(restarted.load(batch).reservations) == {"acme-batch-r"}
-    assert restarted.load(own).used() == (100, 1)
-    assert set(restarted.load(own).reservations) == {"acme-r"}
+    store = store_over(table)
+    acme = store.load("acme")
+    assert acme.used() == (340, 2) and acme.buckets == {100: [300, 1], 101: [40, 1]}
+    assert dict(acme.reservations.items()) == {"r1": [100, 300, 0], "r2": [101, 40, 1]}
+    assert store.load(batch).used() == (500, 1)
+    assert store.load("globex").used() == (7, 1)
+    # A redelivered request is known: a settled one is a duplicate, and none is charged again.
+    again = reserve(acme, "r2", 999, LIMITS, now=10.2)
+    assert again.admitted and again.duplicate and acme.used() == (340, 2)
+    # Out of the window by the time it is used: forgotten, not counted.
+    assert reserve(store.load("globex"), "g2", 1, LIMITS, now=100.0).num_tokens_used == 1
+
+
+def test_the_store_writes_nothing_itself() -> None:
+    table = ChangelogTable()
+    store = store_over(table)
+    for n in range(20):
+        assert reserve(store.load("acme"), f"r{n}", 10, LIMITS, now=10.0 + n * 0.1).admitted
+    assert table.writes == 0 and store.load("acme").used() == (200, 20)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path, default_priority_class=0)
+
+
+def table_dispatcher(settings: Settings, recorder: Recorder, table: ChangelogTable) -> Dispatcher:
+    """One run of the job over the ledger's table, wired as the job wires it."""
+    return Dispatcher(
+        settings,
+        recorder,
+        store_over(table),
+        Replies(recorder),
+        TableLedger(cast(Any, table)),
+        authenticator=bus_authenticator(settings.tenant_directory()),
+        clock=ManualClock(),
+        forwards=Forwards(recorder),
+    )
+
+
+async def test_a_request_s_quota_costs_no_record_and_a_restart_keeps_the_counts(
+    settings: Settings,
+) -> None:
+    recorder, table = Recorder(), ChangelogTable()
+    first = table_dispatcher(settings, recorder, table)
+    first.observe_heartbeat(heartbeat(capacity=8))
+    loop = asyncio.create_task(first.run())
+    for n in (1, 2, 3):
+        assert await (await admit(first, request(n))) is Outcome.FORWARDED
+    # One record per request: its FORWARDED entry, with the reservation in it.
+    assert table.writes == 3 and set(table) == {b"t/r1", b"t/r2", b"t/r3"}
+    first.observe_usage(usage_of(1))  # r1 ran: its DONE entry keeps the settled count
+    assert table.writes == 4
+    loop.cancel()
+
+    used = first._store.load("t").used()
+    restarted = table_dispatcher(settings, recorder, table)
+    window = restarted._store.load("t")
+    assert window.used() == used
+    assert window.reservations["r1"][1:] == [12, 1]  # 2 prompt + 10 completion, settled
+    assert [window.reservations[f"r{n}"][2] for n in (2, 3)] == [0, 0]
+
+
+async def test_a_request_answered_without_running_leaves_nothing_in_the_window(
+    settings: Settings,
+) -> None:
+    recorder, table = Recorder(), ChangelogTable()
+    first = table_dispatcher(settings, recorder, table)
+    loop = asyncio.create_task(first.run())
+    waiting = await admit(first, request(1))  # no worker yet: it waits
+    assert first._store.load("t").used()[1] == 1
+    await cancel(first, "t", "r1")
+    assert await waiting is Outcome.CANCELLED
+    loop.cancel()
+    entry = TableLedger(cast(Any, table)).get("t", "r1")
+    assert entry is not None and entry.state is State.DONE and entry.reserved is None
+    assert first._store.load("t").used() == (0, 0)
+    assert table_dispatcher(settings, recorder, table)._store.load("t").used() == (0, 0)
