@@ -33,11 +33,12 @@ BUCKETS_PER_S = 10
 """The window slides in steps of 100 ms: the limit holds over any 60 s to within a step."""
 EXPIRE_PER_CALL = 64
 """The most reservations one request forgets. A tenant back after a quiet minute would
-otherwise forget its whole last minute at once: a store writing through writes that many
-deletes (a tombstone each on the changelog) inside one request's admission. On the
-development machine the first request after a c=64 minute forgot 1,450, and the Faust
-job's producer buffer stalled every stream for 90 ms while they went out (BENCHMARKS.md,
-section 7). Reservations out of the window and not yet forgotten count as gone."""
+otherwise forget its whole last minute at once, inside one request's admission. (When the
+job kept each reservation as a record of its own, that was as many tombstones on the
+changelog: the first request after a c=64 minute forgot 1,450, and the Faust job's
+producer buffer stalled every stream for 90 ms while they went out; BENCHMARKS.md,
+section 7. The job's reservations now live in its ledger entries, and forgetting one
+writes nothing.) Reservations out of the window and not yet forgotten count as gone."""
 
 
 def window_key(tenant_id: str, batch_id: str | None = None) -> str:
