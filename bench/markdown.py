@@ -384,9 +384,12 @@ def overhead_runs() -> str:
 
 
 def _num(value: float) -> str:
+    # Three places below 1: a goal of 0.10 must not read as met at a median of 0.105.
     if abs(value) >= 100:
         return f"{value:,.0f}"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
 def _figure(figure: dict[str, Any], label: bool = False) -> str:
