@@ -113,6 +113,11 @@ def test_the_sums_are_always_what_the_reservations_make(
         state.expire(at)
         assert rebuilt.buckets == {k: v for k, v in state.buckets.items() if v != [0, 0]}
         assert rebuilt.used() == state.used()
+        # The totals kept as the buckets change are the buckets' sums.
+        assert state.used() == (
+            sum(tokens for tokens, _ in state.buckets.values()),
+            sum(requests for _, requests in state.buckets.values()),
+        )
 
 
 requests = st.lists(
