@@ -35,12 +35,13 @@ they are ignored until it is moved back, and a worker seen before stays live for
 ``worker_dead_after_s``. Waiting is the event loop's (the dispatch loop's periodic look,
 ``FORWARD_RETRY_S``): a test moves the clock, then lets the loop turn.
 
-State: the windows live in a ``WindowStore`` (a changelog-backed Faust table of
-reservations in the job), written only from the agent handling the tenant's partition.
-The queue, the in-flight set, session affinity and the tier are this instance's own,
-rebuilt from redeliveries and heartbeats. (The in-flight set is what failover resends
-from: a job restarted while a worker dies loses that worker's running requests; clients
-see a timeout.)
+State: the windows live in a ``WindowStore``, changed only from the agent handling the
+tenant's partition; each request's reservation is kept in its ledger entries
+(``ledger.Reserved``, written with them by ``_entry`` and ``observe_usage``). The queue,
+the in-flight set, session affinity and the tier are this instance's own, rebuilt from
+redeliveries and heartbeats. (The in-flight set is what failover resends from: a job
+restarted while a worker dies loses that worker's running requests; clients see a
+timeout.)
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ STALL_WARN_S = 10.0
 class WindowStore(Protocol):
     """Quota windows, by ``window.window_key``: each tenant's, and its batch lines'
     (``<tenant>/batch``). A state loaded is changed in place, from the tenant's
-    partition's agent only; a store persists its reservations as they change."""
+    partition's agent only; its reservations are persisted in the ledger entries the
+    dispatcher writes (``ledger.Reserved``), from which a store rebuilds it."""
 
     def load(self, tenant_id: str) -> WindowState: ...
 
