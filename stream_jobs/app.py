@@ -87,54 +87,41 @@ def _acks(value: int | str) -> int:
 
 
 class TableWindowStore:
-    """Quota windows over the request ledger's table (``TableLedger``), where each
-    entry carries its request's reservation (``ledger.Reserved``), so a restarted job
-    recovers them with the ledger before it consumes again. A window's reservations are
-    written only with its requests' ledger entries, and its bucket sums are derived from
-    them on load (``WindowState.of``): a request writes no record of its own for its quota.
+    """Quota windows kept in the request ledger (``TableLedger``), whose entries carry
+    their requests' reservations (``ledger.Reserved``), so a restarted job recovers them
+    with the ledger before it consumes again. A window's reservations are written only
+    with its requests' ledger entries, and its bucket sums are derived from them on load
+    (``WindowState.of``): a request writes no record of its own for its quota.
 
     Decoded states are kept between requests. They are dropped whenever partitions
     move, because the table then changes under them."""
 
-    def __init__(self, ledger: TableT[bytes, bytes]) -> None:
+    def __init__(self, ledger: TableLedger) -> None:
         self._ledger = ledger
         self._states: dict[str, WindowState] = {}
-        self._recovered: dict[str, list[tuple[str, list[int]]]] | None = None
 
     def load(self, tenant_id: str) -> WindowState:
         state = self._states.get(tenant_id)
         if state is None:
-            entries = dict(sorted(self._recovered_of(tenant_id), key=lambda e: e[1][0]))
-            state = WindowState.of(Reservations(entries))
+            state = WindowState.of(Reservations(dict(self._ledger.reservations_of(tenant_id))))
             self._states[tenant_id] = state
         return state
 
     def forget(self) -> None:
         self._states.clear()
-        self._recovered = None
-
-    def _recovered_of(self, window: str) -> list[tuple[str, list[int]]]:
-        if self._recovered is None:
-            # One pass over what this instance holds, on the first load after a start
-            # or a rebalance, rather than one per window.
-            self._recovered = defaultdict(list)
-            for key, value in self._ledger.items():
-                reserved = Entry.from_json(orjson.loads(value)).reserved
-                if reserved is not None:
-                    request_id = key.decode().partition("/")[2]
-                    self._recovered[reserved.window].append((request_id, reserved.reservation))
-        return self._recovered.pop(window, [])
 
 
 class TableLedger:
     """The ledger of request ids (``stream_jobs.ledger``) in a Faust table keyed
     ``tenant/request_id``, backed by its changelog, so a restarted job still knows what
     ran. Expired entries are deleted as their tenant's requests come in, from an index
-    made in one pass over the table after each start or rebalance."""
+    made in one pass over the table after each start or rebalance; the same pass gathers
+    the quota reservations the entries carry, for ``TableWindowStore``."""
 
     def __init__(self, table: TableT[bytes, bytes]) -> None:
         self._table = table
         self._index: dict[str, dict[str, float]] | None = None
+        self._reserved: dict[str, list[tuple[str, list[int]]]] = {}
 
     def get(self, tenant_id: str, request_id: str) -> Entry | None:
         raw = self._table.get(f"{tenant_id}/{request_id}".encode())
@@ -200,19 +187,36 @@ class TableLedger:
         for request_id in _expired(expiries, now):
             self.drop(tenant_id, request_id)
 
+    def reservations_of(self, window: str) -> list[tuple[str, list[int]]]:
+        """(request_id, reservation) of each entry with a reservation in ``window``
+        (``window.window_key``), in bucket order, as the table held them when it was last
+        read whole (after a start or rebalance): for a window store's first load of the
+        window, which is before any entry of it is written."""
+        self._indexed()
+        return self._reserved.pop(window, [])
+
     def forget(self) -> None:
         self._index = None
+        self._reserved = {}
 
     def _indexed(self) -> dict[str, dict[str, float]]:
         if self._index is None:
             found: dict[str, list[tuple[float, str]]] = defaultdict(list)
+            reserved: dict[str, list[tuple[str, list[int]]]] = defaultdict(list)
             for key, value in self._table.items():
                 tenant, _, request_id = key.decode().partition("/")
-                expires_at = Entry.from_json(orjson.loads(value)).expires_at
-                found[tenant].append((expires_at, request_id))
+                entry = Entry.from_json(orjson.loads(value))
+                found[tenant].append((entry.expires_at, request_id))
+                if entry.reserved is not None:
+                    reservation = entry.reserved.reservation
+                    reserved[entry.reserved.window].append((request_id, reservation))
             self._index = defaultdict(dict)
             for tenant, entries in found.items():
                 self._index[tenant] = {rid: at for at, rid in sorted(entries)}
+            self._reserved = {
+                window: sorted(entries, key=lambda e: e[1][0])
+                for window, entries in reserved.items()
+            }
         return self._index
 
 
@@ -443,9 +447,8 @@ def create_app(settings: Settings) -> faust.App:
     # Keyed by tenant, like every stream that writes it: requests and usage are
     # co-partitioned, so one instance owns each tenant's window.
     # One entry per request id per tenant: what ran, so a repeat does not run again.
-    ledger_table = table("request-ledger")
-    ledger = TableLedger(ledger_table)
-    store = TableWindowStore(ledger_table)
+    ledger = TableLedger(table("request-ledger"))
+    store = TableWindowStore(ledger)
 
     # Spend budgets: keyed tenant first, written from the tenant's partition.
     spend = TableSpendStore(

@@ -143,19 +143,13 @@ class WindowState:
 
     @classmethod
     def of(cls, reservations: Reservations) -> WindowState:
-        """The state these reservations make: each bucket's sums are its reservations'
-        tokens and number (those out of the window go at the next ``expire``)."""
-        buckets: dict[int, list[int]] = {}
-        for bucket, tokens, _ in sorted(reservations.values()):
-            sums = buckets.setdefault(bucket, [0, 0])
-            sums[0] += tokens
-            sums[1] += 1
-        return cls(
-            buckets=buckets,
-            reservations=reservations,
-            num_tokens=sum(tokens for tokens, _ in buckets.values()),
-            num_requests=sum(requests for _, requests in buckets.values()),
-        )
+        """The state these reservations make (in bucket order, as ``Reservations``
+        keeps them): each bucket's sums are its reservations' tokens and number (those
+        out of the window go at the next ``expire``)."""
+        state = cls(reservations=reservations)
+        for bucket, tokens, _ in reservations.values():
+            state._change(state.buckets.setdefault(bucket, [0, 0]), tokens, 1)
+        return state
 
     def expire(self, now: float) -> None:
         oldest = _oldest(now)

@@ -71,6 +71,44 @@ class MemoryWindowStore:
         return self._states.setdefault(tenant_id, WindowState())
 
 
+class ChangelogTable(dict[bytes, bytes]):
+    """What the job's ledger uses of a Faust table: the store (this dict), ``data`` (the
+    store written without a record, as ``put_at`` does before it sends one itself) and
+    ``send_changelog``. ``writes`` counts the changelog records (one per item set, one
+    per record sent), ``sent`` holds those sent to explicit partitions, and ``reads``
+    counts passes over the whole table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.reads = 0
+        self.sent: list[tuple[int, bytes, bytes]] = []
+
+    @property
+    def data(self) -> _TableStore:
+        return _TableStore(self)
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+    def items(self) -> Any:
+        self.reads += 1
+        return super().items()
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes) -> None:
+        self.writes += 1
+        self.sent.append((partition, key, value))
+
+
+class _TableStore:
+    def __init__(self, table: ChangelogTable) -> None:
+        self._table = table
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        dict.__setitem__(self._table, key, value)
+
+
 @dataclass(frozen=True)
 class Sent:
     """A broker's acknowledgement of one record: where it was written."""

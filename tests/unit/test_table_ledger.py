@@ -10,6 +10,7 @@ import orjson
 from stream_jobs.app import TableLedger, TableSpendStore, _expired
 from stream_jobs.budgets import Reservation
 from stream_jobs.ledger import Entry, Forward, State
+from tests.unit.fakes import ChangelogTable
 
 
 def test_expired_takes_the_expired_head_of_an_index_in_expiry_order() -> None:
@@ -76,21 +77,6 @@ def test_the_spend_store_forgets_settled_reservations_in_expiry_order() -> None:
     assert store.reservation("acme", "a") is not None
     assert store.reservation("acme", "b") is None
     assert store.reservation("acme", "c") is not None  # not settled: never swept
-
-
-class ChangelogTable(dict[bytes, bytes]):
-    """A Faust table's store, and the changelog records sent to explicit partitions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[tuple[int, bytes, bytes]] = []
-
-    @property
-    def data(self) -> ChangelogTable:
-        return self
-
-    def send_changelog(self, partition: int, key: bytes, value: bytes) -> None:
-        self.sent.append((partition, key, value))
 
 
 def test_a_forward_is_written_to_its_tenant_s_partition_and_found_again_by_it() -> None:

@@ -18,40 +18,19 @@ from stream_jobs.app import TableLedger, TableWindowStore
 from stream_jobs.dispatcher import Dispatcher, Outcome
 from stream_jobs.ledger import Entry, Forward, Reserved, State
 from stream_jobs.window import Limits, reserve, window_key
-from tests.unit.fakes import Forwards, ManualClock, Recorder, Replies, bus_authenticator, cancel
+from tests.unit.fakes import (
+    ChangelogTable,
+    Forwards,
+    ManualClock,
+    Recorder,
+    Replies,
+    bus_authenticator,
+    cancel,
+)
 from tests.unit.test_dispatcher import admit, heartbeat, request, usage_of
 from tokenbus.config import Settings
 
 LIMITS = Limits(tpm=10_000, rpm=100)
-
-
-class ChangelogTable(dict[bytes, bytes]):
-    """A Faust table as the ledger uses it; ``writes`` counts the changelog records: one
-    per item set, and one per record sent to an explicit partition (``put_at``, which
-    sets the store's ``data`` without a record of its own)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-
-    @property
-    def data(self) -> _Store:
-        return _Store(self)
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.writes += 1
-        super().__setitem__(key, value)
-
-    def send_changelog(self, partition: int, key: bytes, value: bytes) -> None:
-        self.writes += 1
-
-
-class _Store:
-    def __init__(self, table: ChangelogTable) -> None:
-        self._table = table
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        dict.__setitem__(self._table, key, value)
 
 
 def put(table: ChangelogTable, tenant: str, request_id: str, entry: Entry) -> None:
@@ -59,7 +38,7 @@ def put(table: ChangelogTable, tenant: str, request_id: str, entry: Entry) -> No
 
 
 def store_over(table: ChangelogTable) -> TableWindowStore:
-    return TableWindowStore(cast(Any, table))
+    return TableWindowStore(TableLedger(cast(Any, table)))
 
 
 def test_a_store_rebuilds_each_window_from_the_reservations_in_the_entries() -> None:
@@ -102,6 +81,21 @@ def test_a_store_rebuilds_each_window_from_the_reservations_in_the_entries() -> 
     assert reserve(store.load("globex"), "g2", 1, LIMITS, now=100.0).num_tokens_used == 1
 
 
+def test_a_start_reads_the_ledger_once_for_its_index_and_every_window() -> None:
+    table = ChangelogTable()
+    for n in range(3):
+        reserved = Reserved(f"t{n}", 100, 10, 0)
+        put(table, f"t{n}", "r", Entry(State.FORWARDED, "r", 900.0, reserved=reserved))
+    ledger = TableLedger(cast(Any, table))
+    store = TableWindowStore(ledger)
+    ledger.sweep("t0", now=10.0)
+    assert [store.load(f"t{n}").used() for n in range(3)] == [(10, 1)] * 3
+    assert table.reads == 1
+    ledger.forget()  # partitions moved: read again, once
+    store.forget()
+    assert store.load("t1").used() == (10, 1) and table.reads == 2
+
+
 def test_the_store_writes_nothing_itself() -> None:
     table = ChangelogTable()
     store = store_over(table)
@@ -117,12 +111,13 @@ def settings(tmp_path: Path) -> Settings:
 
 def table_dispatcher(settings: Settings, recorder: Recorder, table: ChangelogTable) -> Dispatcher:
     """One run of the job over the ledger's table, wired as the job wires it."""
+    ledger = TableLedger(cast(Any, table))
     return Dispatcher(
         settings,
         recorder,
-        store_over(table),
+        TableWindowStore(ledger),
         Replies(recorder),
-        TableLedger(cast(Any, table)),
+        ledger,
         authenticator=bus_authenticator(settings.tenant_directory()),
         clock=ManualClock(),
         forwards=Forwards(recorder),
