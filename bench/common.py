@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -20,7 +19,7 @@ from rich.table import Table
 
 from bench.report import write_result
 from tokenbus.config import Settings
-from tokenbus_cli.stack import REPO_ROOT, Stack
+from tokenbus_cli.stack import REPO_ROOT, Stack, free_port
 
 UNLIMITED_TPM = 10**12
 """Benchmarks measure throughput, not the quota: no tenant may be refused."""
@@ -33,12 +32,6 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def add_settings_args(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -38,6 +40,11 @@ from tokenbus.topics import Topics
 from tokenbus_cli.stack_state import ServiceRecord, StackState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+_EXIT_NOISE = re.compile(
+    r"^(nanobind: | - leaked | - \.\.\. skipped remainder|See https://nanobind)"
+)
 
 
 class StackError(RuntimeError):
@@ -167,8 +174,13 @@ class Service:
         return ServiceRecord(self.name, pid, procfs.start_time(pid), self.port, self.health)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The log's last ``lines`` lines, without what native code writes as the
+        process exits (nanobind's report of the bindings it found alive, one line per
+        object, from triton in the worker's environment): the tail of a worker that
+        failed to start would be that report, not the error."""
         with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
+            return "\n".join([line for line in text if not _EXIT_NOISE.match(line)][-lines:])
         return ""
 
     def check_alive(self) -> None:
@@ -663,10 +675,43 @@ def _process_age_s(pid: int) -> float:
         return max(0.0, float(uptime.read().split()[0]) - started / os.sysconf("SC_CLK_TCK"))
 
 
-def free_port() -> int:
+LISTEN_PORTS_FROM = 20000
+"""The lowest port ``free_port`` hands out."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that nothing holds now, for a service to listen on later.
+
+    Picked below the kernel's ephemeral range (``ip_local_port_range``), not by binding
+    port 0, which hands out a port from inside it: a service binds its port only once
+    it has started (a worker after its vLLM engine, some 20 s later), and in between
+    any outgoing connection on the machine may be given that same port as its local
+    one, and the service fails to start with "address already in use". Seen in CI: a
+    worker's ``/metrics`` port was taken while its engine loaded. A port below the
+    range is never handed to a connection; only another listener could take it."""
+    low = _ephemeral_ports()[0]
+    if low - LISTEN_PORTS_FROM < 1000:  # no room below the range: the kernel's choice
+        return _bound_port(host, 0)
+    for port in random.sample(range(LISTEN_PORTS_FROM, low), 200):
+        with contextlib.suppress(OSError):
+            return _bound_port(host, port)
+    raise StackError(f"no free port on {host} in {LISTEN_PORTS_FROM}..{low - 1}")
+
+
+def _bound_port(host: str, port: int) -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, port))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default
+    where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _port_taken(host: str, port: int) -> bool:

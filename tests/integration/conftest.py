@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from producers import TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
 from tokenbus.tenants import hash_api_key
-from tokenbus_cli.stack import REPO_ROOT, Stack
+from tokenbus_cli.stack import REPO_ROOT, Stack, free_port
 
 QUOTA_TENANT = "tenant-tiny-quota"
 QUOTA_TENANT_TPM = 120
@@ -171,12 +170,6 @@ def _lora_tenants() -> dict[str, dict[str, object]]:
 
 TENANTS.update(_lora_tenants())
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -32,11 +32,10 @@ from billing.queries import dashboard_query
 from billing.query_server import create_app, start_query_server
 from billing.storage import ClickHouseStore
 from schemas import UsageEvent, UsageStatus
-from tests.integration.test_billing_sink import _free_port
 from tokenbus.cost import PeakHours
 from tokenbus.price_file import BUNDLED_PRICES, read_price_book
 from tokenbus.pricing import Pricer
-from tokenbus_cli.stack import REPO_ROOT
+from tokenbus_cli.stack import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -349,7 +348,7 @@ def test_p50_and_p99_ttft_by_tenant_and_priority(
 
 @pytest.fixture
 async def dashboard_url(store: ClickHouseStore) -> AsyncIterator[str]:
-    port = _free_port()
+    port = free_port()
     runner = await start_query_server(create_app(store, dsn=store.dsn), port)
     try:
         yield f"http://127.0.0.1:{port}/dashboard?" + urllib.parse.urlencode(WINDOW)

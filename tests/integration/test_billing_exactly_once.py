@@ -37,14 +37,14 @@ from bench.billing_sink import produce_usage
 from billing.reader import open_reader
 from billing.sink import billing_group_id
 from schemas import FinishReason, UsageEvent, UsageStatus, encode
-from tests.integration.test_billing_sink import _committed, _free_port, _health, bootstrap
+from tests.integration.test_billing_sink import _committed, _health, bootstrap
 from tokenbus.config import Settings
 from tokenbus.cost import PeakHours
 from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.price_file import BUNDLED_PRICES, read_price_book
 from tokenbus.pricing import Pricer
 from tokenbus.topics import Topics
-from tokenbus_cli.stack import REPO_ROOT, settings_env
+from tokenbus_cli.stack import REPO_ROOT, free_port, settings_env
 
 pytestmark = pytest.mark.integration
 __all__ = ["bootstrap"]  # the module's tansu broker, shared with test_billing_sink
@@ -103,7 +103,7 @@ async def settings(bootstrap: str, tmp_path: Path) -> Settings:
         topic_prefix=f"once-{uuid.uuid4().hex[:8]}",
         num_partitions=NUM_PARTITIONS,
         clickhouse_dsn=f"chdb://{tmp_path / 'clickhouse'}",
-        billing_query_port=_free_port(),
+        billing_query_port=free_port(),
         billing_batch_rows=1_000,
         billing_batch_max_rows=1_000,  # many batches, so a kill lands inside the stream
         billing_batch_interval_s=0.2,

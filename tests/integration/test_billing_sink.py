@@ -6,7 +6,6 @@ closed (the unit tests close theirs), and closes its own before it returns.
 """
 
 import asyncio
-import random
 import socket
 import subprocess
 import time
@@ -31,6 +30,7 @@ from schemas import DeadLetter, FinishReason, UsageEvent, UsageStatus, decode, e
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, make_consumer, make_producer, wait_for_broker
 from tokenbus.topics import Topics
+from tokenbus_cli.stack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,22 +39,10 @@ NUM_EVENTS = 40
 TIMEOUT_S = 30.0
 
 
-def _free_port() -> int:
-    # 29000-29999 keeps clear of the ports other people's stacks use on this machine.
-    for port in random.sample(range(29000, 30000), 1000):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 29000-29999")
-
-
 @pytest.fixture(scope="module")
 def bootstrap() -> Iterator[str]:
     """A tansu broker for this module; in memory, so it needs no cleanup but a stop."""
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     broker = subprocess.Popen(
         [
@@ -94,7 +82,7 @@ async def settings(bootstrap: str, tmp_path: Path) -> Settings:
         topic_prefix=f"billing-{uuid.uuid4().hex[:8]}",
         num_partitions=NUM_PARTITIONS,
         clickhouse_dsn=f"chdb://{tmp_path / 'clickhouse'}",
-        billing_query_port=_free_port(),
+        billing_query_port=free_port(),
         billing_batch_rows=7,  # several batches per partition
         billing_batch_interval_s=0.05,
         # tansu numbers a new group's first generation 0, and aiokafka sends LeaveGroup

@@ -16,12 +16,11 @@ from typing import Any
 
 from producers import TokenbusClient
 from schemas import FinishReason, InferenceRequest, SamplingParams
-from tests.integration.conftest import free_port
 from tests.integration.test_quotas import job_metrics
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics
-from tokenbus_cli.stack import Service, Stack, stack_topics
+from tokenbus_cli.stack import Service, Stack, free_port, stack_topics
 
 TENANTS_BY_CLASS = {0: "vip", 1: "tier-std", 2: "batch"}  # from the session's tenants file
 NUM_PER_CLASS = 8  # 24 waiting on no capacity: demand would have read as infinite

@@ -18,11 +18,11 @@ import orjson
 import pytest
 
 from tests.fidelity_corpus import CHATS, PROMPTS
-from tests.integration.conftest import BridgeProcess, bridge_key, free_port
+from tests.integration.conftest import BridgeProcess, bridge_key
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
-from tokenbus_cli.stack import Stack, worker_python
+from tokenbus_cli.stack import Stack, free_port, worker_python
 
 MODEL = "tiny-llama"
 GiB = 1 << 30

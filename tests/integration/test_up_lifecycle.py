@@ -26,8 +26,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.integration.conftest import free_port
 from tokenbus import procfs
+from tokenbus_cli.stack import free_port
 from tokenbus_cli.stack_state import ServiceRecord, StackState
 
 TOKENBUS = [sys.executable, "-m", "tokenbus_cli.cli"]

@@ -49,7 +49,6 @@ import orjson
 
 from producers import TokenbusClient
 from schemas import InferenceRequest, SamplingParams, TokenChunk, WorkItem, decode
-from tests.integration.conftest import free_port
 from tests.integration.test_quotas import as_time, job_metrics
 from tests.load.cpu import CpuSampler, cores
 from tests.load.delay_proxy import DelayProxy, listen_in
@@ -58,7 +57,7 @@ from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
 from tokenbus.topics import Topics
-from tokenbus_cli.stack import REPO_ROOT, Stack, settings_env
+from tokenbus_cli.stack import REPO_ROOT, Stack, free_port, settings_env
 
 NUM_TENANTS = 20
 WARM_UP_S = 10.0

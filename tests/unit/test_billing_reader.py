@@ -2,7 +2,6 @@
 
 import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,7 @@ from billing.query_server import create_app, start_query_server
 from billing.reader import QueryError, QueryServerReader, StoreReader, open_reader
 from billing.storage import Row
 from tokenbus.config import Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tokenbus_cli.stack import free_port
 
 
 class CannedStore:
@@ -39,7 +32,7 @@ class CannedStore:
 
 @pytest.fixture
 def port() -> int:
-    return _free_port()
+    return free_port()
 
 
 async def _serving(dsn: str, port: int, store: CannedStore) -> web.AppRunner:
@@ -62,7 +55,7 @@ def _settings(tmp_path: Path, port: int, dsn: str | None = None) -> Settings:
 
 
 async def test_memory_dsn_reads_directly() -> None:
-    reader = open_reader(Settings(clickhouse_dsn="chdb://memory", billing_query_port=_free_port()))
+    reader = open_reader(Settings(clickhouse_dsn="chdb://memory", billing_query_port=free_port()))
     try:
         assert isinstance(reader, StoreReader)
         assert reader.query("SELECT count() AS n FROM usage_events") == [{"n": 0}]
@@ -112,7 +105,7 @@ async def test_a_server_owning_another_directory_is_not_used(tmp_path: Path, por
 
 
 async def test_an_unreachable_server_dsn_is_a_query_error(tmp_path: Path) -> None:
-    settings = _settings(tmp_path, _free_port(), dsn=f"http://127.0.0.1:{_free_port()}")
+    settings = _settings(tmp_path, free_port(), dsn=f"http://127.0.0.1:{free_port()}")
 
     with pytest.raises(QueryError, match=re.escape("cannot open http://127.0.0.1")):
         open_reader(settings)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,16 @@ import pytest
 
 from tokenbus import procfs
 from tokenbus.config import Settings
-from tokenbus_cli.stack import Service, Stack, StackLeftBehind, settings_env, stop_services
+from tokenbus_cli.stack import (
+    LISTEN_PORTS_FROM,
+    Service,
+    Stack,
+    StackError,
+    StackLeftBehind,
+    free_port,
+    settings_env,
+    stop_services,
+)
 from tokenbus_cli.stack_state import ServiceRecord, StackState, stop_left_behind
 
 
@@ -170,3 +180,53 @@ def test_a_refused_start_leaves_the_earlier_stacks_record_for_down(tmp_path: Pat
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_free_ports_are_below_the_range_outgoing_connections_are_given(tmp_path: Path) -> None:
+    """A service binds its port some time after the stack picks it (a worker after its
+    engine loads): a port from the ephemeral range could meanwhile be the local port of
+    any outgoing connection."""
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(50)]
+    assert all(LISTEN_PORTS_FROM <= port < low for port in ports), (low, high, ports)
+    for port in ports:  # each one free when handed out
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_service_that_failed_to_start_shows_its_error_not_native_exit_noise(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI: the worker's tail was triton's nanobind leak report, 30 lines of it,
+    and the error above it was not shown."""
+    log_path = tmp_path / "worker-0.log"
+    noise = "\n".join(
+        [
+            *(
+                f' - leaked instance 0x{n:x} of type "triton._C.libtriton.ir.attribute"'
+                for n in range(40)
+            ),
+            "nanobind: leaked 64 types!",
+            " - ... skipped remainder",
+            "nanobind: this is likely caused by a reference counting issue in the binding code.",
+            "See https://nanobind.readthedocs.io/en/latest/refleaks.html",
+        ]
+    )
+    script = (
+        "import sys\n"
+        "print('Traceback (most recent call last):')\n"
+        "print('OSError: [Errno 98] error while attempting to bind: address already in use')\n"
+        f"sys.stderr.write({noise!r} + '\\n')\n"
+        "sys.exit(1)\n"
+    )
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=log_file, stderr=subprocess.STDOUT
+        )
+    process.wait(timeout=30)
+    with pytest.raises(StackError) as refused:
+        Service("worker-0", process, log_path).check_alive()
+    message = str(refused.value)
+    assert "worker-0 exited with code 1" in message
+    assert "address already in use" in message
+    assert "leaked" not in message and "nanobind" not in message
