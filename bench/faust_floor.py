@@ -32,14 +32,13 @@ from rich.table import Table
 from bench.admission import JobStarter, run_admission
 from bench.common import (
     add_settings_args,
-    free_port,
     parse_overrides,
     progress,
     progress_task,
     run_benchmark,
 )
 from bench.report import uptime_load
-from tokenbus_cli.stack import Stack
+from tokenbus_cli.stack import Stack, free_port
 
 GOAL_US = 200.0
 """Issue 17's admission goal: 5,000 requests/s per job core."""
