@@ -15,6 +15,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 from vllm import SamplingParams
+from vllm import envs as vllm_envs
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -179,6 +180,11 @@ class VllmEngine:
         if self._engine_nice:
             renice_children(self._engine_nice)
         self._recorder = recorders[0]
+        # vLLM reads a VLLM_* variable from the environment at each access until its
+        # cache is on, which it turns on in its engine core and executor processes only:
+        # in this one the stats of every output read one (5% of this process's CPU at
+        # concurrency 64, BENCHMARKS.md). Nothing sets them after the engine started.
+        vllm_envs.enable_envs_cache()
 
     async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         # What vLLM's OpenAI server does for /v1/chat/completions (OnlineRenderer's

@@ -272,3 +272,11 @@ async def test_prompt_plus_delivered_ids_continues_the_same_greedy_stream(
     rest = GenerateParams(max_tokens=15, temperature=0.0, ignore_eos=True)
     resumed = await collect(engine, engine.tokenize(text) + delivered, rest)
     assert delivered + [t for d in resumed for t in d.token_ids] == whole
+
+
+async def test_vllm_reads_its_environment_once_after_start(engine: VllmEngine) -> None:
+    """vLLM caches its VLLM_* variables in the engine core only; in the worker's process
+    the stats of each output read one from the environment until the worker caches them."""
+    import vllm.envs
+
+    assert hasattr(vllm.envs.__getattr__, "cache_clear")
