@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import secrets
 import signal
 import sys
@@ -18,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bench.report import write_result
+from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus_cli.stack import REPO_ROOT, Stack, free_port
 
@@ -43,6 +43,13 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         help="override a tokenbus Settings field for this run, e.g. --set linger_ms=1",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's TOKENBUS_HOME")
+    parser.add_argument(
+        "--client-loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of the benchmark's own process, a client of the stack "
+        "(the services' loop is --set event_loop=...)",
+    )
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -145,7 +152,11 @@ def run_benchmark(
     args.argv = argv
     exit_on_sigterm()
     console = make_console()
-    result = asyncio.run(measure(args, console))
+    # The benchmark's own process is a client of the stack (TokenbusClient, the direct
+    # arm's HTTP client): on uvloop, as the services are and as the README advises a
+    # busy client, unless ``--client-loop asyncio``.
+    client_loop = getattr(args, "client_loop", "uvloop")
+    result = loops.run(measure(args, console), Settings(event_loop=client_loop))
     path = write_result(name(args) if callable(name) else name or args.name, result)
     render(result, console)
     console.print(f"[dim]wrote {path}[/]")
