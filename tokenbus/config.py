@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     kafka_host: str = "127.0.0.1"
     """Address the bundled broker listens on and advertises: loopback, or another local
     address (the chaos matrix's veth, which a worker in a namespace of its own reaches)."""
+    kafka_broker_threads: int = Field(default=1, ge=1, le=256)
+    """Threads of the bundled broker's async runtime (tokio's ``TOKIO_WORKER_THREADS``;
+    left to itself, tansu runs one per core). With one, a request is read, answered and
+    its waiting fetches woken on the same thread, rather than handed between two. On
+    this two-core machine at concurrency 64 it used 45 µs of CPU per token against 56
+    with two, and the same hop latency (BENCHMARKS.md). Only the broker ``tokenbus up``
+    starts; a Kafka cluster is untouched."""
     topic_prefix: str = "tokenbus"
     num_partitions: int = 4
     """Partitions of the request and usage topics; the unit of scale-out."""

@@ -386,6 +386,7 @@ class Stack:
         broker = self.spawn(
             "broker",
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            env_extra={"TOKIO_WORKER_THREADS": str(self.settings.kafka_broker_threads)},
         )
         broker.port, broker.health = self.settings.kafka_port, "kafka"
         self._write_state()

@@ -230,3 +230,19 @@ def test_a_service_that_failed_to_start_shows_its_error_not_native_exit_noise(
     assert "worker-0 exited with code 1" in message
     assert "address already in use" in message
     assert "leaked" not in message and "nanobind" not in message
+
+
+def test_the_bundled_broker_runs_the_threads_its_setting_names(tmp_path: Path) -> None:
+    """tansu's runtime takes its size from TOKIO_WORKER_THREADS (one per core without it;
+    its blocking pool's threads bear the same name, so the environment is what is read)."""
+    settings = Settings(
+        home=tmp_path, kafka_port=free_port(), broker_profile="tansu", kafka_broker_threads=3
+    )
+    stack = Stack(settings)
+    try:
+        asyncio.run(stack.start_broker())
+        environ = Path(f"/proc/{stack.pid('broker')}/environ").read_bytes().split(b"\0")
+        assert b"TOKIO_WORKER_THREADS=3" in environ
+    finally:
+        stack.stop()
+    assert Settings().kafka_broker_threads == 1
