@@ -155,8 +155,8 @@ def run_benchmark(
     # The benchmark's own process is a client of the stack (TokenbusClient, the direct
     # arm's HTTP client): on uvloop, as the services are and as the README advises a
     # busy client, unless ``--client-loop asyncio``.
-    client_loop = Settings.model_validate({"event_loop": getattr(args, "client_loop", "uvloop")})
-    result = loops.run(measure(args, console), client_loop)
+    loop = Settings.model_validate({"event_loop": getattr(args, "client_loop", "uvloop")})
+    result = loops.run(measure(args, console), loop)
     path = write_result(name(args) if callable(name) else name or args.name, result)
     render(result, console)
     console.print(f"[dim]wrote {path}[/]")

@@ -690,7 +690,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     one, and the service fails to start with "address already in use". Seen in CI: a
     worker's ``/metrics`` port was taken while its engine loaded. A port below the
     range is never handed to a connection; only another listener could take it."""
-    low = _ephemeral_ports()[0]
+    low = _lowest_ephemeral_port()
     if low - LISTEN_PORTS_FROM < 1000:  # no room below the range: the kernel's choice
         return _bound_port(host, 0)
     for port in random.sample(range(LISTEN_PORTS_FROM, low), 200):
@@ -705,14 +705,13 @@ def _bound_port(host: str, port: int) -> int:
         return int(sock.getsockname()[1])
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of local ports for outgoing connections (Linux's default
-    where it cannot be read)."""
+def _lowest_ephemeral_port() -> int:
+    """The start of the kernel's range of local ports for outgoing connections (Linux's
+    default where it cannot be read)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _port_taken(host: str, port: int) -> bool:
