@@ -57,12 +57,12 @@ from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
 
 from schemas import encode
-from stream_jobs import faust_recovery
+from stream_jobs import faust_pauses, faust_recovery
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher, Record
 from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
 from stream_jobs.ledger import Entry, State
-from stream_jobs.metrics import faust_offsets, job_registry
+from stream_jobs.metrics import faust_offsets, faust_partitions, job_registry
 from stream_jobs.scaling import create_scaling_policy
 from stream_jobs.window import Reservations, WindowState
 from tokenbus import tansu
@@ -403,6 +403,7 @@ def faust_app(settings: Settings) -> faust.App:
     timeouts and producer settings every instance of the job shares."""
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     faust_recovery.install()  # Faust loses fetched records otherwise, on any broker
+    faust_pauses.install()  # a recovered table's changelog is not fetched, on any broker
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
         settings.faust_app_id,
@@ -755,6 +756,7 @@ def create_app(settings: Settings) -> faust.App:
         lambda: dispatcher().budget_rows(),
         waiting=lambda: dispatcher().waiting_counts(),
         lag=faust_offsets(app, [topics.requests(p) for p in (0, 1, 2)]),
+        partitions=faust_partitions(app),
         scaling=create_scaling_policy(
             settings.scaling_target_utilisation,
             settings.scaling_min_workers,

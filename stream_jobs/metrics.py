@@ -4,6 +4,7 @@
 # the queue by (model, class) + heartbeats --> queue depth, waiting and running per model
 #   --> stream_jobs.scaling --> tokenbus_recommended_workers{model}
 # the Faust consumer's request-topic partitions --> ConsumerLagCollector
+# the Faust consumer's assignment, and what its fetches ask for --> FetchedPartitions
 # --> a registry of the job's own --> Prometheus text format at /metrics
 
 The dispatcher keeps plain numbers (no I/O, no library in its hot path); a collector
@@ -312,12 +313,58 @@ def faust_offsets(app: Any, topics: Iterable[str]) -> OffsetsSource:
     return read
 
 
+class FetchedPartitions(Collector):
+    """``tokenbus_job_partitions{role, fetched}``: the partitions this instance holds, by
+    role (``stream``: what its agents read; ``changelog``: its tables'), and whether its
+    fetches ask the broker for them (``false``: paused in aiokafka's fetcher, as a
+    recovered table's changelog is, stream_jobs.faust_pauses). Read at scrape time."""
+
+    def __init__(self, partitions: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self._partitions = partitions
+        """Each assigned partition as (role, fetched)."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tokenbus_job_partitions",
+            "Partitions this job instance holds, by role, and whether its fetches ask for them",
+            labels=["role", "fetched"],
+        )
+        counts: dict[tuple[str, bool], int] = {}
+        for key in self._partitions():
+            counts[key] = counts.get(key, 0) + 1
+        for role in ("stream", "changelog"):
+            for fetched in (True, False):
+                family.add_metric([role, str(fetched).lower()], counts.get((role, fetched), 0))
+        yield family
+
+
+def faust_partitions(app: Any) -> Callable[[], list[tuple[str, bool]]]:
+    """The Faust consumer's assigned partitions as (role, fetched): a changelog of one
+    of its tables or a stream, and not paused in the aiokafka consumer under it."""
+
+    def read() -> list[tuple[str, bool]]:
+        try:
+            inner = app.consumer._thread._consumer
+            assignment = inner.assignment()
+            paused = inner.paused()
+            changelogs = app.tables.changelog_topics
+        except Exception:  # not started, or between assignments
+            return []
+        return [
+            ("changelog" if tp.topic in changelogs else "stream", tp not in paused)
+            for tp in assignment
+        ]
+
+    return read
+
+
 def job_registry(
     metrics: Callable[[], DispatchMetrics],
     budget_rows: Callable[[], list[dict[str, object]]] = list,
     *,
     waiting: Callable[[], Mapping[tuple[str, int], int]] = dict,
     lag: OffsetsSource | None = None,
+    partitions: Callable[[], Iterable[tuple[str, bool]]] | None = None,
     scaling: ScalingPolicy | None = None,
     default_max_num_seqs: int = 64,
 ) -> CollectorRegistry:
@@ -336,4 +383,6 @@ def job_registry(
     if lag is not None:
         consumer_lag.track("job", lag)
     registry.register(consumer_lag)
+    if partitions is not None:
+        registry.register(FetchedPartitions(partitions))
     return registry
