@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import WorkerStatus
 from stream_jobs.dispatcher import DispatchMetrics
-from stream_jobs.metrics import faust_offsets, job_registry
+from stream_jobs.metrics import faust_offsets, faust_partitions, job_registry
 from stream_jobs.scaling import ScalingPolicy
 from tokenbus.metrics import PartitionOffsets
 
@@ -156,3 +156,24 @@ def test_request_topic_lag_from_the_faust_consumer() -> None:
     lag = frozenset({("consumer", "job"), ("topic", "tokenbus.requests.p0"), ("partition", "0")})
     assert got[("tokenbus_consumer_lag_records", lag)] == 3
     assert faust_offsets(SimpleNamespace(), ["x"])() == []  # no consumer yet
+
+
+def test_partitions_held_by_role_and_whether_they_are_fetched() -> None:
+    ledger, spend = "tokenbus-dispatch-request-ledger-changelog", "tokenbus-budget-changelog"
+    tps = [TP("tokenbus.usage", 0), TP("tokenbus.usage", 1), TP(ledger, 0), TP(spend, 0)]
+    inner = SimpleNamespace(assignment=lambda: set(tps), paused=lambda: {tps[2], tps[3]})
+    app = SimpleNamespace(
+        consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=inner)),
+        tables=SimpleNamespace(changelog_topics={ledger, spend}),
+    )
+    got = samples(generate_latest(job_registry(DispatchMetrics, partitions=faust_partitions(app))))
+
+    def count(role: str, fetched: str) -> float:
+        return got[("tokenbus_job_partitions", frozenset({("role", role), ("fetched", fetched)}))]
+
+    assert (count("stream", "true"), count("stream", "false")) == (2, 0)
+    assert (count("changelog", "true"), count("changelog", "false")) == (0, 2)
+    inner.paused = lambda: {tps[1]}  # a stream paused, a changelog fetched: told apart
+    got = samples(generate_latest(job_registry(DispatchMetrics, partitions=faust_partitions(app))))
+    assert (count("stream", "false"), count("changelog", "true")) == (1, 2)
+    assert faust_partitions(SimpleNamespace())() == []  # no consumer yet
