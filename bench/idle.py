@@ -1,6 +1,6 @@
 """What an idle stack costs: each service's CPU, in cores, with no traffic at all.
 
-    .venvs/stream/bin/python -m bench.idle [--seconds 40] [--set FIELD=VALUE ...]
+    .venvs/stream/bin/python -m bench.idle [--seconds 40] [--profile] [--set FIELD=VALUE ...]
 
 The whole development stack (``tokenbus_cli.stack.Stack``: the bundled broker, the Faust
 job, one worker, billing, alerts, the batch runner, the bridge) on the tiny model, left
@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.admission import print_profile
 from bench.common import (
     add_settings_args,
     bench_settings,
@@ -29,8 +30,12 @@ from bench.common import (
     run_benchmark,
 )
 from bench.procstat import CpuMeter, descendants
+from bench.profile import Profiler, top_frames
 from bench.report import uptime_load
 from tokenbus_cli.stack import Stack
+
+PROFILED = ("stream_job", "worker-0", "billing", "bridge")
+"""The services ``--profile`` samples with py-spy (tokenbus's own Python processes)."""
 
 
 def cores(spent: Mapping[str, float], seconds: float) -> dict[str, float]:
@@ -53,10 +58,16 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         meter = CpuMeter(
             {s.name: [s.process.pid, *descendants(s.process.pid)] for s in stack.services}
         )
+        profilers = {
+            s.name: Profiler(s.process.pid, settings.home / "profiles" / f"{s.name}-idle.txt")
+            for s in stack.services
+            if args.profile and s.name in PROFILED
+        }
         meter.start()
         started = time.monotonic()
         await asyncio.sleep(args.seconds)
         idle = cores(meter.delta(), time.monotonic() - started)
+        profiles = {name: top_frames(p.stop(), num_frames=20) for name, p in profilers.items()}
     finally:
         stack.stop()
         if not args.keep:
@@ -72,6 +83,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "job": settings.job_fetch_max_wait_ms,
         },
         "idle_cores": idle,
+        **({"profiles": profiles} if profiles else {}),
     }
 
 
@@ -83,6 +95,8 @@ def render(result: dict[str, Any], console: Console) -> None:
     for name, value in result["idle_cores"].items():
         table.add_row(name, f"{value:.3f}")
     console.print(table)
+    for name, profile in (result.get("profiles") or {}).items():
+        print_profile(profile, console, f"idle {name}")
     console.print(
         f"[dim]fetch waits: request path {waits['request_path']} ms, background "
         f"{waits['background']} ms, job {waits['job']} ms; load "
@@ -95,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="measured")
     parser.add_argument("--settle-s", type=float, default=20.0, help="after start, not measured")
     parser.add_argument("--name", default="idle", help="result file name")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the job, worker, billing and bridge"
+    )
     add_settings_args(parser)
     run_benchmark(parser, argv, measure, render)
 
