@@ -96,6 +96,16 @@ async def test_a_resume_made_before_the_pause_s_turn_wins(
     assert changelog in fetched
 
 
+async def test_a_partition_faust_let_go_of_before_the_pause_s_turn_is_not_paused(
+    consumer_on_two_topics: tuple[AIOKafkaConsumer, Any, TopicPartition, TopicPartition],
+) -> None:
+    consumer, faust, changelog, _ = consumer_on_two_topics
+    faust_pauses.pause_partitions(faust, {changelog})
+    faust._paused_partitions.discard(changelog)  # as Faust's on_partitions_revoked does
+    await asyncio.sleep(0)
+    assert consumer.paused() == set()
+
+
 async def eventually_fetched(consumer: AIOKafkaConsumer) -> dict[TopicPartition, list[Any]]:
     for _ in range(10):
         fetched: dict[TopicPartition, list[Any]] = await consumer.getmany(timeout_ms=1_000)
