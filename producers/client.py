@@ -162,6 +162,9 @@ class TokenbusClient:
         self._reply_sent: OrderedDict[StreamKey, int] = OrderedDict()
         self._flush_stop = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._watched = asyncio.Event()
+        """Set when a stream is watched: the reply reader, paused while none was open,
+        fetches again."""
 
     @property
     def reply_topic(self) -> str:
@@ -338,6 +341,7 @@ class TokenbusClient:
         """
         if (tenant_id, request_id) not in self._streams:
             self._streams[(tenant_id, request_id)] = Inbox()
+            self._watched.set()
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yields the request's chunks in seq order, ending with the one that has
@@ -351,6 +355,7 @@ class TokenbusClient:
         inbox = self._streams.get(key)
         if inbox is None:
             inbox = self._streams[key] = Inbox()
+            self._watched.set()
         self._stream_topics[key] = request.reply_to
         chunks = inbox.items
         expected = 0
@@ -472,6 +477,8 @@ class TokenbusClient:
         the seq rules), and dead-letters each record that is not a good batch."""
         assert self._consumer is not None and self._producer is not None
         streams = self._streams
+        if not streams:
+            await self._paused_while_idle()
         fetched = await self._consumer.getmany(timeout_ms=1_000)
         for records in fetched.values():
             for record in records:
@@ -511,6 +518,23 @@ class TokenbusClient:
                         inbox.put(chunk)
         if self._reply_topics.rolls:
             await self._roll()
+
+    async def _paused_while_idle(self) -> None:
+        """With no stream open, the reply topic is not fetched until one is watched: an
+        idle client (a bridge at night, a program between batches) does not poll the
+        broker. A stream is watched before its request is sent, so its replies find the
+        fetches going again; a record that came meanwhile (a late chunk of an ended
+        stream) is read then, from where the reader left off."""
+        consumer = self._consumer
+        assert consumer is not None
+        self._watched.clear()
+        if self._streams:
+            return
+        consumer.pause(*consumer.assignment())
+        try:
+            await self._watched.wait()
+        finally:
+            consumer.resume(*consumer.paused())
 
     async def _roll(self) -> None:
         """Moves new requests to a fresh reply topic once the current one is full, and
