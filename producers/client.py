@@ -28,6 +28,7 @@ rather than one per chunk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -524,15 +525,19 @@ class TokenbusClient:
         idle client (a bridge at night, a program between batches) does not poll the
         broker. A stream is watched before its request is sent, so its replies find the
         fetches going again; a record that came meanwhile (a late chunk of an ended
-        stream) is read then, from where the reader left off."""
+        stream) is read then, from where the reader left off. Old reply topics are
+        still let go of and deleted meanwhile, once a second (``_roll``)."""
         consumer = self._consumer
         assert consumer is not None
         self._watched.clear()
-        if self._streams:
-            return
-        consumer.pause(*consumer.assignment())
         try:
-            await self._watched.wait()
+            while not self._streams:
+                consumer.pause(*consumer.assignment())  # a new assignment starts unpaused
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_HOUSEKEEPING_S):
+                        await self._watched.wait()
+                if self._reply_topics.rolls and not self._streams:
+                    await self._roll()
         finally:
             consumer.resume(*consumer.paused())
 
@@ -584,6 +589,8 @@ class TokenbusClient:
 
 MAX_REPLY_STAMPS = 4096
 """First-chunk stamps kept for ``reply_sent_ns`` (those nobody asks for are let go)."""
+IDLE_HOUSEKEEPING_S = 1.0
+"""How often an idle client's paused reader lets go of and deletes old reply topics."""
 
 
 def _tenant_of(request: InferenceRequest) -> str:
