@@ -1,6 +1,7 @@
 """An idle client does not fetch its reply topic (producers.client): with no stream open
 its reader pauses, and a stream watched before its request is sent starts it again,
-on the real stack. A record that came while it was paused is read then, not lost."""
+on the real stack. A record that came while it was paused is read then, not lost, and
+old reply topics are still let go of while it is paused."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pytest
 from aiokafka import TopicPartition
 
-from producers import TokenbusClient
+from producers import TokenbusClient, reply_topics
 from schemas import SamplingParams
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
@@ -52,3 +54,26 @@ async def test_an_idle_client_fetches_no_replies_until_a_stream_opens(settings: 
         assert await consumer.position(tp) > start + 1  # the stray record and the replies
 
         await until(lambda: consumer.paused() == {tp})  # idle again once the stream ended
+
+
+async def test_an_idle_client_still_lets_go_of_its_old_reply_topics(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reply_topics, "RETIRE_AFTER_S", 2.0)
+    rolling = settings.model_copy(update={"reply_topic_roll_records": 6})
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    async with TokenbusClient(rolling) as client:
+        first = client.reply_topic
+        for n in range(20):  # until the replies have moved on: then no more streams
+            request = await client.submit(tenant_id=TENANT, prompt=f"roll {n}", sampling=sampling)
+            assert [c async for c in client.stream(request)][-1].is_last
+            if client.reply_topic != first:
+                break
+        assert client.reply_topic != first, "the replies never moved to a fresh topic"
+        consumer = client.reply_consumer
+        assert consumer is not None
+        current = TopicPartition(client.reply_topic, 0)
+        # Idle from here on: the old topic is let go of two seconds after the move, by
+        # the paused reader's housekeeping, and it reads only the current one, paused.
+        await until(lambda: consumer.assignment() == {current}, timeout_s=15.0)
+        await until(lambda: consumer.paused() == {current})
