@@ -353,10 +353,8 @@ class TokenbusClient:
         request's start (``tokenbus.replies``) and delivers what the reply reader had
         not, logging it, rather than hanging."""
         key = (_tenant_of(request), request.request_id)
-        inbox = self._streams.get(key)
-        if inbox is None:
-            inbox = self._streams[key] = Inbox()
-            self._watched.set()
+        self.watch(request.request_id, key[0])
+        inbox = self._streams[key]
         self._stream_topics[key] = request.reply_to
         chunks = inbox.items
         expected = 0

@@ -14,6 +14,7 @@ shared vocabulary (tokenbus.metrics): ``model``, ``priority``, ``worker``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -275,16 +276,17 @@ def model_load(
     return rows
 
 
+def aiokafka_under(app: Any) -> Any:
+    """The aiokafka consumer under the Faust app's consumer thread; None before it starts."""
+    return getattr(getattr(getattr(app, "consumer", None), "_thread", None), "_consumer", None)
+
+
 def faust_offsets(app: Any, topics: Iterable[str]) -> OffsetsSource:
     """The Faust consumer's partitions of ``topics``: the high-water mark its fetches
     saw, and the offset after the last record it read into a stream (before the first,
     the fetch position of the aiokafka consumer under it)."""
     wanted = set(topics)
-
-    def inner() -> Any:
-        return getattr(getattr(getattr(app, "consumer", None), "_thread", None), "_consumer", None)
-
-    fetched = aiokafka_offsets(inner, wanted)
+    fetched = aiokafka_offsets(lambda: aiokafka_under(app), wanted)
 
     def read() -> list[PartitionOffsets]:
         try:
@@ -329,9 +331,7 @@ class FetchedPartitions(Collector):
             "Partitions this job instance holds, by role, and whether its fetches ask for them",
             labels=["role", "fetched"],
         )
-        counts: dict[tuple[str, bool], int] = {}
-        for key in self._partitions():
-            counts[key] = counts.get(key, 0) + 1
+        counts = Counter(self._partitions())
         for role in ("stream", "changelog"):
             for fetched in (True, False):
                 family.add_metric([role, str(fetched).lower()], counts.get((role, fetched), 0))
@@ -343,8 +343,8 @@ def faust_partitions(app: Any) -> Callable[[], list[tuple[str, bool]]]:
     of its tables or a stream, and not paused in the aiokafka consumer under it."""
 
     def read() -> list[tuple[str, bool]]:
+        inner = aiokafka_under(app)
         try:
-            inner = app.consumer._thread._consumer
             assignment = inner.assignment()
             paused = inner.paused()
             changelogs = app.tables.changelog_topics
