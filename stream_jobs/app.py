@@ -534,6 +534,7 @@ def create_app(settings: Settings) -> faust.App:
             source = cast("faust.Stream[bytes]", stream).noack()
             ready = getattr(source.channel, "queue", None)
             handling: set[asyncio.Task[None]] = set()
+            room = asyncio.Event()  # set by a task's end while fewer than the most are held
             batch: list[EventT[bytes]] = []
 
             async def handle(event: EventT[bytes]) -> None:
@@ -562,6 +563,8 @@ def create_app(settings: Settings) -> faust.App:
 
             def handled(task: asyncio.Task[None]) -> None:
                 handling.discard(task)
+                if len(handling) < settings.admit_concurrency:
+                    room.set()
 
             try:
                 async for event in source.events():
@@ -574,8 +577,12 @@ def create_app(settings: Settings) -> faust.App:
                         handling.add(task)
                         task.add_done_callback(handled)
                     batch.clear()
+                    # Not asyncio.wait(handling): it hooks and unhooks every task held
+                    # (256 by default) each time one ends, about 5% of the job's CPU
+                    # in an admission burst (BENCHMARKS.md).
                     while len(handling) >= settings.admit_concurrency:
-                        await asyncio.wait(handling, return_when=asyncio.FIRST_COMPLETED)
+                        room.clear()
+                        await room.wait()
             finally:
                 # Stopped: Faust has waited for every taken event to be acked (its
                 # ``wait_empty`` on shutdown and rebalance) before it stops an agent, so
