@@ -12,7 +12,7 @@ import uvicorn
 
 from bridge.app import create_app
 from tokenbus.config import Settings
-from tokenbus.gc_tuning import tune_gc
+from tokenbus.heap import freeze_startup_heap
 from tokenbus.logs import setup_logging
 
 GRACEFUL_SHUTDOWN_S = 10
@@ -22,7 +22,7 @@ def main() -> int:
     settings = Settings()
     setup_logging(settings)
     app = create_app(settings)
-    tune_gc(settings.bridge_gc_gen0_threshold)
+    freeze_startup_heap("bridge", settings.gc_gen0_threshold)
     uvicorn.run(
         app,
         host=settings.bridge_host,

@@ -656,7 +656,7 @@ def create_app(settings: Settings) -> faust.App:
         # as recovered) out of the cycle collector's walks (tokenbus.heap).
         recovery = getattr(app.tables, "recovery")  # noqa: B009 (untyped)
         await recovery.completed.wait()
-        freeze_startup_heap("job")
+        freeze_startup_heap("job", settings.gc_gen0_threshold)
 
     @app.task
     async def publish_load() -> None:

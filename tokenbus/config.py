@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     runs the same code on less CPU, and on two cores that CPU is the engine's
     (BENCHMARKS.md); ``asyncio`` is the standard loop, to compare or to debug."""
 
+    gc_gen0_threshold: int = Field(default=10_000, ge=0)
+    """Every service process (the Faust job, a worker, the bridge) collects its youngest
+    generation after this many allocations, not CPython's 700, once it has frozen what
+    start-up made (tokenbus.heap). 0: CPython's thresholds. In an admission burst the
+    job spent a tenth of its CPU in full collections at 700 (BENCHMARKS.md)."""
+
     # -- Kafka ----------------------------------------------------------------------
     broker_profile: Literal["kafka", "tansu"] = "kafka"
     """The broker tokenbus talks to. ``kafka``: Apache Kafka (or any broker that behaves
@@ -451,10 +457,6 @@ class Settings(BaseSettings):
     """Regexes for prompt injection (case-insensitive); unset: bridge.hygiene's defaults."""
     bridge_sensitive_patterns: list[str] | None = None
     """Regexes for sensitive data (keys, card numbers); unset: bridge.hygiene's defaults."""
-    bridge_gc_gen0_threshold: int = Field(default=10_000, ge=0)
-    """The bridge process collects its youngest generation after this many allocations
-    (CPython's default is 700), and freezes what start-up made (tokenbus.gc_tuning).
-    0: CPython's defaults."""
 
     # -- batch jobs (batches/) ------------------------------------------------------------
     batch_store_url: str | None = None

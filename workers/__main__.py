@@ -33,7 +33,7 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info("starting engine for %s from %s", settings.served_model_name, settings.model_dir)
     await engine.start()
-    freeze_startup_heap("worker")
+    freeze_startup_heap("worker", settings.gc_gen0_threshold)
     try:
         await Worker(settings, engine).run(stop)
     finally:
