@@ -60,11 +60,12 @@ class Settings(BaseSettings):
     runs the same code on less CPU, and on two cores that CPU is the engine's
     (BENCHMARKS.md); ``asyncio`` is the standard loop, to compare or to debug."""
 
-    gc_gen0_threshold: int = Field(default=10_000, ge=0)
+    gc_gen0_threshold: int = Field(default=10_000, ge=0, le=1_000_000)
     """Every service process (the Faust job, a worker, the bridge) collects its youngest
     generation after this many allocations, not CPython's 700, once it has frozen what
-    start-up made (tokenbus.heap). 0: CPython's thresholds. In an admission burst the
-    job spent a tenth of its CPU in full collections at 700 (BENCHMARKS.md)."""
+    start-up made (tokenbus.heap). 0: CPython's thresholds; at most a million. In an
+    admission burst the job spent a tenth of its CPU in full collections at 700
+    (BENCHMARKS.md)."""
 
     # -- Kafka ----------------------------------------------------------------------
     broker_profile: Literal["kafka", "tansu"] = "kafka"

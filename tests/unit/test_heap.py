@@ -7,7 +7,9 @@ import gc
 from collections.abc import Iterator
 
 import pytest
+from pydantic import ValidationError
 
+from tokenbus.config import Settings
 from tokenbus.heap import freeze_startup_heap
 
 
@@ -46,3 +48,13 @@ def test_zero_leaves_the_thresholds_as_they_were() -> None:
     freeze_startup_heap("test", 0)
 
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("threshold", [-1, 2**31])
+def test_a_threshold_the_collector_cannot_take_is_refused_with_the_settings(
+    threshold: int,
+) -> None:
+    # 2**31 would reach gc.set_threshold and end the service at start with an
+    # OverflowError; the settings refuse it first, naming the field.
+    with pytest.raises(ValidationError, match="gc_gen0_threshold"):
+        Settings(gc_gen0_threshold=threshold)
