@@ -75,6 +75,7 @@ from schemas.usage import UsageEvent, UsageStatus
 from stream_jobs import budgets
 from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.affinity import SessionAffinity
+from stream_jobs.answer_order import AnswerOrder, Turn
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
 from stream_jobs.ledger import (
@@ -381,9 +382,11 @@ class Dispatcher:
         self._alerts: list[BudgetAlert] = []
         self._drops: list[CancelRequest] = []
         """``reassigned`` cancels ``observe_usage`` raised, sent by ``publish_raised``."""
-        self._owed: list[tuple[str, str, str, range]] = []
+        self._owed: list[tuple[str, str, str, range, Turn]] = []
         """(reply_to, tenant, request_id, seqs): the answers owed to the copies of the
-        requests ``observe_usage`` saw end, sent by ``publish_raised``."""
+        requests ``observe_usage`` saw end, sent by ``publish_raised``, each with its turn."""
+        self._answer_order = AnswerOrder()
+        """Answers to one request id go out in the order their seqs were given."""
         self._wake = asyncio.Event()
         self._started_at = clock.monotonic()
         self._last_forward_at = self._started_at
@@ -493,10 +496,12 @@ class Dispatcher:
             elif verdict is Verdict.DUPLICATE:
                 assert entry is not None
                 done = entry.state is State.DONE
+                turn = self._answer_order.take(ident)
                 if done:  # after the stream and every answer before this one
                     entry = entry.answered_once_more()
                     self._ledger.put(*ident, entry)
-                await self._answer_duplicate(item, entry.last_seq if done else 0, done)
+                async with turn:
+                    await self._answer_duplicate(item, entry.last_seq if done else 0, done)
             else:
                 # Its producer reads the one stream; this copy is answered after it, once
                 # the request has ended (``ledger.ended``), for it may have been sent
@@ -660,8 +665,10 @@ class Dispatcher:
         outcome = await admitted.waiting.done
         # A forward is in the ledger already (``_send``), with where it runs.
         if outcome is not Outcome.FORWARDED:  # cancelled while waiting, or refused: answered
+            turn = self._answer_order.take((item.tenant_id, item.request_id))
             owed = self._remember(item, State.DONE, self._clock.time(), last_seq=item.resume_seq)
-            await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
+            async with turn:
+                await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
             # Never ran: give the tenant its reservation back (in this agent's context).
             window = window_key(item.tenant_id, item.batch_id)
             state = self._store.load(window)
@@ -791,8 +798,13 @@ class Dispatcher:
         that ended, budget alerts, and the ``reassigned`` cancels of attempts superseded
         (``_supersede``); the usage agent calls it next."""
         owed, self._owed = self._owed, []
-        for reply_to, tenant_id, request_id, seqs in owed:
-            await self._answer_copies(reply_to, tenant_id, request_id, seqs)
+        try:
+            for reply_to, tenant_id, request_id, seqs, turn in owed:
+                async with turn:
+                    await self._answer_copies(reply_to, tenant_id, request_id, seqs)
+        finally:
+            for *_, turn in owed:  # a send failed: the later answers must not wait on these
+                turn.end()
         drops, self._drops = self._drops, []
         for drop in drops:
             await self._publish(self._topics.aborts, drop.tenant_id.encode(), encode(drop))
@@ -926,9 +938,11 @@ class Dispatcher:
         """Refuses a request on its tenant's partition (``home``, outside its event): the
         id has had its answer. The ledger holds that before the answer goes out
         (``_remember_durably``); the copies taken while it waited are answered after it."""
-        owed = await self._remember_durably(item, now, item.resume_seq, home=home)
-        await self._refuse(item, error, tier)
-        await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
+        turn = self._answer_order.take((item.tenant_id, item.request_id))
+        async with turn:
+            owed = await self._remember_durably(item, now, item.resume_seq, home=home)
+            await self._refuse(item, error, tier)
+            await self._answer_copies(item.reply_to, item.tenant_id, item.request_id, owed)
         return Outcome.REFUSED
 
     def _check_tenant_rules(
@@ -1238,7 +1252,8 @@ class Dispatcher:
             )
             self._ledger.put(*ident, done)
             if owed:
-                self._owed.append((done.reply_to, *ident, owed))
+                # The turn is taken now, as the seqs are given (stream_jobs.answer_order).
+                self._owed.append((done.reply_to, *ident, owed, self._answer_order.take(ident)))
         if usage.status is not UsageStatus.REJECTED:
             self._supersede(ident, usage.attempt)
         flight = self._in_flight.get(ident)

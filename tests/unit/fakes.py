@@ -4,6 +4,7 @@ clock the test moves."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -125,6 +126,14 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes]] = []
         self.headers: list[list[tuple[str, bytes]]] = []
+        self._stalled: dict[str, asyncio.Event] = {}
+
+    def stall(self, topic: str) -> asyncio.Event:
+        """The next record to ``topic`` waits until the event returned is set, as a
+        producer's first record to a topic waits for its metadata; records sent after
+        it do not wait (the metadata is there by then)."""
+        self._stalled[topic] = asyncio.Event()
+        return self._stalled[topic]
 
     async def __call__(
         self,
@@ -133,6 +142,9 @@ class Recorder:
         value: bytes,
         headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> Sent:
+        stalled = self._stalled.pop(topic, None)
+        if stalled is not None:
+            await stalled.wait()
         self.sent.append((topic, key, value))
         self.headers.append(list(headers or ()))
         return Sent(topic, 0, len(self.sent) - 1)

@@ -338,6 +338,28 @@ async def test_the_same_request_three_times_runs_once(bus: Bus) -> None:
     assert bus.dispatcher.metrics.num_duplicates == 3
 
 
+async def test_a_copy_answered_while_the_answer_before_it_waits_goes_after_it(
+    bus: Bus,
+) -> None:
+    """The answer owed to a copy taken while the request ran waits for the producer's
+    metadata of the reply topic (its first record there); a copy that comes meanwhile
+    is answered with the next seq, and must not reach the topic before it."""
+    request = body()
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.DUPLICATE
+    bus.finish("acme", "r1", last_seq=4)
+    metadata = bus.recorder.stall(ACME)
+    owed = asyncio.create_task(bus.dispatcher.publish_raised())
+    await asyncio.sleep(0)  # the owed answer, seq 5, waits at the stall
+    copy = asyncio.create_task(bus.produce(request, headers=bearer(ACME_KEY)))
+    for _ in range(5):
+        await asyncio.sleep(0)  # the copy's answer, seq 6, may send now
+    metadata.set()
+    await owed
+    assert await copy is Outcome.DUPLICATE
+    assert [c.seq for c in bus.chunks(ACME)] == [5, 6]
+
+
 async def test_a_copy_sent_as_its_stream_ends_is_answered(bus: Bus) -> None:
     """The worker writes the last chunk, and the job hears of the end from its UsageEvent
     a moment later: a copy taken in between must not go unanswered."""
