@@ -1415,9 +1415,7 @@ class Dispatcher:
                 waiting.done.set_result(outcome)
 
     def _capacity(self) -> int:
-        return sum(
-            view.status.max_num_seqs for view in self._registry.all_live(self._clock.monotonic())
-        )
+        return self._registry.capacity(self._clock.monotonic())
 
     def _has_room(self, priority: int) -> bool:
         """Whether the head of class ``priority`` may be forwarded: a seat for its class

@@ -13,6 +13,10 @@ stall is not held against the workers. Silence is also measured against the othe
 workers: a run that has been silent for ``dead_after_s`` of heartbeats the caller did
 read from others is gone, however late ``reap`` is called. (A job whose loop lagged
 by half a second at every turn, under load, otherwise never declared a dead worker.)
+
+The live set is kept between changes: the dispatch loop asks for it (and the fleet's
+seats) at every pick, and it only changes with a heartbeat, a reap, or the moment the
+stalest live view's silence reaches ``dead_after_s``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,22 @@ class WorkerView:
 
 
 @dataclass
+class _Live:
+    views: list[WorkerView]
+    since: float
+    stalest: float | None
+    """The oldest ``seen_at`` of the views: the first to fall silent."""
+    capacity: int
+    by_model: dict[str, list[WorkerView]] = field(default_factory=dict)
+
+    def holds_at(self, now: float, dead_after_s: float) -> bool:
+        """Whether the same views are live at ``now``: later than when they were worked
+        out (a view dead then stays dead) and before the stalest falls silent (by the
+        very test ``all_live`` makes)."""
+        return self.since <= now and (self.stalest is None or now - self.stalest < dead_after_s)
+
+
+@dataclass
 class WorkerRegistry:
     dead_after_s: float = 3.0
     _workers: dict[str, WorkerView] = field(default_factory=dict)
@@ -70,6 +90,8 @@ class WorkerRegistry:
     _gone: list[tuple[str, str]] = field(default_factory=list)
     _superseded: set[tuple[str, str]] = field(default_factory=set)
     _reaped_at: float | None = None
+    _live: _Live | None = None
+    """The live views as last worked out, and the span of time they hold for."""
 
     def observe(self, status: WorkerStatus, now: float) -> None:
         key = (status.worker_id, status.incarnation)
@@ -79,6 +101,7 @@ class WorkerRegistry:
         if previous is not None and previous.key != key:
             self._superseded.add(previous.key)
             self._retire(previous)
+        self._live = None
         # Requests dispatched since the previous heartbeat may not be in its counts yet;
         # the new heartbeat is the best count there is, so the tally starts again.
         view = WorkerView(status=status, seen_at=now, heard_at=now)
@@ -96,6 +119,7 @@ class WorkerRegistry:
         if self._reaped_at is not None and now - self._reaped_at >= self.stall_s:
             for view in self._workers.values():
                 view.seen_at += now - self._reaped_at
+            self._live = None
         self._reaped_at = now
         freshest = max((view.heard_at for view in self._workers.values()), default=now)
         for view in list(self._workers.values()):
@@ -108,19 +132,42 @@ class WorkerRegistry:
         return gone
 
     def _retire(self, view: WorkerView) -> None:
+        self._live = None
         self._gone.append(view.key)
         if self._workers.get(view.status.worker_id) is view:
             del self._workers[view.status.worker_id]
 
     def all_live(self, now: float) -> list[WorkerView]:
-        return [
-            view
-            for view in self._workers.values()
-            if not view.status.draining and now - view.seen_at < self.dead_after_s
-        ]
+        """Not draining, and heard from within ``dead_after_s``. The list is shared
+        until the live set changes: read it, do not change it."""
+        return self._live_at(now).views
 
     def live(self, model: str, now: float) -> list[WorkerView]:
-        return [view for view in self.all_live(now) if view.status.model == model]
+        live = self._live_at(now)
+        views = live.by_model.get(model)
+        if views is None:
+            views = live.by_model[model] = [v for v in live.views if v.status.model == model]
+        return views
+
+    def capacity(self, now: float) -> int:
+        """The live fleet's seats: the sum of its ``max_num_seqs``."""
+        return self._live_at(now).capacity
+
+    def _live_at(self, now: float) -> _Live:
+        live = self._live
+        if live is None or not live.holds_at(now, self.dead_after_s):
+            views = [
+                view
+                for view in self._workers.values()
+                if not view.status.draining and now - view.seen_at < self.dead_after_s
+            ]
+            live = self._live = _Live(
+                views,
+                since=now,
+                stalest=min((view.seen_at for view in views), default=None),
+                capacity=sum(view.status.max_num_seqs for view in views),
+            )
+        return live
 
     def get(self, worker_id: str) -> WorkerView | None:
         return self._workers.get(worker_id)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 from schemas import WorkerStatus
 from stream_jobs.registry import WorkerRegistry, WorkerView
 from stream_jobs.routing import Candidate
@@ -200,3 +202,55 @@ def test_a_silent_run_is_reaped_even_when_every_reap_comes_late() -> None:
         gone = registry.reap(now)
     assert gone == [("dead", "run-1")] and 3.0 <= now < 4.0
     assert ids(registry.all_live(now)) == {"alive"}
+
+
+def naive_live(registry: WorkerRegistry, now: float) -> list[tuple[str, str]]:
+    """The live set worked out afresh from the views, as ``all_live`` did before it
+    kept its answer between changes."""
+    return [
+        view.key
+        for view in registry._workers.values()
+        if not view.status.draining and now - view.seen_at < registry.dead_after_s
+    ]
+
+
+def test_the_kept_live_set_matches_a_fresh_one_through_heartbeats_reaps_and_time() -> None:
+    rng = random.Random(17)
+    registry = WorkerRegistry(dead_after_s=3.0)
+    now = 0.0
+    for _ in range(5_000):
+        now += rng.choice([0.0, 0.01, 0.1, 0.7, 1.5, 2.999, 3.0])
+        action = rng.random()
+        worker = f"w{rng.randrange(4)}"
+        if action < 0.2:
+            registry.observe(
+                status(
+                    worker,
+                    incarnation=f"run-{rng.randrange(2)}",
+                    model=rng.choice(["m", "n"]),
+                    capacity=rng.randrange(1, 9),
+                    draining=rng.random() < 0.2,
+                ),
+                now=now,
+            )
+        elif action < 0.3:
+            registry.reap(now)
+        expected = naive_live(registry, now)
+        assert [view.key for view in registry.all_live(now)] == expected
+        for model in ("m", "n"):
+            assert [view.key for view in registry.live(model, now)] == [
+                view.key
+                for view in registry._workers.values()
+                if view.key in expected and view.status.model == model
+            ]
+        assert registry.capacity(now) == sum(
+            view.status.max_num_seqs for view in registry._workers.values() if view.key in expected
+        )
+
+
+def test_the_live_set_is_worked_out_again_when_the_clock_reads_earlier() -> None:
+    registry = WorkerRegistry(dead_after_s=3.0)
+    registry.observe(status("w1"), now=10.0)
+    assert ids(registry.all_live(now=12.0)) == {"w1"}
+    assert registry.capacity(now=13.0) == 0  # silent for 3 s: gone
+    assert registry.capacity(now=12.5) == 4  # an earlier reading (tests move clocks)
