@@ -133,18 +133,23 @@ async def run_admission(
     credentials = Credentials(settings)
     workers = pretend_ids(num_workers)
     stack = Stack(settings)
+    # The burst's producer batches (it stands for many producers at once); the idle
+    # probes go through one with the settings' linger (0), as a client's do, so that no
+    # linger of the benchmark's own is counted as the job's latency.
     producer = make_producer(settings, linger_ms=5, max_batch_size=256 * 1024)
+    probe_producer = make_producer(settings)
     counter = ForwardCounter(settings, workers)
     beats: asyncio.Task[None] | None = None
     try:
         await stack.start_broker({replies: 1, **{topics.worker(w): 1 for w in workers}})
         await producer.start()
+        await probe_producer.start()
         beats = asyncio.create_task(heartbeat_loop(settings, producer, workers))
         await (job or _the_job)(stack, topics.worker(workers[0]))
         await counter.start()
         await _probe(settings, producer, counter, credentials)
-        latency_ms = await _idle_latency(
-            settings, producer, counter, credentials, num_latency_probes
+        latency_ms, legs_ms = await _idle_latency(
+            settings, probe_producer, counter, credentials, num_latency_probes
         )
         payload = build_requests(
             num_requests,
@@ -179,6 +184,7 @@ async def run_admission(
             beats.cancel()
         await counter.stop()
         await producer.stop()
+        await probe_producer.stop()
         stack.stop()
         shutil.rmtree(settings.home, ignore_errors=True)
     return {
@@ -196,6 +202,7 @@ async def run_admission(
         "wall_s": round(wall_s, 3),
         "requests_per_s": round(num_forwarded / wall_s, 1),
         "idle_latency_ms": latency_ms,
+        "idle_legs_ms": legs_ms,
         "cpu_s": cpu,
         "requests_per_core_s": round(num_forwarded / max(1e-9, cpu["stream_job"]), 1),
         "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
@@ -213,13 +220,19 @@ async def _idle_latency(
     counter: ForwardCounter,
     credentials: Credentials,
     num_probes: int,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """One request at a time: produce --> job --> pretend worker's topic, at idle.
 
     This is the job's added latency with nothing queued: two broker hops and the job.
+    Split at the job's ``dispatched_at`` (when it picked the worker; the same host's
+    clock): from the request's ``created_at`` to it (the client's send, one hop, the
+    job's intake and admission), and from it to the forward's arrival (the forward's
+    send, the second hop).
     """
     topics = Topics(settings.topic_prefix)
     samples: list[float] = []
+    to_dispatch: list[float] = []
+    from_dispatch: list[float] = []
     for i in range(num_probes):
         tenant_id = tenant(i % 10)
         request = InferenceRequest(
@@ -234,13 +247,20 @@ async def _idle_latency(
         value, headers = encode(request), credentials.headers(tenant_id)
         arrival = asyncio.ensure_future(counter.next_arrival(timeout_s=10))
         await asyncio.sleep(0)  # the waiter is armed before the request leaves
-        started = time.perf_counter()
+        started, sent_at = time.perf_counter(), time.time()
         await producer.send_and_wait(
             topics.requests(1), value, key=tenant_id.encode(), headers=headers
         )
-        samples.append(await arrival - started)
+        took = await arrival - started
+        samples.append(took)
+        if counter.last_dispatched_at is not None:
+            to_dispatch.append(counter.last_dispatched_at - sent_at)
+            from_dispatch.append(sent_at + took - counter.last_dispatched_at)
         await asyncio.sleep(0.02)
-    return summarize(samples, 1000)
+    legs = {"to_dispatch": to_dispatch, "dispatch_to_arrival": from_dispatch}
+    return summarize(samples, 1000), {
+        name: summarize(values, 1000) for name, values in legs.items() if values
+    }
 
 
 async def _probe(
@@ -281,6 +301,7 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
     table = Table(title=title)
     for column in (
         "idle latency p50/p99 ms",
+        "to dispatch / after, p50 ms",
         "tenants",
         "workers",
         "prompt tok",
@@ -295,6 +316,10 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
         latency = row["idle_latency_ms"]
         table.add_row(
             f"{latency.get('p50', 0):.1f} / {latency.get('p99', 0):.1f}",
+            " / ".join(
+                f"{row.get('idle_legs_ms', {}).get(leg, {}).get('p50', 0):.1f}"
+                for leg in ("to_dispatch", "dispatch_to_arrival")
+            ),
             str(row["num_tenants"]),
             str(row["num_workers"]),
             str(row["prompt_tokens"]),

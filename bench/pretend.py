@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import WorkerStatus, encode
@@ -50,6 +52,8 @@ class ForwardCounter:
     worker_ids: list[str]
     num_forwarded: int = 0
     last_at: float = 0.0
+    last_dispatched_at: float | None = None
+    """The job's ``dispatched_at`` (epoch seconds) of the last record counted."""
     by_worker: dict[str, int] = field(default_factory=dict)
     _consumer: AIOKafkaConsumer | None = None
     _task: asyncio.Task[None] | None = None
@@ -74,6 +78,7 @@ class ForwardCounter:
                     self.by_worker[worker] = self.by_worker.get(worker, 0) + len(records)
                     self.num_forwarded += len(records)
                     self.last_at = time.perf_counter()
+                    self.last_dispatched_at = _dispatched_at(records[-1].value)
                     self._arrived.set()
 
     async def wait_for(self, count: int, timeout_s: float) -> bool:
@@ -97,3 +102,12 @@ class ForwardCounter:
                 await self._task
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+def _dispatched_at(value: bytes | None) -> float | None:
+    """When the job picked the worker for a forwarded WorkItem (its own wall clock)."""
+    try:
+        stamp = orjson.loads(value or b"null")["dispatched_at"]
+        return datetime.fromisoformat(stamp).timestamp() if stamp else None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
