@@ -111,6 +111,8 @@ from tokenbus.lean_span import start_span
 from tokenbus.logs import bind_request
 from tokenbus.price_file import load_price_book
 from tokenbus.pricing import Pricer
+from tokenbus.prompt_vouch import HEADER as VOUCH_HEADER
+from tokenbus.prompt_vouch import vouched
 from tokenbus.span_path import hop_span, path_ns
 from tokenbus.tenants import TenantDirectory, lora_int_id, split_model
 from tokenbus.topics import Topics, reply_batch_key
@@ -292,6 +294,11 @@ class DispatchMetrics:
     """Batch lines refused by their tenant's batch TPM/RPM window (they are retried)."""
     num_batch_rejected_invalid: int = 0
     """Requests with a ``batch_id`` refused for not being class 2."""
+    num_prompt_counts_vouched: int = 0
+    """Prompts whose count a tokenbus service made and vouched for on the record."""
+    num_prompt_vouches_refused: int = 0
+    """Records with a prompt count the job did not believe (not a service's credential,
+    or a MAC that is not the record's): it counted those prompts itself."""
     tier: int = 0
     tier_changed_at: float = 0.0
     num_waiting: int = 0
@@ -531,7 +538,7 @@ class Dispatcher:
             return Outcome.REFUSED
 
         tenant = principal.tenant
-        num_prompt = self._counter.count(request)
+        num_prompt = self._prompt_tokens(request, principal, record)
         problem = self._check_tenant_rules(item, principal, num_prompt)
         if problem is not None:
             self.metrics.num_rejected_invalid += 1
@@ -868,6 +875,25 @@ class Dispatcher:
                 }
             )
         return rows
+
+    def _prompt_tokens(
+        self, request: InferenceRequest, principal: Principal, record: Record
+    ) -> int:
+        """The prompt's length in the model's tokens: the count a tokenbus service (the
+        bridge) made and vouched for on this very record (``tokenbus.prompt_vouch``),
+        else the job's own."""
+        vouch = header(record.headers, VOUCH_HEADER)
+        secret = self._settings.bus_service_secret
+        if vouch is not None:
+            count = None
+            if principal.service and secret:
+                count = vouched(secret, record.value or b"", vouch)
+            if count is not None:
+                self.metrics.num_prompt_counts_vouched += 1
+                return count
+            # Not a service's record, or not this record's count: counted here instead.
+            self.metrics.num_prompt_vouches_refused += 1
+        return self._counter.count(request)
 
     def _work_item(self, request: InferenceRequest, principal: Principal, now: float) -> WorkItem:
         """The request as the job hands it on: every field a producer could forge is

@@ -64,6 +64,8 @@ _COUNTERS = {
     "num_batch_admitted": "batch lines admitted by their tenant's batch budget",
     "num_batch_rejected_quota": "batch lines refused by their tenant's batch TPM/RPM window",
     "num_batch_rejected_invalid": "requests with a batch_id refused for not being class 2",
+    "num_prompt_counts_vouched": "prompts counted by the bridge, vouched for on the record",
+    "num_prompt_vouches_refused": "prompt counts on a record the job did not believe",
 }
 _GAUGES = {
     "tier": "overload tier: 0 normal, 1 capped, 2 shedding",
