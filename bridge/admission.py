@@ -36,11 +36,14 @@ class Plan:
     sampling: SamplingParams
     priority: int
     num_prompt_tokens: int
+    """The prompt's length in the model's tokens (``prompt_tokens_exact``: counted with
+    its tokenizer; else the estimate without one)."""
     stream: bool
     include_usage: bool
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     flags: list[str] = field(default_factory=list)
+    prompt_tokens_exact: bool = False
 
 
 class Planner:
@@ -111,6 +114,7 @@ class Planner:
             prompt=prompt,
             messages=messages,
             flags=flags + more_flags,
+            prompt_tokens_exact=self._counter.exact,
         )
 
     def _check_model(self, model: str, caller: Caller) -> None:

@@ -269,6 +269,9 @@ class Gateway:
                     session_id=ids["X-Session-ID"],
                     request_id=ids["X-Request-ID"],
                     credential=credential,
+                    # The job takes this count rather than tokenize the prompt again
+                    # (tokenbus.prompt_vouch); an estimate it makes for itself.
+                    num_prompt_tokens=plan.num_prompt_tokens if plan.prompt_tokens_exact else None,
                 )
             finally:
                 otel_context.detach(submitting)

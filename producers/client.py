@@ -58,6 +58,8 @@ from tokenbus.dlq import dead_letter_record
 from tokenbus.ids import new_request_id, new_session_id, ulid
 from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, make_producer, publisher
 from tokenbus.lean_span import start_span
+from tokenbus.prompt_vouch import HEADER as VOUCH_HEADER
+from tokenbus.prompt_vouch import vouch
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.span_path import path_ns
 from tokenbus.topics import Topics, reply_batch_key
@@ -89,7 +91,10 @@ class SubmitOptions(TypedDict, total=False):
 
     Left out: ``priority`` 1, ``model`` the served model, ``sampling`` the defaults,
     new session and request IDs, and the client's own credential. Naming a batch is
-    not among them: only ``TokenbusClient.submit`` takes ``batch_id``."""
+    not among them: only ``TokenbusClient.submit`` takes ``batch_id``.
+    ``num_prompt_tokens``: the prompt's count with the model's tokenizer, which a tokenbus
+    service's client vouches for on the record (``tokenbus.prompt_vouch``) so that the
+    job need not count it again; any other client is refused it."""
 
     prompt: str | None
     messages: list[ChatMessage] | None
@@ -99,6 +104,7 @@ class SubmitOptions(TypedDict, total=False):
     session_id: str | None
     request_id: str | None
     credential: str | None
+    num_prompt_tokens: int | None
 
 
 class TokenbusClient:
@@ -258,6 +264,12 @@ class TokenbusClient:
         tenant = tenant_id or self.tenant_id
         if tenant is None:
             raise ValueError("submit needs tenant_id= (this client serves many tenants)")
+        num_prompt = options.get("num_prompt_tokens")
+        if num_prompt is not None and not self._service:
+            raise ValueError(
+                "num_prompt_tokens is vouched for with the bus's service secret: only a "
+                "tokenbus service's client (the bridge's) sends it"
+            )
         created = datetime.now(UTC)
         prompt, priority = options.get("prompt"), options.get("priority", 1)
         text = {"prompt": prompt} if prompt is not None else {"messages": options.get("messages")}
@@ -280,7 +292,13 @@ class TokenbusClient:
             self.watch(request.request_id, tenant)
             self._created[key] = created
             self._stream_topics[key] = request.reply_to
+        value = encode(request)
         headers = self.headers(tenant, options.get("credential"))
+        if num_prompt is not None:
+            assert self._settings.bus_service_secret is not None
+            headers.append(
+                (VOUCH_HEADER, vouch(self._settings.bus_service_secret, value, num_prompt))
+            )
         context = None
         if self._request_spans and self._reply_reader:
             assert self._tracing is not None
@@ -303,7 +321,7 @@ class TokenbusClient:
             context = with_path(start_ns, set_span_in_context(span))
         inject(headers, context)
         await self._producer.send_and_wait(
-            self._topics.requests(priority), encode(request), key=tenant.encode(), headers=headers
+            self._topics.requests(priority), value, key=tenant.encode(), headers=headers
         )
         return request
 

@@ -134,6 +134,11 @@ class PromptCounter:
             log.warning("no chat template in %s: chat prompts are counted as role lines", path)
         return cls(Tokenizer.from_file(str(path)), template, bytes_per_token=bytes_per_token)
 
+    @property
+    def exact(self) -> bool:
+        """Counts with the model's tokenizer, not the estimate without one."""
+        return self._tokenizer is not None
+
     def count_prompt(self, text: str) -> int:
         """A ``/v1/completions`` prompt: special tokens added."""
         return self._count(text, add_special_tokens=True)

@@ -22,6 +22,8 @@ from schemas import (
 )
 from tokenbus.chunks import Chunk, from_model
 from tokenbus.config import Settings
+from tokenbus.prompt_vouch import HEADER as VOUCH_HEADER
+from tokenbus.prompt_vouch import vouched
 from tokenbus.span_path import path_header
 from tokenbus.topics import Topics, reply_batch_key
 
@@ -267,3 +269,26 @@ def test_a_client_rolls_its_reply_topics_only_on_tansu_and_with_tokens_minted_fo
         assert (client.reply_topic, client.reply_prefix) == (f"{base}.0", f"{base}.")
     else:
         assert client.reply_topic == client.reply_prefix == base
+
+
+async def test_a_service_client_vouches_for_the_prompt_count_it_is_given(tmp_path: Path) -> None:
+    secret = "unit-test-bus-service-secret-0123456789"
+    client = TokenbusClient(Settings(home=tmp_path, bus_service_secret=secret), "bridge")
+    producer = Producer()
+    client._producer = producer
+    await client.submit(tenant_id="t", prompt="hi", num_prompt_tokens=3)
+    await client.submit(tenant_id="t", prompt="hi")
+    (_, value, _, headers), (_, _, _, plain) = producer.records
+    assert isinstance(headers, list) and isinstance(plain, list)
+    assert vouched(secret, value, dict(headers)[VOUCH_HEADER]) == 3
+    assert VOUCH_HEADER not in dict(plain)
+
+
+async def test_a_program_s_client_cannot_vouch_for_a_prompt_count(tmp_path: Path) -> None:
+    client = TokenbusClient(Settings(home=tmp_path), "c1", credential="sk-t", tenant_id="t")
+    producer = Producer()
+    client._producer = producer
+    with pytest.raises(ValueError, match="only a tokenbus service's client"):
+        await client.submit(prompt="hi", num_prompt_tokens=3, request_id="r1")
+    assert producer.records == []
+    assert client._streams == {}  # nothing is watched for a request never sent
