@@ -9,7 +9,10 @@ produced as a tokenbus service produces it: keyed by its tenant, with a service 
 (one per tenant, minted before the clock starts, as the bridge reuses its tokens) in
 its ``authorization`` header, naming the benchmark's own reply topic. The job counts
 each prompt with the served model's tokenizer (the tiny model's, built once), as it
-does in production. Per core means
+does in production, unless the record carries the bridge's vouched count
+(``tokenbus.prompt_vouch``): ``--counted-by bridge`` (the default) sends each record as
+the bridge does, with the count the bridge made for its own checks; ``--counted-by
+job`` sends it as a program's client does, and the job counts every prompt. Per core means
 requests divided by the CPU seconds the job's process spent (all its threads), so the
 figure does not depend on what else the shared machine is doing; wall-clock rate is
 reported beside it.
@@ -48,6 +51,9 @@ from bench.workload import prompt, tenant
 from schemas import InferenceRequest, SamplingParams, encode
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
+from tokenbus.prompt_tokens import PromptCounter
+from tokenbus.prompt_vouch import HEADER as VOUCH_HEADER
+from tokenbus.prompt_vouch import vouch
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
@@ -70,6 +76,7 @@ class Credentials:
         from tokenbus.auth import ServiceTokens  # PyJWT: the stream environment only
 
         assert settings.bus_service_secret, "bench_settings gives every stack a secret"
+        self.secret = settings.bus_service_secret
         self._tokens = ServiceTokens(settings.bus_service_secret, ttl_s=3600)
         self._reply_topic = reply_topic(settings)
         self._headers: dict[str, Headers] = {}
@@ -89,10 +96,12 @@ def build_requests(
     model: str,
     reply_to: str,
     credentials: Credentials,
+    vouched_count: int | None = None,
 ) -> list[tuple[str, bytes, Headers]]:
     """(tenant, encoded request, headers), built before the clock starts. Ids are unique
     within a run, and each run has a stack of its own (the job runs each (tenant,
-    request id) once)."""
+    request id) once). ``vouched_count``: the prompt's count, vouched for on each record
+    as the bridge's client does; None: none, as a program's client sends it."""
     text = prompt(0, 0, prompt_tokens)
     out: list[tuple[str, bytes, Headers]] = []
     for i in range(num_requests):
@@ -107,7 +116,10 @@ def build_requests(
             reply_to=reply_to,
             created_at=datetime.now(UTC),
         )
-        out.append((tenant_id, encode(request), credentials.headers(tenant_id)))
+        value, headers = encode(request), credentials.headers(tenant_id)
+        if vouched_count is not None:
+            headers = [*headers, (VOUCH_HEADER, vouch(credentials.secret, value, vouched_count))]
+        out.append((tenant_id, value, headers))
     return out
 
 
@@ -122,6 +134,7 @@ async def run_admission(
     num_latency_probes: int = 100,
     on_progress: Callable[[int], None] = lambda n: None,
     job: JobStarter | None = None,
+    counted_by: str = "bridge",
 ) -> dict[str, Any]:
     """``job`` starts what admits, as ``stream_job``, forwarding to the topic it is given
     (``bench.faust_floor``); by default the Faust job itself."""
@@ -151,6 +164,13 @@ async def run_admission(
         latency_ms, legs_ms = await _idle_latency(
             settings, probe_producer, counter, credentials, num_latency_probes
         )
+        vouched_count = None
+        if counted_by == "bridge":
+            # The bridge's own count, made for its 413 and the token's balance, with the
+            # same tokenizer and rule as the job's (every record has the same prompt).
+            bridge_counter = PromptCounter.from_model_dir(settings.model_dir)
+            assert bridge_counter.exact, f"no tokenizer in {settings.model_dir}"
+            vouched_count = bridge_counter.count_prompt(prompt(0, 0, prompt_tokens))
         payload = build_requests(
             num_requests,
             num_tenants,
@@ -158,6 +178,7 @@ async def run_admission(
             settings.served_model_name,
             replies,
             credentials,
+            vouched_count,
         )
         base = counter.num_forwarded
         meter = CpuMeter({"stream_job": [stack.pid("stream_job")], "broker": [stack.pid("broker")]})
@@ -193,6 +214,7 @@ async def run_admission(
         "num_tenants": num_tenants,
         "num_workers": num_workers,
         "prompt_tokens": prompt_tokens,
+        "counted_by": counted_by,
         "request_bytes": round(sum(len(v) for _, v, _ in payload) / len(payload)),
         "header_bytes": round(
             sum(len(k) + len(v) for _, _, hs in payload for k, v in hs) / len(payload)
@@ -305,6 +327,7 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
         "tenants",
         "workers",
         "prompt tok",
+        "counted by",
         "req B",
         "req/s",
         "req/s/core",
@@ -323,6 +346,7 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
             str(row["num_tenants"]),
             str(row["num_workers"]),
             str(row["prompt_tokens"]),
+            str(row.get("counted_by", "job")),
             str(row["request_bytes"]),
             f"{row['requests_per_s']:.0f}",
             f"{row['requests_per_core_s']:.0f}",
@@ -360,6 +384,7 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             overrides=parse_overrides(args.set),
             profile_to=RESULTS_DIR / "admission.pyspy.txt" if args.profile else None,
             on_progress=lambda n: bar.update(task, completed=n),
+            counted_by=args.counted_by,
         )
     return {
         "load_start": load_start,
@@ -377,6 +402,13 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=150)
+    parser.add_argument(
+        "--counted-by",
+        choices=("bridge", "job"),
+        default="bridge",
+        help="who counts the prompts: the bridge (its count vouched for on each record, as "
+        "the bridge sends it) or the job (a program's client's records)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)

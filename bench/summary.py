@@ -1,6 +1,7 @@
 """``bench/summary.json``: each goal's figure, from result JSONs of committed code.
 
     python -m bench.summary collect admission [--runs 3] [--lock FILE] [-- --requests 5000]
+    python -m bench.summary collect admission [...] -- --counted-by job --name admission_job_counts
     python -m bench.summary build [--runs 3]
 
 ``collect`` runs one benchmark script N times, one run after the other; with ``--lock``
@@ -174,6 +175,13 @@ FIGURES: tuple[Figure, ...] = (
         "admission.job_us_per_request",
         "admission",
         "job CPU per request",
+        "µs",
+        _admission("job_us_per_request"),
+    ),
+    Figure(
+        "admission_job_counts.job_us_per_request",
+        "admission_job_counts",
+        "job CPU per request, the job counting each prompt (a program's records)",
         "µs",
         _admission("job_us_per_request"),
     ),
@@ -386,6 +394,7 @@ GOALS: tuple[Goal, ...] = (
         5_000,
         (
             "admission.job_us_per_request",
+            "admission_job_counts.job_us_per_request",
             "faust_floor.forward_us_per_request",
             "faust_floor.ledger_us_per_request",
         ),
