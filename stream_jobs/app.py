@@ -423,6 +423,7 @@ def faust_app(settings: Settings) -> faust.App:
         broker_commit_interval=settings.faust_commit_interval_s,
         producer_acks=_acks(settings.kafka_acks),
         producer_linger_ms=settings.linger_ms,
+        producer_max_batch_size=settings.producer_batch_bytes,
         consumer_auto_offset_reset="earliest",
     )
     track_producer_topics(app, settings)

@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     """Idempotent producers; unset: on with the ``kafka`` profile, off with ``tansu``
     (idempotence needs InitProducerId, which the bundled broker lacks)."""
     linger_ms: int = 0
+    producer_batch_bytes: int = Field(default=262_144, ge=16_384, le=1_000_000)
+    """The most a producer batches for one partition (every producer's, the Faust job's
+    too), under Kafka's default message and request limits of about 1 MB. aiokafka's
+    default, 16 KiB, held about fifteen of the job's forwards: in a burst each send then
+    waited for the partition's batch to drain, and each produce request carried less. At
+    256 KiB the job admitted 3,236 and 3,509 requests per core against 2,774 and 2,786
+    (alternated pairs), the broker's CPU per request down by a third (BENCHMARKS.md)."""
     fetch_max_wait_ms: int | None = None
     """How long the broker may hold a fetch of an idle partition: every consumer but the
     Faust job's (``consumer_fetch_wait_ms`` resolves it). Unset: 500 ms with the ``kafka``

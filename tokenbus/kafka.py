@@ -62,6 +62,7 @@ def make_tracked_producer(
         "acks": settings.kafka_acks,
         "enable_idempotence": settings.idempotent_producers,
         "linger_ms": settings.linger_ms,
+        "max_batch_size": settings.producer_batch_bytes,
         "request_timeout_ms": settings.request_timeout_ms,
         "partitioner": partition_by_key,
     }
