@@ -173,3 +173,22 @@ def test_sampling_fields_pass_through() -> None:
     sampling = plan.sampling
     assert (sampling.temperature, sampling.top_p, sampling.seed) == (0.5, 0.9, 3)
     assert sampling.stop == ["\n"] and sampling.ignore_eos
+
+
+def test_a_plan_says_whether_its_count_is_the_tokenizer_s() -> None:
+    # Only such a count is vouched for to the job (tokenbus.prompt_vouch); an estimate is
+    # the job's to make again with its own tokenizer.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"hi": 0, "there": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    exact = Planner(
+        PatternScreen.create(None, None),
+        PromptCounter(tokenizer),
+        max_prompt_chars=10_000,
+        knows_model=KNOWN_MODELS.__contains__,
+    )
+    plan = exact.plan_completion(completion(prompt="hi there"), caller())
+    assert (plan.num_prompt_tokens, plan.prompt_tokens_exact) == (2, True)
+    estimate = planner().plan_completion(completion(prompt="hi there"), caller())
+    assert estimate.prompt_tokens_exact is False
