@@ -3,12 +3,15 @@
     .venvs/stream/bin/python -m bench.faust_floor [--requests 5000] [--repeat 3]
 
 Runs ``bench.admission``'s burst (the same records, tenants, broker and pretend worker)
-against three admitters in turn, each on a stack of its own, ``--repeat`` times:
+against five admitters in turn, each on a stack of its own, ``--repeat`` times:
 
 - ``forward``: a Faust agent that forwards each record unread and acks it once the
   broker has it (``bench.faust_floor_app``), on the job's own Faust configuration;
 - ``ledger``: that, and one changelog-backed table write per request, as the job's
   request ledger writes;
+- ``aiokafka_forward`` and ``aiokafka_ledger``: the same two without Faust, a plain
+  aiokafka consumer and producer a batch at a time (``bench.aiokafka_floor_app``), as a
+  batched admit path around Faust would have them;
 - ``job``: the Faust job itself (``python -m stream_jobs``).
 
 Each figure is CPU µs per request of the admitting process (all its threads, from
@@ -42,18 +45,24 @@ from tokenbus_cli.stack import Stack, free_port
 
 GOAL_US = 200.0
 """Issue 17's admission goal: 5,000 requests/s per job core."""
-ARMS = ("forward", "ledger", "job")
+ARMS = ("forward", "ledger", "aiokafka_forward", "aiokafka_ledger", "job")
 
 
 def floor_job(mode: str) -> JobStarter:
-    """Starts ``bench.faust_floor_app`` in ``mode`` as ``stream_job``; ready once it
-    forwards (``run_admission`` probes it)."""
+    """Starts ``bench.faust_floor_app`` (or ``bench.aiokafka_floor_app``) in ``mode`` as
+    ``stream_job``; ready once it forwards (``run_admission`` probes it)."""
 
     async def start(stack: Stack, forward_to: str) -> None:
+        env = {"BENCH_FLOOR_MODE": mode, "BENCH_FLOOR_TO": forward_to}
+        if mode.startswith("aiokafka"):
+            stack.spawn(
+                "stream_job", [sys.executable, "-m", "bench.aiokafka_floor_app"], env_extra=env
+            )
+            return
         stack.spawn(
             "stream_job",
             [sys.executable, "-m", "bench.faust_floor_app"],
-            env_extra={"BENCH_FLOOR_MODE": mode, "BENCH_FLOOR_TO": forward_to},
+            env_extra=env,
             faust_web_port=free_port(),
             faust_datadir=stack.settings.home / "faust-floor",
         )
@@ -78,7 +87,7 @@ def shares(runs: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """Each floor's share of the job's CPU per request, taken within each repeat."""
     return {
         arm: spread([100 * f / j for f, j in zip(runs[arm], runs["job"], strict=True)])
-        for arm in ARMS
+        for arm in runs
         if arm != "job"
     }
 

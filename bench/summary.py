@@ -82,6 +82,16 @@ def _admission(field: str) -> Callable[[Result], float | None]:
     return extract
 
 
+def _floor_arm(arm: str) -> Callable[[Result], float | None]:
+    """A floor arm's median; None in a run made before the arm was."""
+
+    def extract(result: Result) -> float | None:
+        cost = result.get("us_per_request", {}).get(arm)
+        return None if cost is None else float(cost["median"])
+
+    return extract
+
+
 def _relay_us(side: str) -> Callable[[Result], float | None]:
     def extract(result: Result) -> float | None:
         row = _first_row(result, **RELAY_ROW)
@@ -212,6 +222,14 @@ FIGURES: tuple[Figure, ...] = (
         "floor: a Faust agent that forwards and writes one ledger record, CPU per request",
         "µs",
         lambda r: float(r["us_per_request"]["ledger"]["median"]),
+    ),
+    Figure(
+        "faust_floor.aiokafka_ledger_us_per_request",
+        "faust_floor",
+        "floor without Faust: aiokafka forwards a batch and writes one keyed record each, "
+        "CPU per request",
+        "µs",
+        _floor_arm("aiokafka_ledger"),
     ),
     Figure(
         "relay.worker_loop_tokens_per_core_s",
@@ -397,6 +415,7 @@ GOALS: tuple[Goal, ...] = (
             "admission_job_counts.job_us_per_request",
             "faust_floor.forward_us_per_request",
             "faust_floor.ledger_us_per_request",
+            "faust_floor.aiokafka_ledger_us_per_request",
         ),
     ),
     Goal(

@@ -32,3 +32,26 @@ def test_cpu_per_request_counts_what_was_forwarded() -> None:
 def test_an_unknown_mode_is_refused_before_any_app_is_made() -> None:
     with pytest.raises(ValueError, match="BENCH_FLOOR_MODE"):
         create_floor_app(Settings(), "everything", "some-topic")
+
+
+async def test_the_floor_without_faust_refuses_an_unknown_mode_before_connecting() -> None:
+    import asyncio
+
+    from bench.aiokafka_floor_app import forward
+
+    with pytest.raises(ValueError, match="BENCH_FLOOR_MODE"):
+        await forward(Settings(), "everything", "some-topic", asyncio.Event())
+
+
+def test_a_floor_run_made_before_an_arm_existed_has_no_figure_for_it() -> None:
+    from bench.summary import _floor_arm
+
+    old = {"us_per_request": {"forward": {"median": 100.0}, "ledger": {"median": 150.0}}}
+    new = {"us_per_request": {**old["us_per_request"], "aiokafka_ledger": {"median": 14.0}}}
+    assert _floor_arm("aiokafka_ledger")(old) is None
+    assert _floor_arm("aiokafka_ledger")(new) == 14.0
+
+
+def test_shares_cover_every_floor_arm_run() -> None:
+    runs = {"forward": [100.0], "aiokafka_forward": [10.0], "job": [200.0]}
+    assert set(shares(runs)) == {"forward", "aiokafka_forward"}
