@@ -6,6 +6,7 @@ rule's count for that record, and the engine's count of what it ran."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -71,8 +72,10 @@ async def test_the_bridge_vouches_for_the_count_the_job_and_the_engine_would_mak
         }
 
         records: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
         while len(records) < len(bodies):
-            fetched = await asyncio.wait_for(consumer.getmany(timeout_ms=1_000), 30)
+            assert time.monotonic() < deadline, f"request records not read: {sorted(records)}"
+            fetched = await consumer.getmany(timeout_ms=1_000)
             for batch in fetched.values():
                 for record in batch:
                     request = decode(InferenceRequest, record.value)
