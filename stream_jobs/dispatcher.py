@@ -78,6 +78,7 @@ from stream_jobs.affinity import SessionAffinity
 from stream_jobs.answer_order import AnswerOrder, Turn
 from stream_jobs.budgets import Budget, BudgetBook, MemorySpendStore, SpendStore, Subject
 from stream_jobs.fair_queue import FairQueue
+from stream_jobs.in_flight import Facets, InFlightTable
 from stream_jobs.ledger import (
     MAX_COPIES,
     Entry,
@@ -237,7 +238,8 @@ _Picked = tuple[WorkItem, str]
 @dataclass
 class _InFlight:
     request: WorkItem
-    """The copy forwarded to the worker."""
+    """The copy forwarded to the worker; never swapped while the entry is held (the
+    table counts the entry by it: ``stream_jobs.in_flight``)."""
     cancelled: bool = False
     trace: Context | None = None
     """Its trace, so that an attempt sent again after a worker loss joins it."""
@@ -250,6 +252,11 @@ class _InFlight:
     @property
     def worker(self) -> tuple[str | None, str | None]:
         return (self.request.worker_id, self.request.worker_incarnation)
+
+
+def _facets(flight: _InFlight) -> Facets:
+    request = flight.request
+    return Facets(request.model, request.priority == BATCH_CLASS, request.batch_id is not None)
 
 
 @dataclass
@@ -353,7 +360,7 @@ class Dispatcher:
         self._registry = WorkerRegistry(dead_after_s=settings.worker_dead_after_s)
         self._queue: FairQueue[_Waiting] = FairQueue()
         self._waiting: dict[Key, _Waiting] = {}
-        self._in_flight: dict[Key, _InFlight] = {}
+        self._in_flight: InFlightTable[_InFlight] = InFlightTable(_facets)
         self._forwards = forwards
         self._orphans: dict[Key, float] = {}
         """Adopted requests whose worker run was not seen live yet: since when."""
@@ -1222,13 +1229,10 @@ class Dispatcher:
         waiting: dict[str, list[int]] = {}
         for entry in self._waiting.values():
             waiting.setdefault(entry.request.model, [0, 0, 0])[entry.request.priority] += 1
-        in_flight: dict[str, list[int]] = {}
-        for flight in self._in_flight.values():
-            counts = in_flight.setdefault(flight.request.model, [0, 0])
-            counts[0] += 1
-            counts[1] += flight.request.batch_id is not None
         workers = self._registry.all_live(now)
-        models = {view.status.model for view in workers} | set(waiting) | set(in_flight)
+        models = (
+            {view.status.model for view in workers} | set(waiting) | set(self._in_flight.models())
+        )
         return [
             load_report(
                 model,
@@ -1237,8 +1241,8 @@ class Dispatcher:
                 samples=samples.get(model),
                 waiting_by_class=waiting.get(model, [0, 0, 0]),
                 workers=[view.status for view in workers if view.status.model == model],
-                num_in_flight=in_flight.get(model, [0, 0])[0],
-                num_batch_in_flight=in_flight.get(model, [0, 0])[1],
+                num_in_flight=self._in_flight.of_model(model).num,
+                num_batch_in_flight=self._in_flight.of_model(model).num_batch_lines,
             )
             for model in sorted(models)
         ]
@@ -1479,13 +1483,8 @@ class Dispatcher:
         if head is None:
             return 0, None
         model = head.request.model
-        num_interactive = num_batch = 0
-        for flight in self._in_flight.values():
-            if flight.request.model == model:
-                if flight.request.priority == BATCH_CLASS:
-                    num_batch += 1
-                else:
-                    num_interactive += 1
+        counts = self._in_flight.of_model(model)
+        num_batch, num_interactive = counts.num_batch_class, counts.num - counts.num_batch_class
         cap = self._batch_yield.batch_cap(
             model,
             now,
@@ -1861,7 +1860,7 @@ class Dispatcher:
         if demand is not None and demand > self._tiers.cap_above - self._tiers.release_margin:
             # Near a threshold: without the batch lines in flight either. (Below it, the
             # tier is normal with or without them, and this pass is not needed.)
-            num_busy -= sum(f.request.batch_id is not None for f in self._in_flight.values())
+            num_busy -= self._in_flight.num_batch_lines
             demand = demand_ratio(num_busy, num_waiting, capacity)
         tier = self._tiers.next_tier(self._tier, demand)
         self.metrics.num_waiting = len(self._queue)
