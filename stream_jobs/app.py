@@ -57,7 +57,7 @@ from faust.types import EventT, StreamT, TableT
 from prometheus_client import generate_latest
 
 from schemas import encode
-from stream_jobs import faust_pauses, faust_recovery
+from stream_jobs import faust_drain, faust_pauses, faust_recovery
 from stream_jobs.budgets import Reservation
 from stream_jobs.dispatcher import Admitted, Dispatcher, Record
 from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
@@ -404,6 +404,7 @@ def faust_app(settings: Settings) -> faust.App:
     tansu.install_for_faust(settings)  # the bundled broker's workarounds; none on Kafka
     faust_recovery.install()  # Faust loses fetched records otherwise, on any broker
     faust_pauses.install()  # a recovered table's changelog is not fetched, on any broker
+    faust_drain.install()  # a record reaches its agent without four tasks, on any broker
     brokers = ";".join(f"kafka://{host}" for host in settings.bootstrap.split(","))
     app = faust.App(
         settings.faust_app_id,
