@@ -42,7 +42,7 @@ from bench.common import (
     run_benchmark,
 )
 from bench.pretend import ForwardCounter, heartbeat_loop, pretend_ids
-from bench.procstat import CpuMeter
+from bench.procstat import CpuMeter, thread_cpu_seconds, threads_split
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_job
@@ -184,6 +184,7 @@ async def run_admission(
         meter = CpuMeter({"stream_job": [stack.pid("stream_job")], "broker": [stack.pid("broker")]})
         profiler = Profiler(stack.pid("stream_job"), profile_to) if profile_to else None
         meter.start()
+        threads_before = thread_cpu_seconds(stack.pid("stream_job"))
         started = time.perf_counter()
         sends = [
             await producer.send(topics.requests(1), value, key=tenant_id.encode(), headers=headers)
@@ -197,6 +198,11 @@ async def run_admission(
                 break
         on_progress(counter.num_forwarded - base)
         cpu = meter.delta()
+        # The job's CPU by thread: its event loop's against Faust's consumer thread (and
+        # any other), which py-spy's samples cannot tell apart from waiting for the GIL.
+        job_threads = threads_split(
+            stack.pid("stream_job"), threads_before, thread_cpu_seconds(stack.pid("stream_job"))
+        )
         profile = top_frames(profiler.stop()) if profiler else None
         num_forwarded = counter.num_forwarded - base
         wall_s = max(1e-9, counter.last_at - started)
@@ -226,6 +232,7 @@ async def run_admission(
         "idle_latency_ms": latency_ms,
         "idle_legs_ms": legs_ms,
         "cpu_s": cpu,
+        "job_cpu_s_by_thread": job_threads,
         "requests_per_core_s": round(num_forwarded / max(1e-9, cpu["stream_job"]), 1),
         "broker_cpu_ms_per_1k": round(1e6 * cpu["broker"] / max(1, num_forwarded), 2),
         "profile": profile,
@@ -333,6 +340,7 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
         "req/s/core",
         "goal",
         "broker ms/1k",
+        "job main thread",
     ):
         table.add_column(column, justify="right")
     for row in rows:
@@ -352,8 +360,18 @@ def render(rows: list[dict[str, Any]], console: Console, title: str) -> None:
             f"{row['requests_per_core_s']:.0f}",
             "met" if row["requests_per_core_s"] >= GOAL_PER_CORE else "NOT met",
             f"{row['broker_cpu_ms_per_1k']:.0f}",
+            _main_thread_share(row.get("job_cpu_s_by_thread")),
         )
     console.print(table)
+
+
+def _main_thread_share(by_thread: dict[str, float] | None) -> str:
+    """The job's main thread's share of its CPU (rows written before it was measured:
+    ``-``)."""
+    if not by_thread:
+        return "-"
+    total = by_thread["main"] + by_thread["other_threads"]
+    return f"{100 * by_thread['main'] / total:.0f}%" if total > 0 else "-"
 
 
 def print_profile(profile: dict[str, Any] | None, console: Console, title: str) -> None:

@@ -21,6 +21,8 @@ __all__ = [
     "minor_faults",
     "runqueue_wait_seconds",
     "system_seconds",
+    "thread_cpu_seconds",
+    "threads_split",
 ]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -69,6 +71,33 @@ def runqueue_wait_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total_ns / 1e9
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU of each live thread of one process, by thread id (the main
+    thread's id is the pid); {} once it has gone. A thread that ended is not in it."""
+    seconds: dict[int, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return seconds
+    for tid in tasks:
+        try:
+            fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) * _TICK_S
+    return seconds
+
+
+def threads_split(
+    pid: int, before: Mapping[int, float], after: Mapping[int, float]
+) -> dict[str, float]:
+    """CPU between two ``thread_cpu_seconds`` readings: the main thread's and the other
+    threads' together (a thread that ended between them is not counted)."""
+    main = after.get(pid, 0.0) - before.get(pid, 0.0)
+    others = sum(s - before.get(tid, 0.0) for tid, s in after.items() if tid != pid)
+    return {"main": round(main, 3), "other_threads": round(others, 3)}
 
 
 def descendants(pid: int) -> list[int]:

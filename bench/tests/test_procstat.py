@@ -56,3 +56,30 @@ def test_runqueue_wait_is_read_for_a_live_process_only() -> None:
 
     assert runqueue_wait_seconds(os.getpid()) >= 0.0
     assert runqueue_wait_seconds(2**22 + 12345) == 0.0
+
+
+def test_threads_split_tells_the_main_thread_from_the_others() -> None:
+    import threading
+
+    from bench.procstat import thread_cpu_seconds, threads_split
+
+    pid = os.getpid()
+    before = thread_cpu_seconds(pid)
+    assert pid in before
+    done, release = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        sum(i * i for i in range(3_000_000))
+        done.set()
+        release.wait()  # alive until read: an ended thread is not in the reading
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    done.wait()
+    during = thread_cpu_seconds(pid)
+    release.set()
+    worker.join()
+    split = threads_split(pid, before, during)
+    assert split["other_threads"] > 0
+    assert split["main"] < split["other_threads"]  # the main thread only waited
+    assert thread_cpu_seconds(2**22 + 12345) == {}
