@@ -9,13 +9,14 @@ record through ``Service.wait_first(callback(message), self.suspend_flow.wait())
 that a rebalance suspending the flow interrupts a delivery blocked on a full agent
 queue. ``wait_first`` makes a task of each of the two, and two more for the service's
 stopped and crashed events, waits on all four with ``asyncio.wait``, and cancels the
-three that lost: about 15 µs of the event loop's time on this machine for a delivery
-that, nearly always, never waits at all (the conductor's ``on_message`` takes its lock,
-finds the flow on and the producer's buffer low, decodes, and puts the event on the
-agent's queue without blocking).
+three that lost, for a delivery that, nearly always, never waits at all (the conductor's
+``on_message`` takes its lock, finds the flow on and the producer's buffer low, decodes,
+and puts the event on the agent's queue without blocking). Faust's floor for forwarding
+a request (``bench.faust_floor``) fell from 96 to 52 µs of CPU with this (BENCHMARKS.md).
 
 ``wait_first`` here first runs a coroutine it is given up to its first wait, in the
-caller's task, as the task ``wait_first`` would make of it would run it. A coroutine
+caller's task (nothing Faust's delivery does asks which task it runs in), as the task
+``wait_first`` would make of it would run it. A coroutine
 that ends there has its result (or its exception) at once, and the others it was given
 are closed unawaited: none of them could have ended first, since none had run. One that
 waits goes on in ``wait_first`` as Faust ships it, from where it stopped, so a suspended
