@@ -214,14 +214,14 @@ FIGURES: tuple[Figure, ...] = (
         "faust_floor",
         "floor: a Faust agent that only forwards, CPU per request",
         "µs",
-        lambda r: float(r["us_per_request"]["forward"]["median"]),
+        _floor_arm("forward"),
     ),
     Figure(
         "faust_floor.ledger_us_per_request",
         "faust_floor",
         "floor: a Faust agent that forwards and writes one ledger record, CPU per request",
         "µs",
-        lambda r: float(r["us_per_request"]["ledger"]["median"]),
+        _floor_arm("ledger"),
     ),
     Figure(
         "faust_floor.aiokafka_ledger_us_per_request",
