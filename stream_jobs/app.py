@@ -59,6 +59,7 @@ from prometheus_client import generate_latest
 from schemas import encode
 from stream_jobs import faust_drain, faust_pauses, faust_recovery
 from stream_jobs.budgets import Reservation
+from stream_jobs.changelog import DirectChangelog, direct_table
 from stream_jobs.dispatcher import Admitted, Dispatcher, Record
 from stream_jobs.intake_watch import IntakeWatch, PartitionIntake
 from stream_jobs.ledger import Entry, State
@@ -436,16 +437,13 @@ def create_app(settings: Settings) -> faust.App:
     app = faust_app(settings)
     topics = Topics(settings.topic_prefix)
 
+    changelog = DirectChangelog(app)
+
     def table(name: str) -> Any:
         """A changelog-backed table of bytes, keyed tenant first, one partition per
-        request partition (so each instance holds the tenants it reads)."""
-        return app.Table(
-            name,
-            default=None,
-            key_type=bytes,
-            value_type=bytes,
-            partitions=settings.num_partitions,
-        )
+        request partition (so each instance holds the tenants it reads); its changelog
+        records go straight to aiokafka (``stream_jobs.changelog``)."""
+        return direct_table(app, changelog, name, settings.num_partitions)
 
     # Keyed by tenant, like every stream that writes it: requests and usage are
     # co-partitioned, so one instance owns each tenant's window.
@@ -766,6 +764,7 @@ def create_app(settings: Settings) -> faust.App:
         waiting=lambda: dispatcher().waiting_counts(),
         lag=faust_offsets(app, [topics.requests(p) for p in (0, 1, 2)]),
         partitions=faust_partitions(app),
+        changelog=lambda: (changelog.num_sent, changelog.num_failed),
         scaling=create_scaling_policy(
             settings.scaling_target_utilisation,
             settings.scaling_min_workers,

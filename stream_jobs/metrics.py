@@ -5,6 +5,7 @@
 #   --> stream_jobs.scaling --> tokenbus_recommended_workers{model}
 # the Faust consumer's request-topic partitions --> ConsumerLagCollector
 # the Faust consumer's assignment, and what its fetches ask for --> FetchedPartitions
+# the tables' changelog records (stream_jobs.changelog) --> ChangelogRecords
 # --> a registry of the job's own --> Prometheus text format at /metrics
 
 The dispatcher keeps plain numbers (no I/O, no library in its hot path); a collector
@@ -360,6 +361,27 @@ def faust_partitions(app: Any) -> Callable[[], list[tuple[str, bool]]]:
     return read
 
 
+class ChangelogRecords(Collector):
+    """The job's table writes (``stream_jobs.changelog``): records the broker holds, and
+    records that never reached it (each also logged, with its topic and partition)."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        num_sent, num_failed = self._counts()
+        yield CounterMetricFamily(
+            "tokenbus_job_changelog_records_sent",
+            "table changelog records the broker acknowledged",
+            value=num_sent,
+        )
+        yield CounterMetricFamily(
+            "tokenbus_job_changelog_records_failed",
+            "table changelog records that did not reach the broker",
+            value=num_failed,
+        )
+
+
 def job_registry(
     metrics: Callable[[], DispatchMetrics],
     budget_rows: Callable[[], list[dict[str, object]]] = list,
@@ -367,6 +389,7 @@ def job_registry(
     waiting: Callable[[], Mapping[tuple[str, int], int]] = dict,
     lag: OffsetsSource | None = None,
     partitions: Callable[[], Iterable[tuple[str, bool]]] | None = None,
+    changelog: Callable[[], tuple[int, int]] | None = None,
     scaling: ScalingPolicy | None = None,
     default_max_num_seqs: int = 64,
 ) -> CollectorRegistry:
@@ -387,4 +410,6 @@ def job_registry(
     registry.register(consumer_lag)
     if partitions is not None:
         registry.register(FetchedPartitions(partitions))
+    if changelog is not None:
+        registry.register(ChangelogRecords(changelog))
     return registry
