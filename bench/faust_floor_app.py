@@ -7,7 +7,7 @@ acknowledged):
 
 - ``forward``: produce the record's value, unread, to the pretend worker's topic;
 - ``ledger``: that, and one write to a changelog-backed table per request, as the job's
-  request ledger writes.
+  request ledger writes (its records straight to aiokafka, ``stream_jobs.changelog``).
 
 No decoding, checks, quota window, routing or tracing: ``bench.faust_floor`` runs it
 beside ``bench.admission`` to show how much of the job's CPU per request is Faust's and
@@ -25,6 +25,7 @@ from typing import Any
 import faust
 
 from stream_jobs.app import faust_app
+from stream_jobs.changelog import DirectChangelog, direct_table
 from tokenbus import loops
 from tokenbus.config import Settings
 from tokenbus.logs import logging_config, setup_logging
@@ -38,13 +39,8 @@ def create_floor_app(settings: Settings, mode: str, forward_to: str) -> faust.Ap
         raise ValueError(f"BENCH_FLOOR_MODE must be one of {MODES}, not {mode!r}")
     app = faust_app(settings)
     topic = app.topic(Topics(settings.topic_prefix).requests(1), key_type=bytes, value_type=bytes)
-    ledger = app.Table(
-        "floor-ledger",
-        default=None,
-        key_type=bytes,
-        value_type=bytes,
-        partitions=settings.num_partitions,
-    )
+    # The job's own kind of table: its changelog records go straight to aiokafka.
+    ledger = direct_table(app, DirectChangelog(app), "floor-ledger", settings.num_partitions)
 
     @app.agent(topic, name="floor_admit")
     async def admit(stream: Any) -> None:
