@@ -60,12 +60,13 @@ class Settings(BaseSettings):
     runs the same code on less CPU, and on two cores that CPU is the engine's
     (BENCHMARKS.md); ``asyncio`` is the standard loop, to compare or to debug."""
 
-    gc_gen0_threshold: int = Field(default=10_000, ge=0, le=1_000_000)
+    gc_gen0_threshold: int = Field(default=50_000, ge=0, le=1_000_000)
     """Every service process (the Faust job, a worker, the bridge) collects its youngest
     generation after this many allocations, not CPython's 700, once it has frozen what
     start-up made (tokenbus.heap). 0: CPython's thresholds; at most a million. In an
-    admission burst the job spent a tenth of its CPU in full collections at 700
-    (BENCHMARKS.md)."""
+    admission burst the job spent a tenth of its CPU in full collections at 700, and at
+    10,000 still 4% in middle ones, each walking the requests in flight that young
+    collections had moved there; at 50,000 those die first (BENCHMARKS.md)."""
 
     # -- Kafka ----------------------------------------------------------------------
     broker_profile: Literal["kafka", "tansu"] = "kafka"
