@@ -6,9 +6,10 @@
 #   here:         one queue of (topic, partition, key, value) --> one pump --> aiokafka's
 #                 send (~4 µs a record, as a plain aiokafka producer's keyed record)
 
-Why: a request's FORWARDED ledger entry is one changelog record, and Faust's path for it
-was the largest single cost of admission left in Faust (``bench.faust_floor``: 108 µs of
-CPU per request for a forward and a table write that way, 64 this way; BENCHMARKS.md).
+Why: a request's FORWARDED ledger entry is one changelog record (its DONE entry another),
+and Faust's path for it was the largest single cost of admission left in Faust
+(``bench.faust_floor``: Faust's floor for a forward and a table write was 110 µs of CPU
+per request that way, 66 this way; BENCHMARKS.md).
 
 What stays as Faust has it: the table's store (written here, as ``Table.__setitem__``
 writes it), the changelog topic and its partition (the event's, or the one named), the
