@@ -26,6 +26,11 @@ written under it are held by the broker, exactly as with Faust's own buffer. Any
 this path cannot take (a non-bytes key or value, a serializer other than raw, a
 transaction, another driver, a producer not running) goes Faust's own way; none of the
 job's writes is such, so its records never take both ways at once.
+
+The queue has no bound of its own, as Faust's buffer has (its consumer waits for the
+buffer to ebb): every record here is written under an event the job holds (at most
+``admit_concurrency`` requests at a time) or a usage event it fetched, and a broker that
+stops taking records stops the forwards those wait on, and the fetches, with them.
 """
 
 from __future__ import annotations
