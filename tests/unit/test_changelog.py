@@ -263,3 +263,30 @@ async def test_the_job_s_metrics_count_records_sent_and_failed() -> None:
     )
     assert registry.get_sample_value("tokenbus_job_changelog_records_sent_total") == 2
     assert registry.get_sample_value("tokenbus_job_changelog_records_failed_total") == 1
+
+
+async def test_a_store_that_persists_keeps_each_acknowledged_offset() -> None:
+    """As Faust's own path does for RocksDB: the offset of each record the broker holds."""
+
+    class PersistingStore(dict[bytes, bytes]):
+        def __init__(self) -> None:
+            super().__init__()
+            self.persisted: list[tuple[TopicPartition, int]] = []
+
+        def set_persisted_offset(self, tp: TopicPartition, offset: int) -> None:
+            self.persisted.append((tp, offset))
+
+    broker = Broker()
+    broker.refuse = {b"t/bad"}
+    app, _ = app_over(broker)
+    changelog = DirectChangelog(app)
+    table = direct_table(app, changelog, "ledger", 4)
+    store = PersistingStore()
+    table._data = cast(Any, store)
+    sent = [table.send_changelog(2, key, b"x") for key in (b"t/a", b"t/bad", b"t/b")]
+    await changelog.flush()
+    broker.ack()
+    await asyncio.wait(sent, timeout=1)
+    await asyncio.sleep(0)
+    topic = TopicPartition("changelog-test-ledger-changelog", 2)
+    assert store.persisted == [(topic, 0), (topic, 1)]  # not the refused record's
