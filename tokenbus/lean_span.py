@@ -21,7 +21,9 @@ and drops is the SDK's decision. A tracer other than the SDK's, or one its confi
 disabled, goes through its own ``start_span``. When the tracer's sampler is
 ``ParentBasedRatio`` and its one processor the ``SpanBuffer`` (``finished_span``), a span
 under a valid parent takes the parent's decision and trace state without a sampling
-result, and at ``end`` the buffer reads the span itself rather than a readable copy."""
+result, and at ``end`` the buffer reads any sampled span itself (a trace's first span
+too, as the job's admission of a record without a ``traceparent``) rather than a
+readable copy."""
 
 from __future__ import annotations
 
@@ -233,7 +235,8 @@ def start_span(
     else:
         trace_id = parent.trace_id
         random_trace_id = parent.trace_flags.random_trace_id
-    buffer = lone_buffer(tracer) if parent is not None else None
+    # The buffer takes the ended span itself (``LeanSpan.end``), a trace's first span too.
+    buffer = lone_buffer(tracer)
     trace_state: TraceState | None
     if buffer is not None and parent is not None:
         # ParentBasedRatio follows a valid parent, and keeps its trace state.
@@ -251,6 +254,6 @@ def start_span(
         return NonRecordingSpan(span_context)
     span = LeanSpan(tracer, name, span_context, parent, kept, kind)
     span._record_end_metrics = record_end_metrics
-    span._buffer = buffer
+    span._buffer = buffer if sampled else None  # the SDK's on_end skips the unsampled
     span.start(start_time=start_time, parent_context=context)
     return span

@@ -324,3 +324,36 @@ def test_to_a_lone_span_buffer_it_files_what_the_sdks_span_files(random: bool) -
     assert type(start_span(tracer, "x", context=unsampled)) is NonRecordingSpan
     start_span(tracer, "x", context=unsampled).end()
     assert tracing.buffer.take() == {}
+
+
+def test_a_traces_first_span_goes_to_a_lone_span_buffer_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parentless span (the job's admission of a record with no ``traceparent``) is
+    filed as the SDK's span files it, and without a readable copy made for the buffer."""
+    tracing = Tracing(Settings(), "job")
+    tracer = tracing.tracer
+    for start in (ours(tracer), sdks(tracer)):
+        span = start(
+            "job.admit",
+            kind=SpanKind.CONSUMER,
+            attributes={"tokenbus.tenant": "acme"},
+            start_time=10,
+        )
+        span.set_attribute("tokenbus.outcome", "admitted")
+        span.end(end_time=20)
+    assert tracing.buffer is not None
+    ((tenant, (mine, theirs)),) = tracing.buffer.take().items()
+    assert tenant == "acme" and mine["parent_span_id"] is None
+    assert {**mine, "span_id": None, "trace_id": None} == {
+        **theirs,
+        "span_id": None,
+        "trace_id": None,
+    }
+
+    def no_copy(self: LeanSpan) -> ReadableSpan:
+        raise AssertionError("a readable copy was made for the lone buffer")
+
+    monkeypatch.setattr(LeanSpan, "_readable_span", no_copy)
+    start_span(tracer, "job.admit", attributes={"tokenbus.tenant": "acme"}).end()
+    assert len(tracing.buffer.take()["acme"]) == 1
