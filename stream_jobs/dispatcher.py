@@ -575,12 +575,15 @@ class Dispatcher:
                 now,
                 tier=self._tier,
             )
-        updates: dict[str, object] = {"overload_tier": int(self._tier)}
+        updates: dict[str, object] = {}
+        if item.overload_tier != self._tier:
+            updates["overload_tier"] = int(self._tier)
         if action.max_tokens is not None:
             self.metrics.num_capped += 1
             updates["sampling"] = item.sampling.model_copy(update={"max_tokens": action.max_tokens})
             updates["flags"] = [*item.flags, "max_tokens_capped"]
-        item = item.model_copy(update=updates)
+        if updates:  # most requests: at tier 0 and not capped, the item as it is
+            item = item.model_copy(update=updates)
 
         # Spend budgets first: a refusal here charges nothing; a window refusal below
         # gives the budgets their reservation back.
