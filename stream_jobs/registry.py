@@ -42,6 +42,10 @@ class WorkerView:
     sent_adapters: dict[str, float] = field(default_factory=dict)
     """LoRA adapters dispatched to it, and when: held as far as routing goes until a
     heartbeat lists them (or ``ADAPTER_SENT_HOLD_S`` passes)."""
+    _candidate: Candidate | None = field(default=None, init=False, repr=False, compare=False)
+    """``candidate()`` as last made: a heartbeat makes a new view, and ``note_dispatch``
+    (the one change to a view after that) drops it. Every pick reads every live worker
+    of its model, and making a ``Candidate`` was most of a pick's CPU at 64 workers."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -53,7 +57,9 @@ class WorkerView:
         return queued / max(1, self.status.max_num_seqs)
 
     def candidate(self) -> Candidate:
-        return Candidate(
+        if self._candidate is not None:
+            return self._candidate
+        self._candidate = Candidate(
             worker_id=self.status.worker_id,
             capacity=self.status.max_num_seqs,
             num_running=self.status.num_running,
@@ -63,6 +69,14 @@ class WorkerView:
             max_loras=self.status.max_loras,
             adapters=frozenset(self.status.adapters).union(self.sent_adapters),
         )
+        return self._candidate
+
+    def note_dispatch(self, adapter: str | None, now: float) -> None:
+        """A request sent to it since its last heartbeat (with ``adapter``, if any)."""
+        self.num_unseen_dispatches += 1
+        if adapter is not None and adapter not in self.status.adapters:
+            self.sent_adapters[adapter] = now
+        self._candidate = None
 
 
 @dataclass
@@ -104,15 +118,17 @@ class WorkerRegistry:
         self._live = None
         # Requests dispatched since the previous heartbeat may not be in its counts yet;
         # the new heartbeat is the best count there is, so the tally starts again.
-        view = WorkerView(status=status, seen_at=now, heard_at=now)
+        held: dict[str, float] = {}
         if previous is not None and previous.key == key:
             # An adapter just sent may not be loaded yet: it stays held for a while.
-            view.sent_adapters = {
+            held = {
                 name: at
                 for name, at in previous.sent_adapters.items()
                 if name not in status.adapters and now - at < ADAPTER_SENT_HOLD_S
             }
-        self._workers[status.worker_id] = view
+        self._workers[status.worker_id] = WorkerView(
+            status=status, seen_at=now, heard_at=now, sent_adapters=held
+        )
 
     def reap(self, now: float) -> list[tuple[str, str]]:
         """Runs gone since the last call, as (worker_id, incarnation), each once."""
@@ -175,9 +191,7 @@ class WorkerRegistry:
     def note_dispatch(self, worker_id: str, adapter: str | None = None, now: float = 0.0) -> None:
         view = self._workers.get(worker_id)
         if view is not None:
-            view.num_unseen_dispatches += 1
-            if adapter is not None and adapter not in view.status.adapters:
-                view.sent_adapters[adapter] = now
+            view.note_dispatch(adapter, now)
 
     def models(self, now: float) -> set[str]:
         return {view.status.model for view in self.all_live(now)}

@@ -254,3 +254,23 @@ def test_the_live_set_is_worked_out_again_when_the_clock_reads_earlier() -> None
     assert ids(registry.all_live(now=12.0)) == {"w1"}
     assert registry.capacity(now=13.0) == 0  # silent for 3 s: gone
     assert registry.capacity(now=12.5) == 4  # an earlier reading (tests move clocks)
+
+
+def test_a_candidate_is_made_once_until_a_dispatch_or_a_heartbeat_changes_it() -> None:
+    registry = WorkerRegistry()
+    registry.observe(status("w1", running=2), now=0.0)
+    (view,) = registry.live("m", 0.0)
+    first = view.candidate()
+    assert view.candidate() is first  # a pick of every live worker makes none again
+
+    registry.note_dispatch("w1", None, now=0.1)
+    registry.note_dispatch("w1", "lora-a", now=0.2)
+    after = view.candidate()
+    assert after is not first
+    assert (after.num_unseen, after.adapters) == (2, {"lora-a"})
+    assert view.candidate() is after
+
+    registry.observe(status("w1", running=3), now=0.3)
+    (fresh,) = registry.live("m", 0.3)
+    assert (fresh.candidate().num_running, fresh.candidate().num_unseen) == (3, 0)
+    assert fresh.candidate().adapters == {"lora-a"}  # sent, not yet listed: held
