@@ -81,11 +81,14 @@ def choose(
     if not candidates:
         return None
     below = [c for c in candidates if c.kv_usage <= weights.kv_threshold]
-    eligible = below or list(candidates)
-    scored = sorted((score(c, priority, weights), c.worker_id, c) for c in eligible)
-    best_score, _, best = scored[0]
+    eligible = below or candidates
+    # The lowest score, ties to the lowest id; one pass, no sort (a pick reads every
+    # live worker of the model).
+    best_score, _, best = min((score(c, priority, weights), c.worker_id, c) for c in eligible)
     if previous is not None:
-        for value, worker_id, candidate in scored:
-            if worker_id == previous and value <= best_score + weights.affinity_margin:
-                return candidate
+        for candidate in eligible:
+            if candidate.worker_id == previous:
+                if score(candidate, priority, weights) <= best_score + weights.affinity_margin:
+                    return candidate
+                break
     return best

@@ -216,3 +216,30 @@ def test_without_affinity_the_choice_has_the_minimal_eligible_score(
     eligible = below or candidates
     assert picked in eligible
     assert score(picked, priority, weights) == min(score(c, priority, weights) for c in eligible)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    candidates=candidates_st,
+    priority=st.integers(0, 2),
+    weights=weights_st,
+    previous=st.none() | st.sampled_from([*WORKER_IDS, "missing"]),
+)
+def test_the_choice_is_the_rankings_first_or_the_previous_worker_within_the_margin(
+    candidates: list[Candidate], priority: int, weights: RoutingWeights, previous: str | None
+) -> None:
+    """The rule, ties included: eligible workers ranked by (score, worker id); the
+    previous worker if it is ranked within the margin of the first, else the first."""
+    below = [c for c in candidates if c.kv_usage <= weights.kv_threshold]
+    ranked = sorted(below or candidates, key=lambda c: (score(c, priority, weights), c.worker_id))
+    best = score(ranked[0], priority, weights)
+    expected = next(
+        (
+            c
+            for c in ranked
+            if c.worker_id == previous
+            and score(c, priority, weights) <= best + weights.affinity_margin
+        ),
+        ranked[0],
+    )
+    assert choose(candidates, priority, weights, previous=previous) is expected
