@@ -267,7 +267,7 @@ def test_a_candidate_is_made_once_until_a_dispatch_or_a_heartbeat_changes_it() -
     registry.note_dispatch("w1", "lora-a", now=0.2)
     after = view.candidate()
     assert after is not first
-    assert (after.num_unseen, after.adapters) == (2, {"lora-a"})
+    assert (after.num_unseen, after.adapters) == (2, frozenset({"lora-a"}))
     assert view.candidate() is after
 
     registry.observe(status("w1", running=3), now=0.3)
