@@ -2,9 +2,11 @@
 
 Pure arithmetic on the figures ``bench/summary.json`` holds (``costs_from_summary``), so
 the model in BENCHMARKS.md moves when the figures do. Per GPU: cores of the Faust job,
-the worker loop, the SSE bridge and the billing sink. Per fleet: instances of each, and
-what the broker carries in records/s and bytes/s once chunks coalesce (a worker sends
-one reply record per engine step per reply topic and tenant, ``TokenChunkBatch``).
+the worker loop, the SSE bridge and the billing sink; the job's per request grows with
+the workers a pick reads (a fleet taken to serve one model, the most a pick can read).
+Per fleet: instances of each, and what the broker carries in records/s and bytes/s once
+chunks coalesce (a worker sends one reply record per engine step per reply topic and
+tenant, ``TokenChunkBatch``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Costs:
     """Measured CPU costs and record sizes (medians from ``bench/summary.json``)."""
 
     job_us_per_request: float
+    """Measured with one worker (``bench.admission``): the pick reads one."""
+    pick_us_per_worker: float
+    """What a pick adds per live worker of the request's model (``bench.route_cost``)."""
     billing_us_per_event: float
     worker_loop_us_per_token: float
     """``bench.relay`` at one token per chunk, with ``relay_tokens_per_record`` per record."""
@@ -61,6 +66,7 @@ FLEETS = (8, 64, 512)
 # Where each cost comes from in the summary.
 SOURCES: dict[str, str] = {
     "job_us_per_request": "admission.job_us_per_request",
+    "pick_us_per_worker": "route_cost.us_per_pick_per_worker",
     "billing_events_per_core_s": "billing.events_per_core_s",
     "worker_loop_us_per_token": "relay.worker_loop_us_per_token",
     "bridge_tokens_per_core_s": "bridge.tokens_per_core_s",
@@ -89,6 +95,7 @@ def costs_from_summary(summary: Mapping[str, Any]) -> tuple[Costs | None, list[s
     return (
         Costs(
             job_us_per_request=median("job_us_per_request"),
+            pick_us_per_worker=median("pick_us_per_worker"),
             billing_us_per_event=1e6 / median("billing_events_per_core_s"),
             worker_loop_us_per_token=median("worker_loop_us_per_token"),
             bridge_us_per_token=1e6 / median("bridge_tokens_per_core_s"),
@@ -103,11 +110,18 @@ def costs_from_summary(summary: Mapping[str, Any]) -> tuple[Costs | None, list[s
     )
 
 
-def cores_per_gpu(costs: Costs, rates: GpuRates) -> dict[str, float]:
-    """CPU cores the job, the bridge and the billing sink need for one GPU's traffic:
-    costs per request and per token, whatever the records carry."""
+def job_us_per_request(costs: Costs, num_workers: int) -> float:
+    """The job's CPU per request when the request's model has ``num_workers`` live
+    workers: every pick reads each of them (``bench.route_cost``)."""
+    return costs.job_us_per_request + costs.pick_us_per_worker * max(0, num_workers - 1)
+
+
+def cores_per_gpu(costs: Costs, rates: GpuRates, num_gpus: int = 1) -> dict[str, float]:
+    """CPU cores the job, the bridge and the billing sink need for one GPU's traffic in a
+    fleet of ``num_gpus`` serving one model (a worker per GPU): costs per request and per
+    token, whatever the records carry."""
     return {
-        "stream_job": rates.requests_per_s * costs.job_us_per_request / 1e6,
+        "stream_job": rates.requests_per_s * job_us_per_request(costs, num_gpus) / 1e6,
         "bridge": rates.tokens_per_s * costs.bridge_us_per_token / 1e6,
         "billing": rates.requests_per_s * costs.billing_us_per_event / 1e6,
     }
@@ -174,7 +188,8 @@ class Fleet:
 
 
 def fleet(costs: Costs, rates: GpuRates, num_gpus: int) -> Fleet:
-    cores = {name: value * num_gpus for name, value in cores_per_gpu(costs, rates).items()}
+    per_gpu = cores_per_gpu(costs, rates, num_gpus)
+    cores = {name: value * num_gpus for name, value in per_gpu.items()}
     counts = {name: instances(value) for name, value in cores.items()}
     steps_per_s = 1000 / rates.step_ms
     keys = counts["bridge"] * rates.num_tenants

@@ -459,7 +459,9 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
     lines = [
         f"_Worked from `bench/summary.json` ({summary['generated_at']}) by `bench/capacity.py`._",
         "",
-        f"**Measured costs** (medians): job {_num(costs.job_us_per_request)} µs per request; "
+        f"**Measured costs** (medians): job {_num(costs.job_us_per_request)} µs per request "
+        f"with one worker, and {costs.pick_us_per_worker:.2f} µs more for each further live "
+        "worker of the request's model (a pick reads them all); "
         f"billing sink {_num(costs.billing_us_per_event)} µs per event; bridge "
         f"{_num(costs.bridge_us_per_token)} µs per token; worker loop "
         f"{_num(costs.worker_loop_us_per_token)} and the bundled broker "
@@ -472,6 +474,7 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
         f"**Per GPU** at {rates.tokens_per_s:,.0f} tokens/s and {rates.requests_per_s:.0f} "
         f"requests/s (an 8B model on an H100): "
         + ", ".join(f"{names[k]} {v:.3f} cores" for k, v in per_gpu.items())
+        + " (the job's with one worker; the table's with the fleet's)"
         + f", and the worker loop up to {worker_high:.3f} cores (its own process, one per "
         "GPU: "
         + (
@@ -523,7 +526,9 @@ def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:
         "",
         f"Assumptions: one decode step every {rates.step_ms:.0f} ms, so "
         f"{rates.num_running:.0f} requests run per GPU; {rates.num_tenants} tenants active; "
-        "requests spread evenly over the bridges and tenants. A worker sends one reply "
+        "requests spread evenly over the bridges and tenants; the fleet serves one model, a "
+        "worker per GPU, so each pick reads every GPU's worker (a fleet of several models "
+        "reads fewer). A worker sends one reply "
         "record per engine step per (reply topic, tenant), so a record carries more than one "
         "token only where several running requests share a bridge and a tenant; with more "
         "bridges the records thin towards one token each. Instances run at "

@@ -11,7 +11,9 @@ base-model request with a previous worker for its session (one of ten sessions),
 ``note_dispatch`` on the chosen worker. A heartbeat (a worker's is one a second) makes a
 new view and so a new candidate: at thousands of picks a second that is a few candidates
 a pick at most, left out here. CPU time of this process (``time.process_time``), the
-median of ``--repeat`` runs with its spread. No broker, no job.
+median of ``--repeat`` runs with its spread, written to ``bench/results/route_cost-*.json``:
+``bench.summary`` takes its slope per live worker for the capacity model. No broker, no
+job.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import statistics
 import time
 
+from bench.report import uptime_load, write_result
 from schemas import WorkerStatus
 from stream_jobs.adapter_routing import choose_for_adapter
 from stream_jobs.registry import WorkerRegistry
@@ -78,13 +81,23 @@ def main() -> None:
     parser.add_argument("--picks", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    load_start = uptime_load()
     print("| live workers of the model | µs per pick, median | min..max |")
     print("|---|---|---|")
+    rows = []
     for num_workers in args.workers:
         runs = [us_per_pick(num_workers, args.picks) for _ in range(args.repeat)]
-        print(
-            f"| {num_workers} | {statistics.median(runs):.1f} | {min(runs):.1f}..{max(runs):.1f} |"
+        median = statistics.median(runs)
+        print(f"| {num_workers} | {median:.1f} | {min(runs):.1f}..{max(runs):.1f} |")
+        rows.append(
+            {
+                "num_workers": num_workers,
+                "num_picks": args.picks,
+                "us_per_pick": {"median": median, "min": min(runs), "max": max(runs)},
+            }
         )
+    path = write_result("route_cost", {"load_start": load_start, "results": rows})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

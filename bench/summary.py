@@ -163,6 +163,17 @@ def _hop(q: str) -> Callable[[Result], float | None]:
     return extract
 
 
+def _pick_slope(result: Result) -> float | None:
+    """µs a pick costs per live worker of its model: between the fewest and the most
+    workers ``bench.route_cost`` timed."""
+    rows = sorted(result.get("results", []), key=lambda row: int(row["num_workers"]))
+    if len(rows) < 2 or rows[-1]["num_workers"] == rows[0]["num_workers"]:
+        return None
+    fewest, most = rows[0], rows[-1]
+    rise = float(most["us_per_pick"]["median"]) - float(fewest["us_per_pick"]["median"])
+    return rise / (int(most["num_workers"]) - int(fewest["num_workers"]))
+
+
 @dataclass(frozen=True)
 class Figure:
     key: str
@@ -230,6 +241,13 @@ FIGURES: tuple[Figure, ...] = (
         "CPU per request",
         "µs",
         _floor_arm("aiokafka_ledger"),
+    ),
+    Figure(
+        "route_cost.us_per_pick_per_worker",
+        "route_cost",
+        "a pick of a worker, job CPU per live worker of the model (bench.route_cost)",
+        "µs",
+        _pick_slope,
     ),
     Figure(
         "relay.worker_loop_tokens_per_core_s",
@@ -709,7 +727,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("collect", help="run one benchmark script N times")
-    run.add_argument("script", help="admission, relay, billing_ingest, overhead, bridge, hop")
+    run.add_argument(
+        "script", help="admission, relay, billing_ingest, overhead, bridge, hop, route_cost"
+    )
     run.add_argument("--runs", type=int, default=MIN_RUNS)
     run.add_argument("--lock", type=Path, help="a lock file each run holds (and releases)")
     build = commands.add_parser("build", help="write bench/summary.json from the results")

@@ -8,6 +8,7 @@ from bench import capacity as cap
 
 COSTS = cap.Costs(
     job_us_per_request=1000.0,
+    pick_us_per_worker=0.5,
     billing_us_per_event=40.0,
     worker_loop_us_per_token=50.0,
     bridge_us_per_token=40.0,
@@ -23,6 +24,15 @@ COSTS = cap.Costs(
 def test_cores_per_gpu_are_rate_times_cost() -> None:
     cores = cap.cores_per_gpu(COSTS, cap.GpuRates())
     assert cores == pytest.approx({"stream_job": 0.02, "bridge": 0.22, "billing": 0.0008})
+
+
+def test_the_jobs_cost_per_request_grows_with_the_workers_a_pick_reads() -> None:
+    assert cap.job_us_per_request(COSTS, 1) == 1000.0
+    assert cap.job_us_per_request(COSTS, 513) == pytest.approx(1000.0 + 512 * 0.5)
+    per_gpu = cap.cores_per_gpu(COSTS, cap.GpuRates(), num_gpus=513)
+    assert per_gpu["stream_job"] == pytest.approx(20 * 1256e-6)
+    fleet = cap.fleet(COSTS, cap.GpuRates(), 513)
+    assert fleet.cores["stream_job"] == pytest.approx(513 * 20 * 1256e-6)
 
 
 def test_cores_between_all_per_token_and_all_per_record() -> None:
@@ -78,7 +88,8 @@ def test_more_bridges_and_tenants_thin_the_records_towards_one_token() -> None:
     assert large.instances["bridge"] == math.ceil(512 * 0.22 / 0.7)
     assert large.tokens_per_reply_record < small.tokens_per_reply_record
     assert 1.0 <= large.tokens_per_reply_record < 1.01
-    assert large.cores["stream_job"] == pytest.approx(512 * 0.02)
+    # 1,000 µs a request, and 0.5 more for each of the other 511 workers a pick reads.
+    assert large.cores["stream_job"] == pytest.approx(512 * 20 * (1000 + 511 * 0.5) / 1e6)
     # Records of ~1 token, thinner than the relay's 2: per record is the upper bound.
     low, high = large.worker_loop_cores
     assert low == pytest.approx(512 * 5500 * 50 / 1e6)
@@ -103,4 +114,5 @@ def test_costs_from_summary_converts_rates_to_costs() -> None:
     assert costs.billing_us_per_event == 40.0
     assert costs.bridge_us_per_token == 50.0
     assert costs.job_us_per_request == 10.0
+    assert costs.pick_us_per_worker == 10.0
     assert costs.reply_bytes_per_extra_chunk == 90.0

@@ -246,3 +246,23 @@ def test_a_benchmark_without_results_here_keeps_its_earlier_figures() -> None:
     assert all(newer["figures"][k] == earlier["figures"][k] for k in kept)
     fresh = summary.build_summary({"admission": [admission("2026-12-02T10:00:00", 1100)]})
     assert "ttft.added_p50_ms" not in fresh["figures"]
+
+
+def test_a_picks_cost_per_worker_is_the_slope_between_the_fewest_and_most_workers() -> None:
+    def point(num_workers: int, us: float) -> dict[str, Any]:
+        return {"num_workers": num_workers, "us_per_pick": {"median": us}}
+
+    route = {
+        "benchmark": "route_cost",
+        "machine": {"commit": "c", "dirty": False},
+        "load_start": {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]},
+        "results": [point(64, 23.0), point(1, 3.0), point(256, 83.0), point(8, 5.0)],
+    }
+    figures = summary.build_summary({"route_cost": [route]})["figures"]
+    slope = figures["route_cost.us_per_pick_per_worker"]["median"]
+    assert slope == pytest.approx(80 / 255, abs=1e-3)
+    lone = {**route, "results": [point(1, 3.0)]}
+    assert (
+        "route_cost.us_per_pick_per_worker"
+        not in (summary.build_summary({"route_cost": [lone]})["figures"])
+    )
