@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -180,13 +181,19 @@ weights_st = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    candidates=candidates_st,
-    priority=st.integers(0, 2),
-    weights=weights_st,
-    previous=st.none() | st.sampled_from([*WORKER_IDS, "missing"]),
-)
+def every_choice(test: Callable[..., None]) -> Callable[..., None]:
+    """``test(candidates, priority, weights, previous)``, over 300 of them."""
+    return settings(max_examples=300, deadline=None)(
+        given(
+            candidates=candidates_st,
+            priority=st.integers(0, 2),
+            weights=weights_st,
+            previous=st.none() | st.sampled_from([*WORKER_IDS, "missing"]),
+        )(test)
+    )
+
+
+@every_choice
 def test_choice_is_a_candidate_and_respects_the_threshold(
     candidates: list[Candidate], priority: int, weights: RoutingWeights, previous: str | None
 ) -> None:
@@ -218,13 +225,7 @@ def test_without_affinity_the_choice_has_the_minimal_eligible_score(
     assert score(picked, priority, weights) == min(score(c, priority, weights) for c in eligible)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    candidates=candidates_st,
-    priority=st.integers(0, 2),
-    weights=weights_st,
-    previous=st.none() | st.sampled_from([*WORKER_IDS, "missing"]),
-)
+@every_choice
 def test_the_choice_is_the_rankings_first_or_the_previous_worker_within_the_margin(
     candidates: list[Candidate], priority: int, weights: RoutingWeights, previous: str | None
 ) -> None:
