@@ -3,7 +3,7 @@
     .venvs/stream/bin/python -m bench.fetch_legs /tmp/fetchwatch [--first 100]
 
 For the job's first ``--first`` request records (``bench.admission``'s idle probes,
-sent one at a time, come first), in ms, median and p90 with the count:
+sent one at a time, come first), in ms, p50 and p90 (``bench.stats``, nearest rank) with the count:
 
 - sent → handed over: from the record's timestamp (its producer's clock, whole ms) to
   Faust's consumer thread handing it over: the broker's hop, its fetch included;
@@ -20,9 +20,10 @@ without records. A diagnostic of the bundled broker's hop (section "What changed
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Iterable
 from pathlib import Path
+
+from bench.stats import summarize
 
 Key = tuple[str, str, str]
 
@@ -63,12 +64,6 @@ def legs(lines: Iterable[str], first: int) -> dict[str, list[float]]:
     return {**out, **fetches}
 
 
-def quantiles(values: list[float]) -> tuple[float, float]:
-    """Median and p90 (the nearest rank)."""
-    ordered = sorted(values)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
@@ -81,8 +76,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, values in legs(lines, args.first).items():
         if values:
-            p50, p90 = quantiles(values)
-            print(f"| {name} | {p50:.2f} | {p90:.2f} | {len(values)} |")
+            summary = summarize(values)
+            print(f"| {name} | {summary['p50']:.2f} | {summary['p90']:.2f} | {len(values)} |")
 
 
 if __name__ == "__main__":

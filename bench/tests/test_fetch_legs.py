@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fetch_legs import legs, quantiles
+from bench.fetch_legs import legs
 
 LINES = [
     "R 99.990000 100.010000 0 21",
@@ -31,7 +31,3 @@ def test_each_record_has_its_legs_in_ms() -> None:
 
 def test_only_the_first_records_count() -> None:
     assert len(legs(LINES, first=1)["sent → handed over"]) == 1
-
-
-def test_quantiles() -> None:
-    assert quantiles([5.0, 1.0, 3.0, 2.0, 4.0]) == (3.0, 5.0)
