@@ -173,15 +173,47 @@ def billing_timings(
     settings: Settings, expected: int, timeout_s: float = 30.0
 ) -> list[dict[str, Any]]:
     """Per-request timings the worker reported, read back through the billing sink."""
-    body = json.dumps(
-        {
-            "sql": (
-                "SELECT request_id, queue_ms, ttft_ms, total_ms, completion_tokens "
-                "FROM usage_events FINAL WHERE tenant_id = {tenant:String}"
-            ),
-            "parameters": {"tenant": TENANT},
-        }
-    ).encode()
+    sql = (
+        "SELECT request_id, queue_ms, ttft_ms, total_ms, completion_tokens "
+        "FROM usage_events FINAL WHERE tenant_id = {tenant:String}"
+    )
+    return _query_rows(settings, sql, expected, timeout_s)
+
+
+PATH_SPANS = (
+    "job.admit",
+    "job.queue",
+    "bus.dispatch",
+    "worker.intake",
+    "worker.engine_queue",
+    "worker.prefill",
+    "worker.emit",
+)
+"""The spans on a request's path to its first token that the stack's services store
+(``tokenbus.span_path``): the job's admission and queue, the hop from the job to the
+worker, and the worker's phases from taking the record to sending the first reply. The
+client's hop to the job and the reply's hop to the client are what the legs add beside
+them."""
+
+
+def path_spans(settings: Settings, expected: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Each request's ``PATH_SPANS`` (trace id, request id, name, µs), read back through
+    the billing query server from the spans the stack's services stored."""
+    names = ", ".join(f"'{name}'" for name in PATH_SPANS)
+    sql = (
+        "SELECT trace_id, request_id, name, duration_us FROM spans FINAL "
+        f"WHERE tenant_id = {{tenant:String}} AND name IN ({names})"
+    )
+    return _query_rows(settings, sql, expected * len(PATH_SPANS), timeout_s)
+
+
+def _query_rows(
+    settings: Settings, sql: str, expected: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    """The rows of ``sql`` (on this benchmark's tenant), once there are ``expected`` of
+    them or ``timeout_s`` has passed: the sinks write what the services sent a moment
+    after it."""
+    body = json.dumps({"sql": sql, "parameters": {"tenant": TENANT}}).encode()
     deadline = time.monotonic() + timeout_s
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -314,6 +346,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             stack.check()
         expected = len(tokenbus.request_ids)
         timings = await asyncio.to_thread(billing_timings, settings, expected)
+        spans = await asyncio.to_thread(path_spans, settings, expected)
         # The floor the TTFT legs stand on: one hop through this stack's broker, now.
         floor = (
             await hop_floor(settings, broker_pid(stack), args.hop_messages)
@@ -340,6 +373,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         {IDLE_PARTS[part]: cpu / idle_s_total for part, cpu in idle_cpu.items()}
         if idle_s_total
         else None,
+        spans,
     )
     return {**result, "hop_floor": floor, **({"profiles": profiled} if profiled else {})}
 
@@ -374,11 +408,12 @@ def summarize_run(
     load_start: dict[str, Any],
     load_end: dict[str, Any],
     idle_cores: dict[str, float] | None = None,
+    spans: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``idle_cores``: each stack process's cores (named as in ``IDLE_PARTS``) while the
     direct arm ran its waves and the tokenbus arm stood idle (its polling and timers),
     pooled over all those waves: ``/proc`` counts CPU in 10 ms ticks, too coarse for one
-    wave of an idle process."""
+    wave of an idle process. ``spans``: ``path_spans``' rows."""
     by_request = {row["request_id"]: row for row in timings}
     rows: list[dict[str, Any]] = []
     for concurrency in args.concurrency:
@@ -444,6 +479,7 @@ def summarize_run(
                     for part, cores in (idle_cores or {}).items()
                 },
                 "ttft_breakdown_ms": ttft_breakdown(legs),
+                "path_spans_ms": path_breakdown(spans or [], request_ids, concurrency),
                 "slowest_ttft_ms": slowest(legs),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
@@ -521,6 +557,26 @@ def ttft_breakdown(legs: list[dict[str, Any]]) -> dict[str, Any]:
     return {leg: summarize([request[leg] for request in legs]) for leg in LEGS}
 
 
+def path_breakdown(
+    spans: list[dict[str, Any]],
+    request_ids: dict[str, tuple[int, int, int]],
+    concurrency: int,
+) -> dict[str, Any]:
+    """Each of ``PATH_SPANS``' percentiles in ms over the measured requests (not the
+    warm-up's) at ``concurrency``; a span no request of it has is left out. A hop span
+    names no request: its trace's other spans do."""
+    measured = {
+        rid for rid, (round_index, c, _) in request_ids.items()
+        if c == concurrency and round_index >= 0
+    }  # fmt: skip
+    traces = {row["trace_id"]: row["request_id"] for row in spans if row["request_id"]}
+    by_name: dict[str, list[float]] = {}
+    for row in spans:
+        if (row["request_id"] or traces.get(row["trace_id"])) in measured:
+            by_name.setdefault(row["name"], []).append(row["duration_us"] / 1000)
+    return {name: summarize(by_name[name]) for name in PATH_SPANS if name in by_name}
+
+
 def slowest(legs: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
     """The ``n`` requests with the longest TTFT, each with where it was in its wave (the
     tail's requests: the first of a wave, or anywhere) and its legs, ms."""
@@ -569,6 +625,19 @@ def render(result: dict[str, Any], console: Console) -> None:
             *(str(b[k].get("p50", "-")) for k in b),
         )
     console.print(breakdown)
+    rows = result["results"]
+    names = [n for n in PATH_SPANS if any(n in r.get("path_spans_ms", {}) for r in rows)]
+    if names:
+        path = Table(title="the stack's spans on the path to a first token (p50 ms)")
+        for column in ("conc", *names):
+            path.add_column(column, justify="right")
+        for row in rows:
+            spans = row["path_spans_ms"]
+            path.add_row(
+                str(row["concurrency"]),
+                *(f"{spans[name]['p50']:.2f}" if name in spans else "-" for name in names),
+            )
+        console.print(path)
     for row in result["results"]:
         for request in row.get("slowest_ttft_ms", []):
             console.print(

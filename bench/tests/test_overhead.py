@@ -115,3 +115,28 @@ def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
     )
     del result["hop_floor"]["hop_in_process_ms"]  # a result written before the split
     assert markdown.overhead(result).endswith("p50 4.57 ms, p99 12.00 ms.")
+
+
+def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -> None:
+    from bench.overhead import path_breakdown
+
+    request_ids = {"warm": (-1, 8, 0), "a": (0, 1, 0), "b": (1, 1, 0), "c": (0, 64, 0)}
+    spans = [
+        {"trace_id": "t0", "request_id": "warm", "name": "worker.intake", "duration_us": 1_000},
+        {"trace_id": "t0", "request_id": "", "name": "bus.dispatch", "duration_us": 90_000},
+        {"trace_id": "t1", "request_id": "", "name": "bus.dispatch", "duration_us": 2_000},
+        {"trace_id": "t1", "request_id": "a", "name": "worker.intake", "duration_us": 1_500},
+        {"trace_id": "t2", "request_id": "", "name": "bus.dispatch", "duration_us": 4_000},
+        {"trace_id": "t2", "request_id": "b", "name": "job.admit", "duration_us": 500},
+        {"trace_id": "t3", "request_id": "c", "name": "worker.prefill", "duration_us": 30_000},
+        {"trace_id": "t4", "request_id": "", "name": "worker.emit", "duration_us": 7_000},
+    ]
+    at_1 = path_breakdown(spans, request_ids, 1)
+    # In path order, none missing; a hop span counts by its trace's request.
+    assert list(at_1) == ["job.admit", "bus.dispatch", "worker.intake"]
+    assert at_1["bus.dispatch"]["n"] == 2
+    assert at_1["bus.dispatch"]["max"] == 4.0  # not the warm-up's 90 ms
+    assert at_1["worker.intake"]["p50"] == 1.5
+    assert path_breakdown(spans, request_ids, 64) == {
+        "worker.prefill": {"n": 1, "p50": 30.0, "p90": 30.0, "p99": 30.0, "max": 30.0, "mean": 30.0}
+    }
