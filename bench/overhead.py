@@ -195,6 +195,13 @@ worker, and the worker's phases from taking the record to sending the first repl
 client's hop to the job and the reply's hop to the client are what the legs add beside
 them."""
 
+PATH_PARTS = {
+    "job": ("job.admit", "job.queue"),
+    "worker_own": ("worker.intake", "worker.emit"),
+}
+"""Sums per request of ``PATH_SPANS``: the job's own part of the path, and the worker's
+less the engine's queue and prefill (the direct arm's TTFT holds those too)."""
+
 
 def path_spans(settings: Settings, expected: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Each request's ``PATH_SPANS`` (trace id, request id, name, µs), read back through
@@ -563,18 +570,29 @@ def path_breakdown(
     concurrency: int,
 ) -> dict[str, Any]:
     """Each of ``PATH_SPANS``' percentiles in ms over the measured requests (not the
-    warm-up's) at ``concurrency``; a span no request of it has is left out. A hop span
-    names no request: its trace's other spans do."""
+    warm-up's) at ``concurrency``, then each of ``PATH_PARTS`` over the requests that
+    have all its spans; a span no request of it has is left out. A hop span names no
+    request: its trace's other spans do."""
     measured = {
         rid for rid, (round_index, c, _) in request_ids.items()
         if c == concurrency and round_index >= 0
     }  # fmt: skip
     traces = {row["trace_id"]: row["request_id"] for row in spans if row["request_id"]}
-    by_name: dict[str, list[float]] = {}
+    by_request: dict[str, dict[str, float]] = {}
     for row in spans:
-        if (row["request_id"] or traces.get(row["trace_id"])) in measured:
-            by_name.setdefault(row["name"], []).append(row["duration_us"] / 1000)
-    return {name: summarize(by_name[name]) for name in PATH_SPANS if name in by_name}
+        request_id = row["request_id"] or traces.get(row["trace_id"])
+        if request_id in measured:
+            by_request.setdefault(request_id, {})[row["name"]] = row["duration_us"] / 1000
+    out: dict[str, Any] = {}
+    for name in PATH_SPANS:
+        values = [ms[name] for ms in by_request.values() if name in ms]
+        if values:
+            out[name] = summarize(values)
+    for part, names in PATH_PARTS.items():
+        sums = [sum(ms[n] for n in names) for ms in by_request.values() if set(names) <= ms.keys()]
+        if sums:
+            out[part] = summarize(sums)
+    return out
 
 
 def slowest(legs: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:

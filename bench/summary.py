@@ -155,6 +155,11 @@ def _leg(name: str, q: str) -> Callable[[dict[str, Any]], Any]:
     return lambda row: row["ttft_breakdown_ms"][name].get(q)
 
 
+def _path(part: str) -> Callable[[dict[str, Any]], Any]:
+    """p50 ms of a part of ``bench.overhead``'s path spans; None in a run without them."""
+    return lambda row: (row.get("path_spans_ms") or {}).get(part, {}).get("p50")
+
+
 def _hop(q: str) -> Callable[[Result], float | None]:
     def extract(result: Result) -> float | None:
         row = _first_row(result, fetch_max_wait_ms=HOP_FETCH_MAX_WAIT_MS)
@@ -389,6 +394,20 @@ FIGURES: tuple[Figure, ...] = (
         )
         for q in ("p50", "p99")
     ),
+    *(
+        Figure(
+            f"ttft.{key}_p50_ms",
+            "overhead",
+            f"c=1: {label} p50",
+            "ms",
+            _overhead(1, _path(part)),
+        )
+        for key, part, label in (
+            ("job_spans", "job", "the job's own spans on the path (admit, queue)"),
+            ("job_to_worker_hop", "bus.dispatch", "job → worker hop (the worker's span)"),
+            ("worker_own_spans", "worker_own", "the worker's own spans on the path (intake, emit)"),
+        )
+    ),
     Figure(
         "ttft.hop_floor_p50_ms",
         "overhead",
@@ -497,6 +516,9 @@ GOALS: tuple[Goal, ...] = (
             "ttft.dispatched_to_worker_first_token_p50_ms",
             "ttft.worker_first_token_to_client_p50_ms",
             "ttft.direct_p50_ms",
+            "ttft.job_spans_p50_ms",
+            "ttft.job_to_worker_hop_p50_ms",
+            "ttft.worker_own_spans_p50_ms",
             "ttft.hop_floor_p50_ms",
         ),
     ),

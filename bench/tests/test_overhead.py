@@ -128,15 +128,23 @@ def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -
         {"trace_id": "t1", "request_id": "a", "name": "worker.intake", "duration_us": 1_500},
         {"trace_id": "t2", "request_id": "", "name": "bus.dispatch", "duration_us": 4_000},
         {"trace_id": "t2", "request_id": "b", "name": "job.admit", "duration_us": 500},
+        {"trace_id": "t2", "request_id": "b", "name": "job.queue", "duration_us": 200},
+        {"trace_id": "t1", "request_id": "a", "name": "job.admit", "duration_us": 400},
         {"trace_id": "t3", "request_id": "c", "name": "worker.prefill", "duration_us": 30_000},
         {"trace_id": "t4", "request_id": "", "name": "worker.emit", "duration_us": 7_000},
     ]
     at_1 = path_breakdown(spans, request_ids, 1)
     # In path order, none missing; a hop span counts by its trace's request.
-    assert list(at_1) == ["job.admit", "bus.dispatch", "worker.intake"]
+    assert list(at_1) == ["job.admit", "job.queue", "bus.dispatch", "worker.intake", "job"]
     assert at_1["bus.dispatch"]["n"] == 2
     assert at_1["bus.dispatch"]["max"] == 4.0  # not the warm-up's 90 ms
     assert at_1["worker.intake"]["p50"] == 1.5
+    # A part counts the requests that have all its spans: "a" has no job.queue.
+    assert at_1["job"] == {"n": 1, "p50": 0.7, "p90": 0.7, "p99": 0.7, "max": 0.7, "mean": 0.7}
+    # The worker's own part needs both its spans: no request here has worker.emit.
+    assert "worker_own" not in at_1
+    emit = {"trace_id": "t1", "request_id": "", "name": "worker.emit", "duration_us": 700}
+    assert path_breakdown([*spans, emit], request_ids, 1)["worker_own"]["p50"] == 2.2
     assert path_breakdown(spans, request_ids, 64) == {
         "worker.prefill": {"n": 1, "p50": 30.0, "p90": 30.0, "p99": 30.0, "max": 30.0, "mean": 30.0}
     }

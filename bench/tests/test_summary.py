@@ -266,3 +266,21 @@ def test_a_picks_cost_per_worker_is_the_slope_between_the_fewest_and_most_worker
         "route_cost.us_per_pick_per_worker"
         not in (summary.build_summary({"route_cost": [lone]})["figures"])
     )
+
+
+def test_the_c1_goal_shows_the_stacks_own_spans_where_a_run_measured_them() -> None:
+    old, new = overhead("2026-12-01T10:00:00"), overhead("2026-12-01T11:00:00")
+    new["results"][0]["path_spans_ms"] = {
+        "bus.dispatch": {"p50": 4.4},
+        "job": {"p50": 0.6},
+        "worker_own": {"p50": 1.8},
+    }
+    built = summary.build_summary({"overhead": [old, new]})
+    figures = built["figures"]
+    # The run before the spans were read has none: it neither counts nor fails the build.
+    assert figures["ttft.job_spans_p50_ms"]["median"] == 0.6
+    assert figures["ttft.job_spans_p50_ms"]["num_runs"] == 1
+    assert figures["ttft.job_to_worker_hop_p50_ms"]["median"] == 4.4
+    assert figures["ttft.worker_own_spans_p50_ms"]["median"] == 1.8
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert "ttft.worker_own_spans_p50_ms" in by_key["ttft_p50"]["beside"]
