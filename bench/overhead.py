@@ -185,13 +185,15 @@ PATH_SPANS = (
     "job.queue",
     "bus.dispatch",
     "worker.intake",
+    "worker.engine_input",
     "worker.engine_queue",
     "worker.prefill",
     "worker.emit",
 )
 """The spans on a request's path to its first token that the stack's services store
 (``tokenbus.span_path``): the job's admission and queue, the hop from the job to the
-worker, and the worker's phases from taking the record to sending the first reply. The
+worker, and the worker's phases from taking the record to sending the first reply
+(``workers.worker.PATH_PHASES``). The
 client's hop to the job and the reply's hop to the client are what the legs add beside
 them."""
 
@@ -200,7 +202,8 @@ PATH_PARTS = {
     "worker_own": ("worker.intake", "worker.emit"),
 }
 """Sums per request of ``PATH_SPANS``: the job's own part of the path, and the worker's
-less the engine's queue and prefill (the direct arm's TTFT holds those too)."""
+less the engine's input processing, queue and prefill (the direct arm's TTFT holds those
+too; ``worker.emit`` holds vLLM's output processing, which it holds as well)."""
 
 
 def path_spans(settings: Settings, expected: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:

@@ -26,6 +26,10 @@ class EngineTimings:
     """First scheduled: the end of the wait in the engine's queue."""
     first_token: float
     last_token: float
+    arrival: float | None = None
+    """When the engine's front end took the request, before its input processing
+    (vLLM's ``arrival_time``): on ``time.time()``'s clock, unlike the others. None when
+    the engine does not say."""
 
 
 @dataclass(frozen=True)

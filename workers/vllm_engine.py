@@ -316,4 +316,4 @@ def _timings(stats: object) -> EngineTimings | None:
     times = (stats.queued_ts, stats.scheduled_ts, stats.first_token_ts, stats.last_token_ts)
     if not all(times):
         return None
-    return EngineTimings(*times)
+    return EngineTimings(*times, arrival=stats.arrival_time or None)

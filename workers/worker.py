@@ -139,14 +139,22 @@ ENGINE_PHASES = ("worker.engine_queue", "worker.prefill", "worker.decode")
 to first token, to last token."""
 
 
-PATH_PHASES = ("worker.intake", "worker.engine_queue", "worker.prefill", "worker.emit")
-"""A request's path to its first token through the worker: record taken to engine queue
-(decode, prompt rendering, tokenizing), the engine's queue, prefill, first token to its
-reply record sent (vLLM's output processing, this loop, the reply batcher)."""
+PATH_PHASES = (
+    "worker.intake",
+    "worker.engine_input",
+    "worker.engine_queue",
+    "worker.prefill",
+    "worker.emit",
+)
+"""A request's path to its first token through the worker: record taken to the engine's
+front end taking it (decode, checks, a chat's rendering), the engine's input processing
+(tokenizing, the hand-off to its core), its queue, prefill, first token to the reply
+record sent (vLLM's output processing, this loop, the reply batcher). The direct arm of
+``bench.overhead`` pays the engine's own phases too; ``worker.intake`` is this worker's."""
 
 
 def path_edges(taken_ns: int, engine_ns: Sequence[int], sent_ns: int) -> list[int]:
-    """The five edges of ``PATH_PHASES``: taken, the engine's queued, scheduled and
+    """The edges of ``PATH_PHASES``: taken, the engine's arrival, queued, scheduled and
     first-token stamps, the first reply's send; each engine stamp held within its
     neighbours (a clock step between the processes shortens a phase to nothing, never
     makes one negative), so the phases tile taken..sent exactly."""
@@ -776,7 +784,7 @@ class Worker:
         at the times vLLM's engine core stamped (moved from its monotonic clock to the
         wall clock spans use). With ``taken_ns`` and the first reply's send, the path to
         the first token through this worker (``path_edges``): ``worker.intake``, the
-        engine's queue and prefill, ``worker.emit``."""
+        engine's input processing, queue and prefill, ``worker.emit``."""
         current = get_current_span()
         current.set_attributes(counts)
         if timings is None or not current.is_recording():
@@ -791,9 +799,11 @@ class Worker:
         )
         phases: list[tuple[str, int, int]]
         if taken_ns is not None and first_sent_ns is not None:
-            edges = path_edges(taken_ns, stamps[:3], first_sent_ns)
+            # An engine that gives no arrival: its input processing stays in the intake.
+            arrival = round(timings.arrival * 1e9) if timings.arrival else stamps[0]
+            edges = path_edges(taken_ns, [arrival, *stamps[:3]], first_sent_ns)
             phases = list(zip(PATH_PHASES, edges, edges[1:], strict=False))
-            phases.append(("worker.decode", edges[3], max(edges[3], stamps[3])))
+            phases.append(("worker.decode", edges[4], max(edges[4], stamps[3])))
         else:
             phases = [
                 (name, start, max(start, end))

@@ -56,6 +56,7 @@ ADMISSION_PATH = (
     "job.queue",
     "bus.dispatch",
     "worker.intake",
+    "worker.engine_input",
     "worker.engine_queue",
     "worker.prefill",
     "worker.emit",
@@ -174,7 +175,7 @@ async def test_one_bridge_request_is_one_trace_across_four_services(
     assert parent("job.queue") == ids["job.admit"]
     for child in ("bus.dispatch", "worker.request"):
         assert parent(child) == ids["job.queue"], child
-    for phase in ("worker.intake", "worker.engine_queue", "worker.prefill", "worker.emit"):
+    for phase in [name for name in ADMISSION_PATH if name.startswith("worker.")]:
         assert parent(phase) == ids["worker.request"], phase
     assert parent("worker.decode") == ids["worker.request"]
     hops = {name: named[name]["service"] for name in ("bus.request", "bus.dispatch", "bus.reply")}

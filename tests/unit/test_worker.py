@@ -282,16 +282,28 @@ def test_finish_of_maps_every_reason() -> None:
 
 
 class TimedEngine(ScriptedEngine):
-    """Ends each request with the engine's own times, as vLLM's stats give them: queued
-    as the worker hands it over, its first token 2 ms before it reaches the worker."""
+    """Ends each request with the engine's own times, as vLLM's stats give them: its
+    front end takes it as the worker hands it over, its core queues it 2 ms later, its
+    first token 2 ms before it reaches the worker. ``arrival=False``: an engine that
+    does not say when its front end took it."""
+
+    def __init__(self, finish: str, *, arrival: bool = True) -> None:
+        super().__init__(finish)
+        self.arrival = arrival
 
     async def deltas(
         self, request_id: str, prompt: str | list[int], params: GenerateParams
     ) -> AsyncIterator[EngineDelta]:
-        start = time.monotonic()
+        start, arrival = time.monotonic(), time.time()
         await asyncio.sleep(0.020)
         yield EngineDelta(" a", [5], None, num_prompt_tokens=3, num_cached_tokens=1)
-        timings = EngineTimings(start, start + 0.010, start + 0.018, start + 0.028)
+        timings = EngineTimings(
+            start + 0.002,
+            start + 0.010,
+            start + 0.018,
+            start + 0.028,
+            arrival=arrival if self.arrival else None,
+        )
         yield EngineDelta(" b", [6], "stop", timings=timings)
 
 
@@ -343,7 +355,7 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     phases = [spans[name] for name in ENGINE_PHASES]
     assert all(p["parent_span_id"] == request["span_id"] for p in phases)
     durations_ms = [(int(p["end_ns"]) - int(p["start_ns"])) / 1e6 for p in phases]
-    assert [round(d) for d in durations_ms] == [10, 8, 10]
+    assert [round(d) for d in durations_ms] == [8, 8, 10]
     assert int(phases[0]["start_ns"]) >= int(request["start_ns"])
     # The path to the first token through the worker: from the bus's hop, whose end is
     # the request's start, the phases tile up to the first reply record's send.
@@ -355,10 +367,40 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
     assert all(a["end_ns"] == b["start_ns"] for a, b in itertools.pairwise(path))
     assert spans["worker.prefill"]["end_ns"] == spans["worker.decode"]["start_ns"]
     assert int(path[-1]["end_ns"]) >= int(spans["worker.prefill"]["end_ns"])
+    # The engine's input processing, from its front end's arrival to its core's queue.
+    engine_input = spans["worker.engine_input"]
+    assert round((int(engine_input["end_ns"]) - int(engine_input["start_ns"])) / 1e6) == 2
     # The usage record carries the request's span: billing's row joins the trace.
     (usage_headers,) = [h for h in producer.headers if h]
     (traceparent,) = [v.decode() for k, v in usage_headers if k == "traceparent"]
     assert traceparent.split("-")[1:3] == [request["trace_id"], request["span_id"]]
+
+
+async def test_an_engine_without_an_arrival_leaves_its_input_processing_in_the_intake(
+    tmp_path: Path,
+) -> None:
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), TimedEngine("stop", arrival=False))
+    producer = RecordingProducer()
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    headers: list[tuple[str, bytes]] = []
+    with Tracing(Settings(), "job").tracer.start_as_current_span("job.dispatch"):
+        inject(headers, with_path(time.time_ns()))
+    record = ConsumerRecord(
+        "tokenbus.worker.w1", 0, 7, 0, 0, b"acme", encode(work_item(attempt=1)), None, 0, 0,
+        headers,
+    )  # fmt: skip
+    await worker._slots.acquire()
+    await worker._handle(record)
+    await worker._replies.drain()
+    assert worker._tracing.buffer is not None
+    spans = {s["name"]: s for s in taken_spans(worker._tracing.buffer)["acme"]}
+    intake, engine_input = spans["worker.intake"], spans["worker.engine_input"]
+    assert engine_input["start_ns"] == engine_input["end_ns"] == intake["end_ns"]
+    # The intake holds the 2 ms to the engine's queue.
+    assert (int(intake["end_ns"]) - int(intake["start_ns"])) / 1e6 >= 2
+    path = [spans[name] for name in PATH_PHASES]
+    assert all(a["end_ns"] == b["start_ns"] for a, b in itertools.pairwise(path))
 
 
 async def test_a_request_ends_in_the_metrics_with_its_ttft_and_mean_gap(tmp_path: Path) -> None:
@@ -397,6 +439,8 @@ def test_the_workers_path_edges_stay_between_its_take_and_its_first_send() -> No
     # held at the neighbour, so the phases still tile 100..140 with none negative.
     assert path_edges(100, [90, 150, 130], 140) == [100, 100, 140, 140, 140]
     assert path_edges(100, [110, 105, 130], 140) == [100, 110, 110, 130, 140]
+    # With the engine's arrival first, as the worker passes it.
+    assert path_edges(100, [104, 110, 120, 130], 140) == [100, 104, 110, 120, 130, 140]
 
 
 class GatedEngine(ScriptedEngine):
