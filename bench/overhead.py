@@ -55,6 +55,7 @@ from producers import RequestFailed, TokenbusClient
 from schemas import SamplingParams
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
+from workers.worker import PATH_PHASES
 
 TENANT = tenant(0)
 WARMUP_ROUND = -1
@@ -180,20 +181,10 @@ def billing_timings(
     return _query_rows(settings, sql, expected, timeout_s)
 
 
-PATH_SPANS = (
-    "job.admit",
-    "job.queue",
-    "bus.dispatch",
-    "worker.intake",
-    "worker.engine_input",
-    "worker.engine_queue",
-    "worker.prefill",
-    "worker.emit",
-)
+PATH_SPANS = ("job.admit", "job.queue", "bus.dispatch", *PATH_PHASES)
 """The spans on a request's path to its first token that the stack's services store
 (``tokenbus.span_path``): the job's admission and queue, the hop from the job to the
-worker, and the worker's phases from taking the record to sending the first reply
-(``workers.worker.PATH_PHASES``). The
+worker, and the worker's phases from taking the record to sending the first reply. The
 client's hop to the job and the reply's hop to the client are what the legs add beside
 them."""
 
