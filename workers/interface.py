@@ -27,9 +27,9 @@ class EngineTimings:
     first_token: float
     last_token: float
     arrival: float | None = None
-    """When the engine's front end took the request, before its input processing
-    (vLLM's ``arrival_time``): on ``time.time()``'s clock, unlike the others. None when
-    the engine does not say."""
+    """When the engine's input processing began (vLLM's ``arrival_time``, stamped on the
+    thread that tokenizes a text prompt): on ``time.time()``'s clock, unlike the
+    others. None when the engine does not say."""
 
 
 @dataclass(frozen=True)

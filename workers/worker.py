@@ -147,10 +147,11 @@ PATH_PHASES = (
     "worker.emit",
 )
 """A request's path to its first token through the worker: record taken to the engine's
-front end taking it (decode, checks, a chat's rendering), the engine's input processing
-(tokenizing, the hand-off to its core), its queue, prefill, first token to the reply
-record sent (vLLM's output processing, this loop, the reply batcher). The direct arm of
-``bench.overhead`` pays the engine's own phases too; ``worker.intake`` is this worker's."""
+input processing starting (decode, checks, a chat's rendering, vLLM's own preamble, and
+under load the wait for the thread vLLM processes inputs on), the engine's input
+processing (tokenizing, the hand-off to its core), its queue, prefill, first token to
+the reply record sent (vLLM's output processing, this loop, the reply batcher). The
+direct arm of ``bench.overhead`` pays all but this worker's decode, checks and spans."""
 
 
 def path_edges(taken_ns: int, engine_ns: Sequence[int], sent_ns: int) -> list[int]:
