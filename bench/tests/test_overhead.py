@@ -148,3 +148,15 @@ def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -
     assert path_breakdown(spans, request_ids, 64) == {
         "worker.prefill": {"n": 1, "p50": 30.0, "p90": 30.0, "p99": 30.0, "max": 30.0, "mean": 30.0}
     }
+
+
+def test_a_run_without_tracing_reads_no_spans_and_waits_for_none() -> None:
+    import time
+
+    from bench.overhead import path_spans
+    from tokenbus.config import Settings
+
+    # No billing query server runs here: a query would fail, a wait would show.
+    started = time.monotonic()
+    assert path_spans(Settings(trace_sample_ratio=0.0), expected=10, timeout_s=5.0) == []
+    assert time.monotonic() - started < 1.0
