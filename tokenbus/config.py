@@ -112,7 +112,9 @@ class Settings(BaseSettings):
     ``tansu``, which answers later the longer the wait, while a short wait keeps idle
     consumers polling it. Measured through the whole pipeline on tansu at concurrency 1
     (worker to client p50; pipeline CPU per 1k tokens): 5 ms 6 ms, 10.5 s; 20 ms 9 ms,
-    6.6 s; 100 ms 21 ms, 3.9 s (BENCHMARKS.md)."""
+    6.6 s; 100 ms 21 ms, 3.9 s (BENCHMARKS.md). Later, with the job's wait set alike, 2 ms
+    took the c=1 added TTFT p50 from 17.6 to 11.2 ms for 2.7 times the pipeline's CPU
+    per token, and 1 ms no further: the polling slows the engine."""
     background_fetch_max_wait_ms: int | None = None
     """The same, for consumers whose records no request waits on: the job's heartbeat
     and budget readers, billing's usage, span and alert sinks, the alerts service, and
