@@ -117,12 +117,12 @@ class Settings(BaseSettings):
     per token, and 1 ms no further: the polling slows the engine."""
     background_fetch_max_wait_ms: int | None = None
     """The same, for consumers whose records no request waits on: the job's heartbeat
-    and budget readers, billing's usage, span and alert sinks, the alerts service, and
-    the batch runner's commands and load reports (``background_fetch_wait_ms``
-    resolves it; never below ``consumer_fetch_wait_ms``). Unset: 500 ms with ``kafka``,
-    as every consumer there; 100 ms with ``tansu``, where each idle consumer polls the
-    broker: at 20 ms they cost the idle stack about a third of a core, broker included
-    (BENCHMARKS.md)."""
+    and budget readers, the workers' aborts, billing's usage, span and alert sinks, the
+    alerts service, and the batch runner's commands and load reports
+    (``background_fetch_wait_ms`` resolves it; never below ``consumer_fetch_wait_ms``).
+    Unset: 500 ms with ``kafka``, as every consumer there; 100 ms with ``tansu``, where
+    each idle consumer polls the broker: at 20 ms they cost the idle stack about a third
+    of a core, broker included (BENCHMARKS.md)."""
     job_fetch_max_wait_ms: int = 20
     """The same, for the Faust job's consumer (``tansu`` profile only). It holds many
     partitions, and one left out of a parked fetch (its records still buffered, or

@@ -28,7 +28,9 @@ from schemas import (
 from tests.unit.fakes import taken_spans
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
+from tokenbus.kafka import make_consumer
 from tokenbus.tracing import Tracing, inject, with_path
+from workers import worker as worker_module
 from workers.interface import EngineDelta, EngineTimings, GenerateParams
 from workers.replies import ReplyBatcher
 from workers.worker import (
@@ -500,3 +502,27 @@ async def test_a_reply_topic_is_let_go_once_its_last_running_request_ends(
     await handled[1]
     assert tracking.topics == [REPLY_TO]
     assert worker._replying == {}
+
+
+async def test_the_workers_aborts_poll_at_the_background_wait_its_requests_at_the_short_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No first token waits on an abort: on the bundled broker its consumer, idle nearly
+    always, polls at the background wait, the worker's request topic at the short one."""
+    settings = Settings(home=tmp_path, worker_id="w1", broker_profile="tansu")
+    waits: list[int] = []
+
+    class Made(Exception):
+        pass
+
+    def made(*args: Any, **kwargs: Any) -> Any:
+        waits.append(make_consumer(*args, **kwargs)._fetch_max_wait_ms)
+        raise Made
+
+    monkeypatch.setattr(worker_module, "make_consumer", made)
+    worker = Worker(settings, FakeEngine("tiny", max_num_seqs=4))
+    for follow in (worker._follow_cancels, worker._follow_requests):
+        with pytest.raises(Made):
+            await follow()
+    assert waits == [settings.background_fetch_wait_ms, settings.consumer_fetch_wait_ms]
+    assert waits == [100, 20]
