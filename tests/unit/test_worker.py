@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import ConsumerRecord
+from opentelemetry.trace import Span
 
 from bench.fake_engine import FakeEngine
 from schemas import (
@@ -25,7 +26,7 @@ from schemas import (
     decode,
     encode,
 )
-from tests.unit.fakes import taken_spans
+from tests.unit.fakes import SpanRow, taken_spans
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
@@ -309,36 +310,35 @@ class TimedEngine(ScriptedEngine):
         yield EngineDelta(" b", [6], "stop", timings=timings)
 
 
-async def test_a_request_is_traced_under_its_records_context_with_the_engines_phases(
-    tmp_path: Path,
-) -> None:
-    worker = Worker(Settings(home=tmp_path, worker_id="w1"), TimedEngine("stop"))
+async def handle_traced(
+    tmp_path: Path, engine: FakeEngine, sent_ns: int
+) -> tuple[dict[str, SpanRow], RecordingProducer, Span]:
+    """One request through the worker's handler, its record sent at ``sent_ns`` under a
+    job's ``job.dispatch`` span: the worker's spans by name, its producer, that span."""
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), engine)
     producer = RecordingProducer()
     worker._producer = producer
     worker._replies = ReplyBatcher(producer)
-    job = Tracing(Settings(), "job")
     headers: list[tuple[str, bytes]] = []
-    sent_ns = time.time_ns() - 3_000_000  # the job sent it 3 ms before the worker took it
-    with job.tracer.start_as_current_span("job.dispatch") as dispatch:
+    with Tracing(Settings(), "job").tracer.start_as_current_span("job.dispatch") as dispatch:
         inject(headers, with_path(sent_ns))
     record = ConsumerRecord(
-        "tokenbus.worker.w1",
-        0,
-        7,
-        0,
-        0,
-        b"acme",
-        encode(work_item(attempt=1)),
-        None,
-        0,
-        0,
+        "tokenbus.worker.w1", 0, 7, 0, 0, b"acme", encode(work_item(attempt=1)), None, 0, 0,
         headers,
-    )
+    )  # fmt: skip
     await worker._slots.acquire()
     await worker._handle(record)
     await worker._replies.drain()
     assert worker._tracing.buffer is not None
     spans = {s["name"]: s for s in taken_spans(worker._tracing.buffer)["acme"]}
+    return spans, producer, dispatch
+
+
+async def test_a_request_is_traced_under_its_records_context_with_the_engines_phases(
+    tmp_path: Path,
+) -> None:
+    sent_ns = time.time_ns() - 3_000_000  # the job sent it 3 ms before the worker took it
+    spans, producer, dispatch = await handle_traced(tmp_path, TimedEngine("stop"), sent_ns)
     request = spans["worker.request"]
     assert request["trace_id"] == f"{dispatch.get_span_context().trace_id:032x}"
     assert request["parent_span_id"] == f"{dispatch.get_span_context().span_id:016x}"
@@ -381,22 +381,8 @@ async def test_a_request_is_traced_under_its_records_context_with_the_engines_ph
 async def test_an_engine_without_an_arrival_leaves_its_input_processing_in_the_intake(
     tmp_path: Path,
 ) -> None:
-    worker = Worker(Settings(home=tmp_path, worker_id="w1"), TimedEngine("stop", arrival=False))
-    producer = RecordingProducer()
-    worker._producer = producer
-    worker._replies = ReplyBatcher(producer)
-    headers: list[tuple[str, bytes]] = []
-    with Tracing(Settings(), "job").tracer.start_as_current_span("job.dispatch"):
-        inject(headers, with_path(time.time_ns()))
-    record = ConsumerRecord(
-        "tokenbus.worker.w1", 0, 7, 0, 0, b"acme", encode(work_item(attempt=1)), None, 0, 0,
-        headers,
-    )  # fmt: skip
-    await worker._slots.acquire()
-    await worker._handle(record)
-    await worker._replies.drain()
-    assert worker._tracing.buffer is not None
-    spans = {s["name"]: s for s in taken_spans(worker._tracing.buffer)["acme"]}
+    engine = TimedEngine("stop", arrival=False)
+    spans, _, _ = await handle_traced(tmp_path, engine, time.time_ns())
     intake, engine_input = spans["worker.intake"], spans["worker.engine_input"]
     assert engine_input["start_ns"] == engine_input["end_ns"] == intake["end_ns"]
     # The intake holds the 2 ms to the engine's queue.
