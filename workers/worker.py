@@ -804,7 +804,8 @@ class Worker:
             arrival = round(timings.arrival * 1e9) if timings.arrival else stamps[0]
             edges = path_edges(taken_ns, [arrival, *stamps[:3]], first_sent_ns)
             phases = list(zip(PATH_PHASES, edges, edges[1:], strict=False))
-            phases.append(("worker.decode", edges[4], max(edges[4], stamps[3])))
+            first_token = edges[-2]  # prefill's end, emit's start
+            phases.append(("worker.decode", first_token, max(first_token, stamps[3])))
         else:
             phases = [
                 (name, start, max(start, end))
