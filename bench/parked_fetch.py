@@ -1,0 +1,136 @@
+"""When the bundled broker answers a parked fetch: the times it looks for new records.
+
+A fetch with a wait of ``W`` ms goes to an idle partition at t = 0 (one raw aiokafka
+``FetchRequest``, nothing else in flight), one record is produced at t = X, and the fetch's
+answer is timed, for X from 0 to W + 1 ms. On Apache Kafka the answer follows the record
+at once, whatever X. On tansu it comes at the broker's next look: the answer times over
+the sweep are its look schedule, and a request's hop waits from the record's arrival to
+the next look of the consumer's fetch (``bench.hop``'s hop is that wait for records
+that come at random).
+
+    .venvs/stream/bin/python -m bench.parked_fetch --fetch-wait-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.fetch import FetchRequest
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import bench_settings, progress, run_benchmark
+from bench.report import uptime_load
+from bench.services import broker_only
+from bench.stats import summarize
+from tokenbus.config import Settings
+from tokenbus.kafka import make_producer
+
+TOPIC = "bench.parked_fetch"
+MAX_BYTES = 1 << 20
+
+
+def sweep_rows(answers: dict[int, list[float]]) -> list[dict[str, float]]:
+    """The sweep's answers (``X``, ms the record was produced at --> the fetch's answer
+    times, ms) as one row per X: the answer's median, and how long after X that is (the
+    record's wait, the produce's round trip in it). Answers that stay put while X moves are
+    one look of the broker's; a wait that stays put as X moves means answers on arrival.
+    Pure."""
+    rows = []
+    for at_ms in sorted(answers):
+        answer_ms = statistics.median(answers[at_ms])
+        rows.append(
+            {
+                "record_at_ms": at_ms,
+                "answer_ms": round(answer_ms, 2),
+                "waited_ms": round(answer_ms - at_ms, 2),
+            }
+        )
+    return rows
+
+
+async def sweep(
+    settings: Settings, wait_ms: int, repeats: int, advance: Any
+) -> dict[int, list[float]]:
+    """X --> the answer times, ms, of ``repeats`` fetches parked at ``wait_ms`` with a
+    record produced X ms after each was sent."""
+    producer = make_producer(settings, linger_ms=0)
+    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap)
+    await producer.start()
+    await client.bootstrap()
+    try:
+        node = next(iter(client.cluster.brokers())).nodeId
+        offset = (await producer.send_and_wait(TOPIC, b"start")).offset + 1
+        answers: dict[int, list[float]] = {}
+        for _ in range(repeats):
+            for at_ms in range(wait_ms + 2):
+                fetch = FetchRequest(wait_ms, 1, MAX_BYTES, 0, [(TOPIC, [(0, offset, MAX_BYTES)])])
+                sent = time.perf_counter()
+                answer = asyncio.ensure_future(client.send(node, fetch))
+                await asyncio.sleep(at_ms / 1000)
+                await producer.send_and_wait(TOPIC, b"x")
+                await answer
+                answers.setdefault(at_ms, []).append((time.perf_counter() - sent) * 1000)
+                offset += 1
+                await asyncio.sleep(0.005)
+                advance()
+        return answers
+    finally:
+        await client.close()
+        await producer.stop()
+
+
+async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    load_start = uptime_load()
+    settings = bench_settings()
+    rows: list[dict[str, Any]] = []
+    async with broker_only(settings, {TOPIC: 1}):
+        with progress(console) as bar:
+            for wait_ms in args.fetch_wait_ms:
+                task = bar.add_task(f"wait {wait_ms} ms", total=args.repeats * (wait_ms + 2))
+                answers = await sweep(
+                    settings,
+                    wait_ms,
+                    args.repeats,
+                    lambda t=task: bar.advance(t),
+                )
+                rows.append(
+                    {
+                        "fetch_max_wait_ms": wait_ms,
+                        "sweep": sweep_rows(answers),
+                        "waited_ms": summarize([r["waited_ms"] for r in sweep_rows(answers)]),
+                    }
+                )
+    return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    for row in result["results"]:
+        table = Table(title=f"a fetch parked at {row['fetch_max_wait_ms']} ms")
+        for column in ("record produced at, ms", "fetch answered at, ms", "the record waited, ms"):
+            table.add_column(column, justify="right")
+        for r in row["sweep"]:
+            table.add_row(str(r["record_at_ms"]), f"{r['answer_ms']:.1f}", f"{r['waited_ms']:.1f}")
+        console.print(table)
+        waited = row["waited_ms"]
+        console.print(
+            f"a record's wait over the sweep: median {waited['p50']:.1f} ms, "
+            f"max {waited['max']:.1f} ms"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fetch-wait-ms", type=int, nargs="+", default=[20])
+    parser.add_argument("--repeats", type=int, default=5, help="fetches for each X")
+    parser.add_argument("--name", default="parked_fetch")
+    run_benchmark(parser, argv, measure, render)
+
+
+if __name__ == "__main__":
+    main()
