@@ -486,6 +486,9 @@ def summarize_run(
                 "ttft_breakdown_ms": ttft_breakdown(legs),
                 "path_spans_ms": path_breakdown(spans or [], request_ids, concurrency),
                 "slowest_ttft_ms": slowest(legs),
+                "requests_ms": request_rows(
+                    legs, spans_by_request(spans or [], request_ids, concurrency)
+                ),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
                     arm: {
@@ -543,6 +546,7 @@ def request_legs(
                 continue
             legs.append(
                 {
+                    "request_id": rid,
                     "round": round_index,
                     "index": trace.index,
                     "ttft": round(trace.ttft_s * 1000, 2),
@@ -571,16 +575,7 @@ def path_breakdown(
     warm-up's) at ``concurrency``, then each of ``PATH_PARTS`` over the requests that
     have all its spans; a span no request of it has is left out. A hop span names no
     request: its trace's other spans do."""
-    measured = {
-        rid for rid, (round_index, c, _) in request_ids.items()
-        if c == concurrency and round_index >= 0
-    }  # fmt: skip
-    traces = {row["trace_id"]: row["request_id"] for row in spans if row["request_id"]}
-    by_request: dict[str, dict[str, float]] = {}
-    for row in spans:
-        request_id = row["request_id"] or traces.get(row["trace_id"])
-        if request_id in measured:
-            by_request.setdefault(request_id, {})[row["name"]] = row["duration_us"] / 1000
+    by_request = spans_by_request(spans, request_ids, concurrency)
     out: dict[str, Any] = {}
     for name in PATH_SPANS:
         values = [ms[name] for ms in by_request.values() if name in ms]
@@ -593,13 +588,51 @@ def path_breakdown(
     return out
 
 
+def spans_by_request(
+    spans: list[dict[str, Any]],
+    request_ids: dict[str, tuple[int, int, int]],
+    concurrency: int,
+) -> dict[str, dict[str, float]]:
+    """Request id --> its ``PATH_SPANS`` in ms, for the measured requests (not the
+    warm-up's) at ``concurrency``. A hop span names no request: its trace's other spans
+    do."""
+    measured = {
+        rid for rid, (round_index, c, _) in request_ids.items()
+        if c == concurrency and round_index >= 0
+    }  # fmt: skip
+    traces = {row["trace_id"]: row["request_id"] for row in spans if row["request_id"]}
+    by_request: dict[str, dict[str, float]] = {}
+    for row in spans:
+        request_id = row["request_id"] or traces.get(row["trace_id"])
+        if request_id in measured:
+            by_request.setdefault(request_id, {})[row["name"]] = row["duration_us"] / 1000
+    return by_request
+
+
 def slowest(legs: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
     """The ``n`` requests with the longest TTFT, each with where it was in its wave (the
     tail's requests: the first of a wave, or anywhere) and its legs, ms."""
     worst = sorted(legs, key=lambda request: -request["ttft"])[:n]
     return [
-        {k: round(v, 2) if isinstance(v, float) else v for k, v in request.items()}
+        {k: round(v, 2) if isinstance(v, float) else v for k, v in request.items()
+         if k != "request_id"}
         for request in worst
+    ]  # fmt: skip
+
+
+def request_rows(
+    legs: list[dict[str, Any]], by_request: dict[str, dict[str, float]]
+) -> list[dict[str, Any]]:
+    """Every request's legs and path spans, ms, in wave order: what the percentiles
+    summarize, kept for a look at a distribution's shape (two modes, a slow round)."""
+    return [
+        {
+            **{k: round(v, 2) if isinstance(v, float) else v for k, v in leg.items()},
+            "spans": {
+                name: round(ms, 3) for name, ms in by_request.get(leg["request_id"], {}).items()
+            },
+        }
+        for leg in legs
     ]
 
 

@@ -42,7 +42,12 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
     timings = [{"request_id": "r0", "queue_ms": 3.0, "ttft_ms": 22.0}]
     load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
     idle = {"stream_job": 0.06, "worker_loop": 0.01, "billing": 0.002}
-    out = summarize_run(args, results, {"r0": (0, 1, 0)}, timings, [0.1], load, load, idle)
+    spans = [
+        {"trace_id": "t0", "request_id": "r0", "name": "job.admit", "duration_us": 400},
+        {"trace_id": "t0", "request_id": "", "name": "bus.dispatch", "duration_us": 4_500},
+        {"trace_id": "t9", "request_id": "other", "name": "job.admit", "duration_us": 900},
+    ]
+    out = summarize_run(args, results, {"r0": (0, 1, 0)}, timings, [0.1], load, load, idle, spans)
     row = out["results"][0]
     # Idle cores over the bus wave's 1 s and 1,000 tokens: the job's 0.06 cores.
     assert row["us_cpu_per_token_idle_by_process"] == {
@@ -81,6 +86,20 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
             "client_to_dispatched": 3.0,
             "dispatched_to_worker_first_token": 19.0,
             "worker_first_token_to_client": 8.0,
+        }
+    ]
+    # Every request's legs and own spans (a hop span joined by its trace), for the shape
+    # of the distribution that the percentiles summarize.
+    assert row["requests_ms"] == [
+        {
+            "request_id": "r0",
+            "round": 0,
+            "index": 0,
+            "ttft": 30.0,
+            "client_to_dispatched": 3.0,
+            "dispatched_to_worker_first_token": 19.0,
+            "worker_first_token_to_client": 8.0,
+            "spans": {"job.admit": 0.4, "bus.dispatch": 4.5},
         }
     ]
 
