@@ -35,20 +35,23 @@ TOPIC = "bench.parked_fetch"
 MAX_BYTES = 1 << 20
 
 
-def sweep_rows(answers: dict[int, list[float]]) -> list[dict[str, float]]:
-    """The sweep's answers (``X``, ms the record was produced at --> the fetch's answer
-    times, ms) as one row per X: the answer's median, and how long after X that is (the
-    record's wait, the produce's round trip in it). Answers that stay put while X moves are
-    one look of the broker's; a wait that stays put as X moves means answers on arrival.
-    Pure."""
-    rows = []
+def sweep_rows(answers: dict[int, list[float | None]]) -> list[dict[str, Any]]:
+    """The sweep's answers (``X``, ms the record was produced at --> each fetch's answer
+    time, ms, or None where it ended without the record) as one row per X: the median
+    answer of the fetches that brought the record, how long after X that is (the record's
+    wait, the produce's round trip in it), and how many ended without it. Answers that
+    stay put while X moves are one look of the broker's; a wait that stays put as X moves
+    means answers on arrival. Pure."""
+    rows: list[dict[str, Any]] = []
     for at_ms in sorted(answers):
-        answer_ms = statistics.median(answers[at_ms])
+        brought = [a for a in answers[at_ms] if a is not None]
+        answer_ms = statistics.median(brought) if brought else None
         rows.append(
             {
                 "record_at_ms": at_ms,
-                "answer_ms": round(answer_ms, 2),
-                "waited_ms": round(answer_ms - at_ms, 2),
+                "answer_ms": None if answer_ms is None else round(answer_ms, 2),
+                "waited_ms": None if answer_ms is None else round(answer_ms - at_ms, 2),
+                "ended_without_it": len(answers[at_ms]) - len(brought),
             }
         )
     return rows
@@ -56,9 +59,9 @@ def sweep_rows(answers: dict[int, list[float]]) -> list[dict[str, float]]:
 
 async def sweep(
     settings: Settings, wait_ms: int, repeats: int, advance: Any
-) -> dict[int, list[float]]:
+) -> dict[int, list[float | None]]:
     """X --> the answer times, ms, of ``repeats`` fetches parked at ``wait_ms`` with a
-    record produced X ms after each was sent."""
+    record produced X ms after each was sent (None: the fetch ended without it)."""
     producer = make_producer(settings, linger_ms=0)
     client = AIOKafkaClient(bootstrap_servers=settings.bootstrap)
     await producer.start()
@@ -66,23 +69,43 @@ async def sweep(
     try:
         node = next(iter(client.cluster.brokers())).nodeId
         offset = (await producer.send_and_wait(TOPIC, b"start")).offset + 1
-        answers: dict[int, list[float]] = {}
+        answers: dict[int, list[float | None]] = {}
         for _ in range(repeats):
             for at_ms in range(wait_ms + 2):
-                fetch = FetchRequest(wait_ms, 1, MAX_BYTES, 0, [(TOPIC, [(0, offset, MAX_BYTES)])])
-                sent = time.perf_counter()
-                answer = asyncio.ensure_future(client.send(node, fetch))
-                await asyncio.sleep(at_ms / 1000)
-                await producer.send_and_wait(TOPIC, b"x")
-                await answer
-                answers.setdefault(at_ms, []).append((time.perf_counter() - sent) * 1000)
+                answer = await parked_fetch(client, node, producer, wait_ms, offset, at_ms)
+                answers.setdefault(at_ms, []).append(answer)
                 offset += 1
-                await asyncio.sleep(0.005)
                 advance()
         return answers
     finally:
         await client.close()
         await producer.stop()
+
+
+async def parked_fetch(
+    client: AIOKafkaClient,
+    node: int,
+    producer: Any,
+    wait_ms: int,
+    offset: int,
+    at_ms: int,
+) -> float | None:
+    """One fetch from ``offset`` parked at ``wait_ms``, the record at ``offset`` produced
+    ``at_ms`` after it was sent: when the fetch answered (ms), or None if it ended
+    without the record."""
+    fetch = FetchRequest(wait_ms, 1, MAX_BYTES, 0, [(TOPIC, [(0, offset, MAX_BYTES)])])
+    sent = time.perf_counter()
+    answered: list[float] = []
+    answer = asyncio.ensure_future(client.send(node, fetch))
+    answer.add_done_callback(lambda _: answered.append(time.perf_counter()))
+    await asyncio.sleep(at_ms / 1000)
+    await producer.send_and_wait(TOPIC, b"x")
+    response = await answer
+    partition = response.topics[0][1][0]
+    await asyncio.sleep(0.005)  # the broker idle again before the next fetch
+    if not partition[-1]:  # no records: the fetch ended before the record came
+        return None
+    return (answered[0] - sent) * 1000
 
 
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -103,7 +126,9 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     {
                         "fetch_max_wait_ms": wait_ms,
                         "sweep": sweep_rows(answers),
-                        "waited_ms": summarize([r["waited_ms"] for r in sweep_rows(answers)]),
+                        "waited_ms": summarize(
+                            [r["waited_ms"] for r in sweep_rows(answers) if r["answer_ms"]]
+                        ),
                     }
                 )
     return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
@@ -112,10 +137,21 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 def render(result: dict[str, Any], console: Console) -> None:
     for row in result["results"]:
         table = Table(title=f"a fetch parked at {row['fetch_max_wait_ms']} ms")
-        for column in ("record produced at, ms", "fetch answered at, ms", "the record waited, ms"):
+        for column in (
+            "record produced at, ms",
+            "fetch answered at, ms",
+            "the record waited, ms",
+            "fetches that ended without it",
+        ):
             table.add_column(column, justify="right")
         for r in row["sweep"]:
-            table.add_row(str(r["record_at_ms"]), f"{r['answer_ms']:.1f}", f"{r['waited_ms']:.1f}")
+            brought = r["answer_ms"] is not None
+            table.add_row(
+                str(r["record_at_ms"]),
+                f"{r['answer_ms']:.1f}" if brought else "-",
+                f"{r['waited_ms']:.1f}" if brought else "-",
+                str(r["ended_without_it"]),
+            )
         console.print(table)
         waited = row["waited_ms"]
         console.print(
