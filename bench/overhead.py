@@ -270,7 +270,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         await direct.ready()
         meter = stack_meter(stack)
         profiles = WaveProfiles(stack, settings.home / "profiles") if args.profile else None
-        async with TokenbusClient(settings) as client:
+        client_settings = settings.model_copy(update=parse_overrides(args.client_set))
+        async with TokenbusClient(client_settings) as client:
             tokenbus = TokenbusArm(stack, client, args.max_tokens)
             with progress(console) as bar:
                 waves_task = bar.add_task(
@@ -511,6 +512,7 @@ def summarize_run(
             "max_tokens": args.max_tokens,
             "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
             "settings_overrides": parse_overrides(args.set),
+            "client_overrides": parse_overrides(getattr(args, "client_set", [])),
             "vip_reserve": float(stack_overrides(args)["vip_reserve"]),
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
         },
@@ -755,6 +757,14 @@ def main(argv: list[str] | None = None) -> None:
         "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
     )
     add_settings_args(parser)
+    parser.add_argument(
+        "--client-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a Settings field for the benchmark's own TokenbusClient only (the "
+        "stack keeps --set's), e.g. --client-set fetch_max_wait_ms=2",
+    )
     run_benchmark(parser, argv, measure, render, profiled_name("overhead"))
 
 
