@@ -52,22 +52,38 @@ def modes(requests: list[dict[str, Any]], split_ms: float) -> dict[str, dict[str
     return out
 
 
+def positive_ms(text: str) -> float:
+    """A histogram's bin width: a number of ms above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value} ms is not a width above 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--split-ms", type=float, default=26.0)
-    parser.add_argument("--bin-ms", type=float, default=3.0)
+    parser.add_argument("--bin-ms", type=positive_ms, default=3.0)
     args = parser.parse_args(argv)
     for path in args.results:
-        result = json.loads(path.read_text())
-        row = next((r for r in result["results"] if r["concurrency"] == args.concurrency), None)
-        if row is None or "requests_ms" not in row:
-            print(f"{path}: no requests at c={args.concurrency} (written before requests_ms)")
+        try:
+            result = json.loads(path.read_text())
+            rows = [r for r in result["results"] if r.get("concurrency") == args.concurrency]
+            load = result["load_start"]["load_1_5_15"][0]
+            commit = result["machine"]["git"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            print(f"{path}: not a bench.overhead result ({type(exc).__name__}: {exc})")
             continue
-        requests = row["requests_ms"]
-        load = result["load_start"]["load_1_5_15"][0]
-        print(f"{path.name} ({result['machine']['git']}, load {load}): {len(requests)} requests")
+        if not rows or "requests_ms" not in rows[0]:
+            print(f"{path}: no requests at c={args.concurrency} (or written before requests_ms)")
+            continue
+        requests = rows[0]["requests_ms"]
+        print(f"{path.name} ({commit}, load {load}): {len(requests)} requests")
         bins = histogram([r["ttft"] for r in requests], args.bin_ms)
         print("  TTFT ms: " + ", ".join(f"{edge:g}+: {n}" for edge, n in bins.items()))
         for name, mode in modes(requests, args.split_ms).items():

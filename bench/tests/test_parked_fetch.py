@@ -1,6 +1,10 @@
 from __future__ import annotations
 
-from bench.parked_fetch import sweep_rows
+import argparse
+
+import pytest
+
+from bench.parked_fetch import at_least_one, sweep_rows
 
 
 def test_a_sweep_row_is_the_answer_median_and_the_records_wait() -> None:
@@ -25,3 +29,10 @@ def test_a_sweep_row_is_the_answer_median_and_the_records_wait() -> None:
 def test_a_broker_that_answers_on_arrival_has_the_same_wait_at_every_step() -> None:
     answers: dict[int, list[float | None]] = {x: [x + 1.25, x + 1.2, x + 1.3] for x in range(3)}
     assert [row["waited_ms"] for row in sweep_rows(answers)] == [1.25, 1.25, 1.25]
+
+
+def test_the_wait_and_the_repeats_are_whole_numbers_of_one_or_more() -> None:
+    assert at_least_one("20") == 20
+    for text in ("0", "-5", "2.5", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            at_least_one(text)

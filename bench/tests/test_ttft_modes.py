@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
-from bench.ttft_modes import histogram, modes
+import pytest
+
+from bench.ttft_modes import histogram, main, modes, positive_ms
 
 
 def request(ttft: float, legs: tuple[float, float, float], **spans: float) -> dict[str, Any]:
@@ -37,3 +41,21 @@ def test_the_modes_split_at_the_given_ttft_and_take_each_medians() -> None:
     }
     assert out["slow"]["requests"] == 1 and out["slow"]["spans"] == {"bus.dispatch": 7.0}
     assert set(modes(requests[:1], 26.0)) == {"fast"}
+
+
+def test_a_bin_width_must_be_a_finite_number_above_zero() -> None:
+    assert positive_ms("2.5") == 2.5
+    for text in ("0", "-1", "nan", "inf", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_ms(text)
+
+
+def test_a_file_that_is_not_an_overhead_result_is_named_and_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "summary.json"
+    other.write_text('{"goals": []}')
+    main([str(other), str(tmp_path / "missing.json")])
+    out = capsys.readouterr().out
+    assert "summary.json: not a bench.overhead result (KeyError" in out
+    assert "missing.json: not a bench.overhead result (FileNotFoundError" in out
