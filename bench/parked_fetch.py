@@ -17,14 +17,16 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.fetch import FetchRequest
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_settings, progress, run_benchmark
+from bench.common import bench_settings, progress, progress_task, run_benchmark
 from bench.report import uptime_load
 from bench.services import broker_only
 from bench.stats import summarize
@@ -58,24 +60,25 @@ def sweep_rows(answers: dict[int, list[float | None]]) -> list[dict[str, Any]]:
 
 
 async def sweep(
-    settings: Settings, wait_ms: int, repeats: int, advance: Any
+    settings: Settings, wait_ms: int, repeats: int, done: Callable[[int], None]
 ) -> dict[int, list[float | None]]:
     """X --> the answer times, ms, of ``repeats`` fetches parked at ``wait_ms`` with a
-    record produced X ms after each was sent (None: the fetch ended without it)."""
+    record produced X ms after each was sent (None: the fetch ended without it);
+    ``done`` is told how many fetches are done."""
     producer = make_producer(settings, linger_ms=0)
     client = AIOKafkaClient(bootstrap_servers=settings.bootstrap)
     await producer.start()
     await client.bootstrap()
     try:
         node = next(iter(client.cluster.brokers())).nodeId
-        offset = (await producer.send_and_wait(TOPIC, b"start")).offset + 1
+        first = offset = (await producer.send_and_wait(TOPIC, b"start")).offset + 1
         answers: dict[int, list[float | None]] = {}
         for _ in range(repeats):
             for at_ms in range(wait_ms + 2):
                 answer = await parked_fetch(client, node, producer, wait_ms, offset, at_ms)
                 answers.setdefault(at_ms, []).append(answer)
                 offset += 1
-                advance()
+                done(offset - first)
         return answers
     finally:
         await client.close()
@@ -85,7 +88,7 @@ async def sweep(
 async def parked_fetch(
     client: AIOKafkaClient,
     node: int,
-    producer: Any,
+    producer: AIOKafkaProducer,
     wait_ms: int,
     offset: int,
     at_ms: int,
@@ -101,7 +104,7 @@ async def parked_fetch(
     await asyncio.sleep(at_ms / 1000)
     await producer.send_and_wait(TOPIC, b"x")
     response = await answer
-    partition = response.topics[0][1][0]
+    partition = response.topics[0][1][0]  # (index, error, high water, ..., records)
     await asyncio.sleep(0.005)  # the broker idle again before the next fetch
     if not partition[-1]:  # no records: the fetch ended before the record came
         return None
@@ -115,21 +118,13 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     async with broker_only(settings, {TOPIC: 1}):
         with progress(console) as bar:
             for wait_ms in args.fetch_wait_ms:
-                task = bar.add_task(f"wait {wait_ms} ms", total=args.repeats * (wait_ms + 2))
-                answers = await sweep(
-                    settings,
-                    wait_ms,
-                    args.repeats,
-                    lambda t=task: bar.advance(t),
-                )
+                total = args.repeats * (wait_ms + 2)
+                done = progress_task(bar, f"wait {wait_ms} ms", total)
+                answers = await sweep(settings, wait_ms, args.repeats, done)
+                swept = sweep_rows(answers)
+                waited = [r["waited_ms"] for r in swept if r["waited_ms"] is not None]
                 rows.append(
-                    {
-                        "fetch_max_wait_ms": wait_ms,
-                        "sweep": sweep_rows(answers),
-                        "waited_ms": summarize(
-                            [r["waited_ms"] for r in sweep_rows(answers) if r["answer_ms"]]
-                        ),
-                    }
+                    {"fetch_max_wait_ms": wait_ms, "sweep": swept, "waited_ms": summarize(waited)}
                 )
     return {"load_start": load_start, "load_end": uptime_load(), "results": rows}
 
