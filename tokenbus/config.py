@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     waited for the partition's batch to drain, and each produce request carried less. At
     256 KiB the job admitted 3,236 and 3,509 requests per core against 2,774 and 2,786
     (alternated pairs), the broker's CPU per request down by a third (BENCHMARKS.md)."""
-    fetch_max_wait_ms: int | None = None
+    fetch_max_wait_ms: int | None = Field(default=None, ge=0)
     """How long the broker may hold a fetch of an idle partition: every consumer but the
     Faust job's (``consumer_fetch_wait_ms`` resolves it). Unset: 500 ms with the ``kafka``
     profile, Kafka's own default, since Apache Kafka answers a parked fetch as soon as a
@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     6.6 s; 100 ms 21 ms, 3.9 s (BENCHMARKS.md). Later, with the job's wait set alike, 2 ms
     took the c=1 added TTFT p50 from 17.6 to 11.2 ms for 2.7 times the pipeline's CPU
     per token, and 1 ms no further: the polling slows the engine."""
-    background_fetch_max_wait_ms: int | None = None
+    background_fetch_max_wait_ms: int | None = Field(default=None, ge=0)
     """The same, for consumers whose records no request waits on: the job's heartbeat
     and budget readers, the workers' aborts, billing's usage, span and alert sinks, the
     alerts service, and the batch runner's commands and load reports
@@ -123,14 +123,14 @@ class Settings(BaseSettings):
     Unset: 500 ms with ``kafka``, as every consumer there; 100 ms with ``tansu``, where
     each idle consumer polls the broker: at 20 ms they cost the idle stack about a third
     of a core, broker included (BENCHMARKS.md)."""
-    job_fetch_max_wait_ms: int = 20
-    """The same, for the Faust job's consumer (``tansu`` profile only). It holds many
-    partitions, and one left out of a parked fetch (its records still buffered, or
-    paused by Faust's flow control) waits for that fetch to end: at 100 ms the job's
-    intake lag rose from p50 6 to 13 ms to 26 to 35 ms, and class 0's submit to
-    dispatch p99 from 17 to 52 ms. At 5 ms its polling was most of the job's CPU at
-    concurrency 64 (98 against 43 µs per token at 20 ms, for 2.6 ms more from client
-    to dispatch at concurrency 1; BENCHMARKS.md)."""
+    job_fetch_max_wait_ms: int = Field(default=20, ge=1)
+    """The same, for the Faust job's consumer (``tansu`` profile only; tansu never
+    answers a fetch parked at 0 ms). It holds many partitions, and one left out of a
+    parked fetch (its records still buffered, or paused by Faust's flow control) waits
+    for that fetch to end: at 100 ms the job's intake lag rose from p50 6 to 13 ms to 26
+    to 35 ms, and class 0's submit to dispatch p99 from 17 to 52 ms. At 5 ms its polling
+    was most of the job's CPU at concurrency 64 (98 against 43 µs per token at 20 ms,
+    for 2.6 ms more from client to dispatch at concurrency 1; BENCHMARKS.md)."""
     fetch_max_wait_cap_ms: int = 1_000
     """A consumer whose fetches keep coming back empty behind the high-water mark
     doubles its fetch wait up to this (tokenbus.tansu.fetch_wait: the bundled broker's

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiokafka.consumer import fetcher
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from pydantic import ValidationError
 
 from stream_jobs.app import create_app
 from tests.unit.tansu_records import batch, partition_records
@@ -68,6 +69,20 @@ async def test_background_consumers_wait_longer_on_the_bundled_broker_only(
     # Never below the request path's wait, whatever is set.
     assert waits(Settings(broker_profile="tansu", fetch_max_wait_ms=300)) == (300, 300)
     assert waits(Settings(fetch_max_wait_ms=50, background_fetch_max_wait_ms=10)) == (50, 50)
+
+
+def test_a_fetch_wait_below_its_floor_is_refused_with_the_setting_named() -> None:
+    # tansu never answers a fetch parked at 0 ms: the job's wait (tansu only) is 1 or
+    # more; the others may be 0 (Apache Kafka then answers at once), never negative.
+    for field, value in (
+        ("job_fetch_max_wait_ms", 0),
+        ("fetch_max_wait_ms", -1),
+        ("background_fetch_max_wait_ms", -5),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            Settings.model_validate({field: value})
+    assert Settings(fetch_max_wait_ms=0).consumer_fetch_wait_ms == 0
+    assert Settings(job_fetch_max_wait_ms=1).job_fetch_max_wait_ms == 1
 
 
 async def test_the_kafka_profile_makes_idempotent_producers_with_acks_all() -> None:
