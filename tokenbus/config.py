@@ -123,17 +123,17 @@ class Settings(BaseSettings):
     Unset: 500 ms with ``kafka``, as every consumer there; 100 ms with ``tansu``, where
     each idle consumer polls the broker: at 20 ms they cost the idle stack about a third
     of a core, broker included (BENCHMARKS.md)."""
-    job_fetch_max_wait_ms: int = Field(default=10, ge=1)
+    job_fetch_max_wait_ms: int = Field(default=20, ge=1)
     """The same, for the Faust job's consumer (``tansu`` profile only; tansu never
     answers a fetch parked at 0 ms). It holds many partitions, and one left out of a
     parked fetch (its records still buffered, or paused by Faust's flow control) waits
     for that fetch to end: at 100 ms the job's intake lag rose from p50 6 to 13 ms to 26
     to 35 ms, and class 0's submit to dispatch p99 from 17 to 52 ms. At 5 ms its polling
     was most of the job's CPU at concurrency 64 (98 against 43 µs per token at 20 ms).
-    10 ms against 20 (alternated pairs, the other consumers at 20): the c=1 added TTFT
-    p50 14.9 against 17.5 ms and its p90 about 20 against 31 (a request's first hop no
-    longer waits most of half a fetch for the job's next look), for the job's CPU per
-    token at c=64 about a fifth more (12.2 against 10.2 µs; BENCHMARKS.md)."""
+    At 10 ms the c=1 added TTFT p50 was 14.9 against 17.0 ms and its p90 about 20
+    against 31, but the job's CPU per token at c=64 13.8 against 10.6 µs, which took
+    tokenbus's processes past issue 17's 30 µs per token (33.1; BENCHMARKS.md): a
+    development stack that wants the lower latency can set 10."""
     fetch_max_wait_cap_ms: int = 1_000
     """A consumer whose fetches keep coming back empty behind the high-water mark
     doubles its fetch wait up to this (tokenbus.tansu.fetch_wait: the bundled broker's
