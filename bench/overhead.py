@@ -429,6 +429,7 @@ def summarize_run(
         cpu_bus = {k: round(sum(c.get(k, 0.0) for c in bus.cpu), 3) for k in bus.cpu[0]}
         cpu_direct = {k: round(sum(c.get(k, 0.0) for c in direct.cpu), 3) for k in direct.cpu[0]}
         legs = request_legs(bus, request_ids, by_request, concurrency)
+        spans_of = spans_by_request(spans or [], request_ids, concurrency)
         worker_loop = cpu_bus["worker_process"] - cpu_direct["direct_frontend"]
         pipeline = (
             cpu_bus["broker"] + cpu_bus["stream_job"] + cpu_bus["billing"] + cpu_bus["client"]
@@ -485,11 +486,9 @@ def summarize_run(
                     for part, cores in (idle_cores or {}).items()
                 },
                 "ttft_breakdown_ms": ttft_breakdown(legs),
-                "path_spans_ms": path_breakdown(spans or [], request_ids, concurrency),
+                "path_spans_ms": path_breakdown(spans_of),
                 "slowest_ttft_ms": slowest(legs),
-                "requests_ms": request_rows(
-                    legs, spans_by_request(spans or [], request_ids, concurrency)
-                ),
+                "requests_ms": request_rows(legs, spans_of),
                 # Summed over threads: how long each process sat runnable without a core.
                 "runqueue_wait_ms_per_request": {
                     arm: {
@@ -512,7 +511,7 @@ def summarize_run(
             "max_tokens": args.max_tokens,
             "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
             "settings_overrides": parse_overrides(args.set),
-            "client_overrides": parse_overrides(getattr(args, "client_set", [])),
+            "client_overrides": parse_overrides(args.client_set),
             "vip_reserve": float(stack_overrides(args)["vip_reserve"]),
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
         },
@@ -568,16 +567,10 @@ def ttft_breakdown(legs: list[dict[str, Any]]) -> dict[str, Any]:
     return {leg: summarize([request[leg] for request in legs]) for leg in LEGS}
 
 
-def path_breakdown(
-    spans: list[dict[str, Any]],
-    request_ids: dict[str, tuple[int, int, int]],
-    concurrency: int,
-) -> dict[str, Any]:
-    """Each of ``PATH_SPANS``' percentiles in ms over the measured requests (not the
-    warm-up's) at ``concurrency``, then each of ``PATH_PARTS`` over the requests that
-    have all its spans; a span no request of it has is left out. A hop span names no
-    request: its trace's other spans do."""
-    by_request = spans_by_request(spans, request_ids, concurrency)
+def path_breakdown(by_request: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Each of ``PATH_SPANS``' percentiles in ms over the requests of
+    ``spans_by_request``, then each of ``PATH_PARTS`` over the requests that have all its
+    spans; a span no request of it has is left out."""
     out: dict[str, Any] = {}
     for name in PATH_SPANS:
         values = [ms[name] for ms in by_request.values() if name in ms]
@@ -615,11 +608,12 @@ def slowest(legs: list[dict[str, Any]], n: int = 3) -> list[dict[str, Any]]:
     """The ``n`` requests with the longest TTFT, each with where it was in its wave (the
     tail's requests: the first of a wave, or anywhere) and its legs, ms."""
     worst = sorted(legs, key=lambda request: -request["ttft"])[:n]
-    return [
-        {k: round(v, 2) if isinstance(v, float) else v for k, v in request.items()
-         if k != "request_id"}
-        for request in worst
-    ]  # fmt: skip
+    return [{k: v for k, v in rounded(request).items() if k != "request_id"} for request in worst]
+
+
+def rounded(leg: dict[str, Any]) -> dict[str, Any]:
+    """A request's legs with their ms to two decimals."""
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in leg.items()}
 
 
 def request_rows(
@@ -629,7 +623,7 @@ def request_rows(
     summarize, kept for a look at a distribution's shape (two modes, a slow round)."""
     return [
         {
-            **{k: round(v, 2) if isinstance(v, float) else v for k, v in leg.items()},
+            **rounded(leg),
             "spans": {
                 name: round(ms, 3) for name, ms in by_request.get(leg["request_id"], {}).items()
             },

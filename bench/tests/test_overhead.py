@@ -23,6 +23,7 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         min_requests=1,
         requests_per_lane=1,
         set=[],
+        client_set=[],
         argv=[],
     )
     bus_cpu = {
@@ -101,7 +102,7 @@ def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
 
     args = argparse.Namespace(
         concurrency=[1], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
-        set=[], argv=[],
+        set=[], client_set=[], argv=[],
     )  # fmt: skip
     cpu = {"broker": 0.0, "stream_job": 0.0, "billing": 0.0, "client": 0.0, "worker_process": 0.0}
     results = {
@@ -129,7 +130,7 @@ def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
 
 
 def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -> None:
-    from bench.overhead import path_breakdown
+    from bench.overhead import path_breakdown, spans_by_request
 
     request_ids = {"warm": (-1, 8, 0), "a": (0, 1, 0), "b": (1, 1, 0), "c": (0, 64, 0)}
     spans = [
@@ -144,7 +145,7 @@ def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -
         {"trace_id": "t3", "request_id": "c", "name": "worker.prefill", "duration_us": 30_000},
         {"trace_id": "t4", "request_id": "", "name": "worker.emit", "duration_us": 7_000},
     ]
-    at_1 = path_breakdown(spans, request_ids, 1)
+    at_1 = path_breakdown(spans_by_request(spans, request_ids, 1))
     # In path order, none missing; a hop span counts by its trace's request.
     assert list(at_1) == ["job.admit", "job.queue", "bus.dispatch", "worker.intake", "job"]
     assert at_1["bus.dispatch"]["n"] == 2
@@ -155,8 +156,10 @@ def test_the_path_spans_count_the_measured_requests_of_each_concurrency_only() -
     # The worker's own part needs both its spans: no request here has worker.emit.
     assert "worker_own" not in at_1
     emit = {"trace_id": "t1", "request_id": "", "name": "worker.emit", "duration_us": 700}
-    assert path_breakdown([*spans, emit], request_ids, 1)["worker_own"]["p50"] == 2.2
-    assert path_breakdown(spans, request_ids, 64) == {
+    assert (
+        path_breakdown(spans_by_request([*spans, emit], request_ids, 1))["worker_own"]["p50"] == 2.2
+    )
+    assert path_breakdown(spans_by_request(spans, request_ids, 64)) == {
         "worker.prefill": {"n": 1, "p50": 30.0, "p90": 30.0, "p99": 30.0, "max": 30.0, "mean": 30.0}
     }
 
