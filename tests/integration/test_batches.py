@@ -4,6 +4,7 @@ cancel, expiry, and the runner and the job killed mid-batch."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -223,7 +224,12 @@ async def test_batch_lines_stream_their_tokens_at_the_batch_interval(
 ) -> None:
     """No one reads a batch line as it streams: its tokens reach the runner in chunks of
     ``batch_stream_interval`` (the first and the last at once), and the output and
-    billing hold every one of them."""
+    billing hold every one of them.
+
+    vLLM merges a request's waiting deltas when the worker takes them late (its
+    ``RequestOutputCollector``), so a loaded worker may write two intervals as one chunk:
+    [1, 16, 22] rather than [1, 16, 16, 6]. Every chunk but the last still ends on the
+    interval's grid, which a stream at any other interval would not."""
     interval = settings.batch_stream_interval
     assert interval > settings.stream_interval
     client = openai_client(bridge)
@@ -238,7 +244,11 @@ async def test_batch_lines_stream_their_tokens_at_the_batch_interval(
     for line in good:
         assert line["response"]["body"]["usage"]["completion_tokens"] == num_tokens
         request_id = line["response"]["request_id"]
-        assert counts[request_id] == [1, interval, interval, 6], (request_id, counts)
+        chunks = counts[request_id]
+        ends = list(itertools.accumulate(chunks))
+        # The grid starts at 1 (the first token at once) and steps by the interval.
+        assert ends[-1] == num_tokens and 2 <= len(chunks) <= 4, (request_id, counts)
+        assert all((end - 1) % interval == 0 for end in ends[:-1]), (request_id, counts)
     rows = await eventually(
         lambda: clickhouse_rows(settings, batch.id), timeout_s=60, until=lambda r: len(r) >= 3
     )
