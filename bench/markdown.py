@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import capacity as cap
 from bench.report import RESULTS_DIR
-from bench.summary import SUMMARY_PATH
+from bench.summary import SUMMARY_PATH, UNRECORDED
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -404,19 +404,43 @@ REPORTED = ("hop.p50_ms", "hop.p99_ms", "admission.broker_us_per_request")
 """Figures of no goal that the goals table still shows: the floor, the broker's share."""
 
 
-def goals(summary: dict[str, Any]) -> str:
-    """The "Goals at a glance" table: one row per goal of ``bench/summary.json``."""
-    figures = summary["figures"]
+MACHINE_FLOORS = (
+    "machine.cross_core_cpu_us",
+    "machine.cross_core_wall_us",
+    "machine.same_core_cpu_us",
+    "machine.syscall_ns",
+    "machine.python_us",
+    "machine.direct_tokens_per_s",
+)
+"""``bench.machine``'s floors and the engine's own speed: what sets one machine apart."""
+
+
+def _machine_heading(entry: dict[str, Any], current: bool) -> str:
+    machine = entry.get("machine") or {"key": UNRECORDED}
+    if machine["key"] == UNRECORDED:
+        name = "a machine this summary did not record (written before summaries named theirs)"
+    else:
+        kernel = f", kernel {machine['kernel']}" if machine.get("kernel") else ""
+        name = f"`{machine['key']}`{kernel}"
+    figures = entry["figures"]
+    floors = "; ".join(_figure(figures[k], label=True) for k in MACHINE_FLOORS if k in figures)
+    when = "" if current else f", kept from the summary of {entry['generated_at']}"
+    return f"**On {name}**{when}." + (f" Its floors: {floors}." if floors else "")
+
+
+def _goals_table(entry: dict[str, Any], min_runs: int) -> str:
+    """One machine's goals: a row per goal, with the figures measured beside it."""
+    figures = entry["figures"]
     rows = []
-    for goal in summary["goals"]:
+    for goal in entry["goals"]:
         figure = figures.get(goal["figure"])
         if figure is None:
             rows.append([goal["title"], "-", "-", "-", "-", "not measured"])
             continue
         load = goal["load_1min"]
         verdict = f"**{goal['verdict']}**"
-        if goal["num_runs"] < summary["min_runs"]:
-            verdict += f" ({goal['num_runs']} of {summary['min_runs']} runs: provisional)"
+        if goal["num_runs"] < min_runs:
+            verdict += f" ({goal['num_runs']} of {min_runs} runs: provisional)"
         rows.append(
             [
                 goal["title"],
@@ -436,12 +460,24 @@ def goals(summary: dict[str, Any]) -> str:
         for k in REPORTED
         if k in figures
     ]
-    return (
-        f"_From `bench/summary.json` ({summary['generated_at']}): each figure is the median "
-        f"of its benchmark's newest runs on one clean commit, min..max in brackets._\n\n"
-        + _table(header, rows)
-        + ("\n\nReported beside the goals: " + "; ".join(also) + "." if also else "")
+    return _table(header, rows) + (
+        "\n\nReported beside the goals: " + "; ".join(also) + "." if also else ""
     )
+
+
+def goals(summary: dict[str, Any]) -> str:
+    """The "Goals at a glance" tables of ``bench/summary.json``: the newest machine's,
+    then each other machine's that the summary keeps."""
+    parts = [
+        f"_From `bench/summary.json` ({summary['generated_at']}): each figure is the median "
+        f"of its benchmark's newest runs on one clean commit and one machine, min..max in "
+        f"brackets._",
+        _machine_heading(summary, current=True),
+        _goals_table(summary, summary["min_runs"]),
+    ]
+    for other in summary.get("other_machines", []):
+        parts += [_machine_heading(other, current=False), _goals_table(other, summary["min_runs"])]
+    return "\n\n".join(parts)
 
 
 def capacity(summary: dict[str, Any], rates: cap.GpuRates | None = None) -> str:

@@ -10,6 +10,13 @@ for each benchmark, its newest runs that were measured on one commit with a clea
 (at most ``--runs``), and writes every figure's median and min..max over them, with the
 load average the runs started under, and each goal's verdict. ``python -m bench.markdown
 --update BENCHMARKS.md`` renders the goals table and the capacity model from it.
+
+Figures are per machine. The same code's CPU per unit moved by a factor of two between
+the development VMs these scripts have run on, so ``build`` summarises only the runs of
+the machine the newest run was on (its CPU model and count, in every result's
+``machine``), and keeps an earlier summary of another machine whole, under
+``other_machines``. ``python -m bench.machine`` measures the floors that tell the
+machines apart; the goals table shows them with each machine.
 """
 
 from __future__ import annotations
@@ -422,6 +429,64 @@ FIGURES: tuple[Figure, ...] = (
         "hop.p99_ms", "hop", "one broker hop p99, process to process (bench.hop)", "ms", _hop("p99")
     ),
 )
+
+
+def _machine(field: str, side: str | None = None) -> Callable[[Result], float | None]:
+    """A floor of ``bench.machine``: ``field``'s median, of the ``side`` round trip if given."""
+
+    def extract(result: Result) -> float | None:
+        row = _first_row(result)
+        if row is None:
+            return None
+        found = row.get(side) if side else row
+        return None if not found else _float(found[field]["median"])
+
+    return extract
+
+
+MACHINE_FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "machine.cross_core_cpu_us",
+        "machine",
+        "a wakeup across cores, one side's CPU per round trip",
+        "µs",
+        _machine("cpu_us", "cross_core"),
+    ),
+    Figure(
+        "machine.cross_core_wall_us",
+        "machine",
+        "a round trip across cores, wall",
+        "µs",
+        _machine("wall_us", "cross_core"),
+    ),
+    Figure(
+        "machine.same_core_cpu_us",
+        "machine",
+        "the same on one core, CPU",
+        "µs",
+        _machine("cpu_us", "same_core"),
+    ),
+    Figure(
+        "machine.syscall_ns", "machine", "a system call (getppid)", "ns", _machine("syscall_ns")
+    ),
+    Figure(
+        "machine.python_us",
+        "machine",
+        "a fixed piece of pure Python (bench.machine)",
+        "µs",
+        _machine("python_us"),
+    ),
+    Figure(
+        "machine.direct_tokens_per_s",
+        "overhead",
+        "the engine alone at c=64 (the direct arm), tokens/s",
+        "tok/s",
+        _overhead(64, lambda row: row["direct"].get("tokens_per_s")),
+    ),
+)
+"""The machine's floors, shown in the heading of its goals table: the same code's figures
+move with them from one machine to the next."""
+FIGURES = FIGURES + MACHINE_FIGURES
 FIGURES_BY_KEY = {f.key: f for f in FIGURES}
 
 
@@ -551,9 +616,42 @@ def started_at(result: Result) -> str:
     return str(result.get("load_start", {}).get("at", ""))
 
 
-def select_runs(results: Sequence[Result], max_runs: int) -> list[Result]:
-    """The newest clean runs of one benchmark that share the newest clean run's commit."""
-    clean = sorted((r for r in results if is_clean(r)), key=started_at, reverse=True)
+UNRECORDED = "not recorded"
+"""The machine key of a result, or of a summary, written before they named their machine."""
+
+
+def machine_key(result: Result) -> str:
+    """What tells machines apart here: the CPU's model name and the number of CPUs."""
+    machine = result.get("machine", {})
+    cpu, num_cpus = machine.get("cpu"), machine.get("num_cpus")
+    return f"{cpu}, {num_cpus} CPUs" if cpu and cpu != "?" else UNRECORDED
+
+
+def machine_of(result: Result) -> dict[str, Any]:
+    """The machine a result ran on, as a summary names it."""
+    machine = result.get("machine", {})
+    return {"key": machine_key(result), **{k: machine.get(k) for k in MACHINE_FIELDS}}
+
+
+MACHINE_FIELDS = ("cpu", "num_cpus", "mem_gib", "kernel", "python")
+
+
+def newest_machine(results: Mapping[str, Sequence[Result]]) -> Result | None:
+    """The newest clean result of any benchmark: its machine is the summary's."""
+    clean = [r for rs in results.values() for r in rs if is_clean(r)]
+    return max(clean, key=started_at, default=None)
+
+
+def select_runs(
+    results: Sequence[Result], max_runs: int, machine: str | None = None
+) -> list[Result]:
+    """The newest clean runs of one benchmark that share the newest clean run's commit,
+    on ``machine`` (a ``machine_key``) if given."""
+    clean = sorted(
+        (r for r in results if is_clean(r) and machine in (None, machine_key(r))),
+        key=started_at,
+        reverse=True,
+    )
     if not clean:
         return []
     commit = clean[0]["machine"]["commit"]
@@ -624,12 +722,20 @@ def build_summary(
     generated_at: str = "",
     earlier: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The summary of ``results`` (benchmark name --> its result JSONs). A benchmark with
-    no result here keeps its figures from ``earlier`` (the summary this one replaces),
-    each with the commit, date and load it was measured at: a machine that ran only some
-    of the scripts does not drop the others' figures."""
-    runs = {name: select_runs(rs, max_runs) for name, rs in results.items()}
-    kept: Mapping[str, dict[str, Any]] = (earlier or {}).get("figures", {})
+    """The summary of ``results`` (benchmark name --> its result JSONs) on the machine of
+    the newest clean run; other machines' runs are left out. A benchmark with no result
+    on that machine keeps its figures from ``earlier`` (the summary this one replaces) if
+    ``earlier`` was of the same machine, each with the commit, date and load it was
+    measured at: a machine that ran only some of the scripts does not drop the others'
+    figures. An ``earlier`` of another machine is kept whole in ``other_machines``, with
+    those it kept: figures of two machines never share a table."""
+    newest = newest_machine(results)
+    earlier = earlier or {}
+    earlier_machine = earlier.get("machine") or {"key": UNRECORDED}
+    machine = earlier_machine if newest is None else machine_of(newest)
+    same = bool(earlier) and earlier_machine["key"] == machine["key"]
+    runs = {name: select_runs(rs, max_runs, machine["key"]) for name, rs in results.items()}
+    kept: Mapping[str, dict[str, Any]] = earlier.get("figures", {}) if same else {}
     figures: dict[str, dict[str, Any]] = {}
     for figure in FIGURES:
         if runs.get(figure.benchmark):
@@ -638,12 +744,25 @@ def build_summary(
             found = kept.get(figure.key)
         if found is not None:
             figures[figure.key] = found
+    others = [m for m in earlier.get("other_machines", []) if m["machine"]["key"] != machine["key"]]
+    if earlier and not same:
+        others.insert(
+            0,
+            {
+                "machine": earlier_machine,
+                "generated_at": earlier.get("generated_at", ""),
+                "goals": earlier.get("goals", []),
+                "figures": earlier.get("figures", {}),
+            },
+        )
     return {
         "generated_at": generated_at,
         "min_runs": MIN_RUNS,
+        "machine": machine,
         "goals": [summarize_goal(goal, figures) for goal in GOALS],
         "figures": figures,
         "record_bytes": dict(record_bytes or {}),
+        "other_machines": others,
     }
 
 
@@ -750,7 +869,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("collect", help="run one benchmark script N times")
     run.add_argument(
-        "script", help="admission, relay, billing_ingest, overhead, bridge, hop, route_cost"
+        "script",
+        help="admission, relay, billing_ingest, overhead, bridge, hop, route_cost, machine",
     )
     run.add_argument("--runs", type=int, default=MIN_RUNS)
     run.add_argument("--lock", type=Path, help="a lock file each run holds (and releases)")
@@ -761,7 +881,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     build.add_argument(
         "--fresh",
         action="store_true",
-        help="drop the figures of benchmarks with no result here (default: keep --out's)",
+        help="drop the figures of benchmarks with no result here, and other machines' "
+        "(default: keep --out's)",
     )
     ours, extra = split_script_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(ours)
@@ -777,10 +898,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         earlier=None if args.fresh or not args.out.exists() else json.loads(args.out.read_text()),
     )
     args.out.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    print(f"machine: {summary['machine']['key']}")
     for goal in summary["goals"]:
         figure = summary["figures"].get(goal["figure"])
         shown = "-" if figure is None else f"{figure['median']} {goal['unit']}"
         print(f"{goal['verdict']:>12}  {shown:>16}  {goal['title']}")
+    for other in summary["other_machines"]:
+        print(f"kept: the summary of {other['machine']['key']} ({other['generated_at']})")
     print(f"wrote {args.out}")
 
 

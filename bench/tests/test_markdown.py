@@ -138,3 +138,54 @@ def test_update_rewrites_only_the_named_blocks(
         "<!-- bench:goals -->\nnew goals\n<!-- /bench:goals -->\n"
         "<!-- bench:relay -->\nold\n<!-- /bench:relay -->\n"
     )
+
+
+def test_each_machine_gets_its_own_table_under_a_heading_with_its_floors() -> None:
+    from bench import summary
+
+    def result(cpu: str, at: str, per_core: float) -> dict[str, Any]:
+        return {
+            "benchmark": "admission",
+            "machine": {"commit": "0123456789abcdef", "dirty": False, "cpu": cpu, "num_cpus": 2},
+            "load_start": {"at": at, "load_1_5_15": [1.0, 0.0, 0.0]},
+            "results": [
+                {
+                    "requests_per_core_s": per_core,
+                    "cpu_s": {"stream_job": 1.0},
+                    "num_forwarded": 1000,
+                    "broker_cpu_ms_per_1k": 300.0,
+                    "request_bytes": 800,
+                    "header_bytes": 200,
+                }
+            ],
+        }
+
+    floors = {
+        "benchmark": "machine",
+        "machine": {"commit": "0123456789abcdef", "dirty": False, "cpu": "EPYC", "num_cpus": 2},
+        "load_start": {"at": "2026-12-02T09:00:00", "load_1_5_15": [0.1, 0.0, 0.0]},
+        "results": [
+            {
+                "cross_core": {"wall_us": {"median": 41.0}, "cpu_us": {"median": 15.0}},
+                "same_core": {"wall_us": {"median": 6.0}, "cpu_us": {"median": 3.0}},
+                "syscall_ns": {"median": 214.0},
+                "python_us": {"median": 590.0},
+            }
+        ],
+    }
+    xeon = summary.build_summary(
+        {"admission": [result("Xeon", "2026-12-01T10:00:00", 6000.0)]}, generated_at="then"
+    )
+    epyc = summary.build_summary(
+        {"admission": [result("EPYC", "2026-12-02T10:00:00", 2500.0)], "machine": [floors]},
+        earlier=xeon,
+        generated_at="now",
+    )
+    text = markdown.goals(epyc)
+    first, second = text.index("**On `EPYC, 2 CPUs`**"), text.index("**On `Xeon, 2 CPUs`**")
+    assert first < second
+    assert "a wakeup across cores, one side's CPU per round trip 15.0 µs" in text[first:second]
+    assert "kept from the summary of then" in text[second:]
+    rows = [line for line in text.splitlines() if line.startswith("| admission")]
+    assert "**2,500 req/s**" in rows[0] and "| **not met** (1 of 3 runs" in rows[0]
+    assert "**6,000 req/s**" in rows[1] and "| **met** (1 of 3 runs" in rows[1]

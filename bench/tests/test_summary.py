@@ -284,3 +284,98 @@ def test_the_c1_goal_shows_the_stacks_own_spans_where_a_run_measured_them() -> N
     assert figures["ttft.worker_own_spans_p50_ms"]["median"] == 1.8
     by_key = {g["key"]: g for g in built["goals"]}
     assert "ttft.worker_own_spans_p50_ms" in by_key["ttft_p50"]["beside"]
+
+
+def on(result: dict[str, Any], cpu: str, num_cpus: int = 2) -> dict[str, Any]:
+    """``result`` as measured on a machine with that CPU model."""
+    return {**result, "machine": {**result["machine"], "cpu": cpu, "num_cpus": num_cpus}}
+
+
+def test_figures_come_only_from_the_newest_runs_machine() -> None:
+    fast = on(admission("2026-12-01T10:00:00", 6000), "Xeon")
+    slow = [on(admission(f"2026-12-02T1{i}:00:00", 2500 + i), "EPYC") for i in range(2)]
+    built = summary.build_summary({"admission": [fast, *slow]})
+    assert built["machine"]["key"] == "EPYC, 2 CPUs"
+    figure = built["figures"]["admission.requests_per_job_core_s"]
+    assert figure["values"] == [2501, 2500]  # the Xeon's 6,000 is not among them
+    assert built["other_machines"] == []
+
+
+def test_an_earlier_summary_of_another_machine_is_kept_whole_and_apart() -> None:
+    xeon = summary.build_summary(
+        {
+            "admission": [on(admission("2026-12-01T10:00:00", 6000), "Xeon")],
+            "overhead": [on(overhead("2026-12-01T11:00:00"), "Xeon")],
+        },
+        generated_at="then",
+    )
+    epyc = summary.build_summary(
+        {"admission": [on(admission("2026-12-02T10:00:00", 2500), "EPYC")]},
+        earlier=xeon,
+        generated_at="now",
+    )
+    # The overhead script did not run on the EPYC: its goals are not measured there,
+    # not borrowed from the Xeon.
+    assert "ttft.added_p50_ms" not in epyc["figures"]
+    verdicts = {g["key"]: g["verdict"] for g in epyc["goals"]}
+    assert verdicts["ttft_p50"] == "not measured"
+    [kept] = epyc["other_machines"]
+    assert kept["machine"]["key"] == "Xeon, 2 CPUs"
+    assert kept["generated_at"] == "then"
+    assert kept["figures"] == xeon["figures"]
+    assert kept["goals"] == xeon["goals"]
+    # Back on the Xeon: its own figures come back as the earlier ones of the same
+    # machine, the EPYC's summary is kept, and no machine is listed twice.
+    again = summary.build_summary(
+        {"admission": [on(admission("2026-12-03T10:00:00", 6100), "Xeon")]},
+        earlier=epyc,
+        generated_at="later",
+    )
+    assert again["machine"]["key"] == "Xeon, 2 CPUs"
+    assert [m["machine"]["key"] for m in again["other_machines"]] == ["EPYC, 2 CPUs"]
+    assert "ttft.added_p50_ms" not in again["figures"]  # the Xeon's own was dropped with it
+
+
+def test_a_summary_that_named_no_machine_is_kept_as_not_recorded() -> None:
+    legacy = summary.build_summary({"admission": [admission("2026-12-01T10:00:00", 6000)]})
+    legacy.pop("machine")
+    legacy.pop("other_machines")
+    built = summary.build_summary(
+        {"admission": [on(admission("2026-12-02T10:00:00", 2500), "EPYC")]}, earlier=legacy
+    )
+    [kept] = built["other_machines"]
+    assert kept["machine"] == {"key": summary.UNRECORDED}
+    assert kept["figures"]["admission.requests_per_job_core_s"]["median"] == 6000
+    # With no result at all, the earlier summary stays what it was, of its own machine.
+    unchanged = summary.build_summary({}, earlier=built)
+    assert unchanged["machine"] == built["machine"]
+    assert unchanged["figures"] == built["figures"]
+    assert unchanged["other_machines"] == built["other_machines"]
+
+
+def test_the_machines_floors_are_figures_of_their_own() -> None:
+    def floors(cpu_us: float) -> dict[str, Any]:
+        trip = {"wall_us": {"median": 40.0}, "cpu_us": {"median": cpu_us}}
+        return {
+            "benchmark": "machine",
+            "machine": {"commit": "c", "dirty": False, "cpu": "EPYC", "num_cpus": 2},
+            "load_start": {"at": f"2026-12-02T10:00:{cpu_us:02.0f}", "load_1_5_15": [0.1, 0, 0]},
+            "results": [
+                {
+                    "cross_core": trip,
+                    "same_core": {"wall_us": {"median": 6.0}, "cpu_us": {"median": 3.0}},
+                    "syscall_ns": {"median": 210.0},
+                    "python_us": {"median": 590.0},
+                }
+            ],
+        }
+
+    figures = summary.build_summary({"machine": [floors(14.0), floors(16.0)]})["figures"]
+    assert figures["machine.cross_core_cpu_us"]["median"] == 15.0
+    assert figures["machine.same_core_cpu_us"]["median"] == 3.0
+    assert figures["machine.syscall_ns"]["median"] == 210.0
+    one_cpu = floors(14.0)
+    one_cpu["results"][0]["cross_core"] = None
+    alone = summary.build_summary({"machine": [one_cpu]})["figures"]
+    assert "machine.cross_core_cpu_us" not in alone
+    assert alone["machine.python_us"]["median"] == 590.0
