@@ -46,7 +46,7 @@ from bench.common import (
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.hop import floor as hop_floor
-from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds
+from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds, times_scheduled
 from bench.profile import Profiler, merge_raw, top_frames
 from bench.report import uptime_load
 from bench.stats import added_ttft_ms, ratio, summarize
@@ -302,6 +302,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             cpu_client = time.process_time()
                             system_client = os.times().system
                             wait_client = runqueue_wait_seconds(os.getpid())
+                            runs_client = times_scheduled(os.getpid())
                             if arm == "direct":
                                 reply = await direct.wave(
                                     texts, concurrency, args.max_tokens, TENANT
@@ -335,6 +336,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     profiles.stop()
                                 waits = meter.wait_delta()
                                 waits["client"] = runqueue_wait_seconds(os.getpid()) - wait_client
+                                runs = meter.runs_delta()
+                                runs["client"] = times_scheduled(os.getpid()) - runs_client
                                 system = {
                                     **meter.system_delta(),
                                     "client": os.times().system - system_client,
@@ -344,6 +347,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     "client": round(time.process_time() - cpu_client, 3),
                                     **{f"{k}_system": round(v, 3) for k, v in system.items()},
                                     **{f"{k}_runqueue_wait": round(v, 3) for k, v in waits.items()},
+                                    **{f"{k}_runs": v for k, v in runs.items()},
                                 }
                             slot.waves.append(wave)
                             slot.cpu.append(cpu)
@@ -403,6 +407,17 @@ SYSTEM_SHARE_PARTS = {
     "broker": "broker",
 }
 """The per-token split's parts --> the CPU counter whose kernel share stands for each."""
+
+RUNS_PARTS = {
+    "stream_job": "stream_job",
+    "worker_process": "worker_process",
+    "engine": "engine",
+    "client": "client",
+    "billing": "billing",
+    "broker": "broker",
+}
+"""The processes whose times on a CPU are counted per token: the worker's whole process
+(its Kafka loop and the engine's front end) and the engine core apart."""
 
 
 def summarize_run(
@@ -471,6 +486,14 @@ def summarize_run(
                         "billing": cpu_bus["billing"],
                         "broker": cpu_bus["broker"],
                     }.items()
+                },
+                # How often each process's threads were put on a CPU, per token: about
+                # one per wakeup, whose cost is the machine's (bench.machine). The
+                # worker's count is its whole process, the engine's front end with it.
+                "runs_per_token_by_process": {
+                    part: round(cpu_bus[f"{name}_runs"] / max(1, t["num_tokens"]), 3)
+                    for part, name in RUNS_PARTS.items()
+                    if f"{name}_runs" in cpu_bus
                 },
                 # How much of each process's CPU in these waves the kernel spent (system
                 # calls, page faults); the worker's is its whole process, front end and all.

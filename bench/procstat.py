@@ -23,6 +23,7 @@ __all__ = [
     "system_seconds",
     "thread_cpu_seconds",
     "threads_split",
+    "times_scheduled",
 ]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -71,6 +72,24 @@ def runqueue_wait_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total_ns / 1e9
+
+
+def times_scheduled(pid: int) -> int:
+    """How many times the process's live threads were put on a CPU (schedstat's third
+    field, summed): about one per wakeup. What a wakeup costs depends on the machine
+    (``bench.machine``), so this count is what carries from one machine to the next."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
+                total += int(stat.read().split()[2])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
@@ -126,6 +145,7 @@ class CpuMeter:
         self._start: dict[str, float] = {}
         self._start_wait: dict[str, float] = {}
         self._start_system: dict[str, float] = {}
+        self._start_runs: dict[str, int] = {}
 
     def _read(self) -> dict[str, float]:
         return {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.groups.items()}
@@ -138,10 +158,14 @@ class CpuMeter:
     def _read_system(self) -> dict[str, float]:
         return {name: sum(system_seconds(p) for p in pids) for name, pids in self.groups.items()}
 
+    def _read_runs(self) -> dict[str, int]:
+        return {name: sum(times_scheduled(p) for p in pids) for name, pids in self.groups.items()}
+
     def start(self) -> None:
         self._start = self._read()
         self._start_wait = self._read_wait()
         self._start_system = self._read_system()
+        self._start_runs = self._read_runs()
 
     def delta(self) -> dict[str, float]:
         now = self._read()
@@ -156,3 +180,8 @@ class CpuMeter:
         """Run-queue wait per group since ``start()``, summed over threads."""
         now = self._read_wait()
         return {name: round(now[name] - self._start_wait.get(name, 0.0), 3) for name in now}
+
+    def runs_delta(self) -> dict[str, int]:
+        """Times each group's threads were put on a CPU since ``start()``."""
+        now = self._read_runs()
+        return {name: now[name] - self._start_runs.get(name, 0) for name in now}

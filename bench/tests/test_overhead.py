@@ -35,6 +35,8 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         "stream_job_system": 0.002,
         "client_system": 0.001,
         "worker_process_system": 0.0,
+        "stream_job_runs": 2_000,
+        "client_runs": 500,
     }
     results = {
         ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.02}]),
@@ -64,6 +66,8 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         "billing": 2.0,
         "broker": 50.0,
     }
+    # Times on a CPU per token, for the processes whose count the run kept.
+    assert row["runs_per_token_by_process"] == {"stream_job": 2.0, "client": 0.5}
     # The kernel's share of each process's CPU, where it was measured.
     assert row["system_share_by_process"] == {
         "stream_job": 0.2,

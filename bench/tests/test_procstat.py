@@ -3,8 +3,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
-from bench.procstat import CpuMeter, children, cpu_seconds
+from bench.procstat import CpuMeter, children, cpu_seconds, times_scheduled
 
 
 def test_cpu_seconds_grow_with_work() -> None:
@@ -83,3 +84,14 @@ def test_threads_split_tells_the_main_thread_from_the_others() -> None:
     assert split["other_threads"] > 0
     assert split["main"] < split["other_threads"]  # the main thread only waited
     assert thread_cpu_seconds(2**22 + 12345) == {}
+
+
+def test_a_thread_that_sleeps_and_wakes_is_counted_on_a_cpu_each_time() -> None:
+    meter = CpuMeter({"me": [os.getpid()], "gone": [2**22 + 7]})
+    meter.start()
+    for _ in range(50):
+        time.sleep(0.001)
+    runs = meter.runs_delta()
+    assert runs["me"] >= 50  # at least one run after each sleep
+    assert runs["gone"] == 0
+    assert times_scheduled(2**22 + 7) == 0
