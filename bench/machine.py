@@ -11,6 +11,9 @@ tokenbus running:
 - a wakeup across cores: two processes pinned to different CPUs pass one byte back and
   forth over pipes; one side's CPU and the wall time per round trip;
 - the same on one core, which needs no inter-processor interrupt;
+- a wakeup from idle: the same across cores, but the other side sleeps 0.5 ms before it
+  answers, so this side's CPU goes idle between round trips, as a stack's do between
+  fetches; one side's CPU per round trip;
 - one system call (``getppid``), CPU per call;
 - a fixed piece of pure Python (dicts, strings, a loop), CPU per piece.
 
@@ -29,10 +32,16 @@ from typing import Any
 
 from bench.report import uptime_load, write_result
 
+IDLE_DELAY_S = 0.0005
+"""How long the other side sleeps before each answer in the wakeup-from-idle probe."""
 
-def ping_pong(round_trips: int, cpus: tuple[int, int] | None) -> tuple[float, float]:
+
+def ping_pong(
+    round_trips: int, cpus: tuple[int, int] | None, delay_s: float = 0.0
+) -> tuple[float, float]:
     """µs per round trip between this process and a child over two pipes: (wall, this
-    side's CPU). ``cpus`` pins this process and the child (None: leave both unpinned)."""
+    side's CPU). ``cpus`` pins this process and the child (None: leave both unpinned);
+    the child sleeps ``delay_s`` before each answer."""
     to_child_r, to_child_w = os.pipe()
     to_parent_r, to_parent_w = os.pipe()
     before = os.sched_getaffinity(0)
@@ -46,6 +55,8 @@ def ping_pong(round_trips: int, cpus: tuple[int, int] | None) -> tuple[float, fl
             os.write(to_parent_w, b"r")
             for _ in range(round_trips):
                 os.read(to_child_r, 1)
+                if delay_s:
+                    time.sleep(delay_s)
                 os.write(to_parent_w, b"x")
         finally:
             os._exit(0)
@@ -104,8 +115,10 @@ def measure(round_trips: int, repeat: int) -> dict[str, Any]:
     def repeated(probe: Callable[[], float]) -> dict[str, float]:
         return spread([probe() for _ in range(repeat)])
 
-    def trips(cpus: tuple[int, int] | None) -> dict[str, dict[str, float]]:
-        runs = [ping_pong(round_trips, cpus) for _ in range(repeat)]
+    def trips(
+        cpus: tuple[int, int] | None, num: int = round_trips, delay_s: float = 0.0
+    ) -> dict[str, dict[str, float]]:
+        runs = [ping_pong(num, cpus, delay_s) for _ in range(repeat)]
         return {
             "wall_us": spread([wall for wall, _ in runs]),
             "cpu_us": spread([cpu for _, cpu in runs]),
@@ -116,6 +129,10 @@ def measure(round_trips: int, repeat: int) -> dict[str, Any]:
         "repeat": repeat,
         "cross_core": None if cross is None else trips(cross),
         "same_core": trips((0, 0)),
+        # Fewer round trips: each waits out the other side's sleep.
+        "idle_wake": None
+        if cross is None
+        else trips(cross, max(1, round_trips // 10), IDLE_DELAY_S),
         "syscall_ns": repeated(syscall_ns),
         "python_us": repeated(python_us),
     }
@@ -141,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = write_result(
         args.name, {"load_start": load_start, "load_end": uptime_load(), "results": [floors]}
     )
-    for side in ("cross_core", "same_core"):
+    for side in ("cross_core", "same_core", "idle_wake"):
         trip = floors[side]
         if trip is None:
             print(f"{side}: one CPU only, not measured")

@@ -408,6 +408,7 @@ MACHINE_FLOORS = (
     "machine.cross_core_cpu_us",
     "machine.cross_core_wall_us",
     "machine.same_core_cpu_us",
+    "machine.idle_wake_cpu_us",
     "machine.syscall_ns",
     "machine.python_us",
     "machine.direct_tokens_per_s",

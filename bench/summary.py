@@ -467,6 +467,13 @@ MACHINE_FIGURES: tuple[Figure, ...] = (
         _machine("cpu_us", "same_core"),
     ),
     Figure(
+        "machine.idle_wake_cpu_us",
+        "machine",
+        "a wakeup across cores from idle (the other side sleeps 0.5 ms), CPU",
+        "µs",
+        _machine("cpu_us", "idle_wake"),
+    ),
+    Figure(
         "machine.syscall_ns", "machine", "a system call (getppid)", "ns", _machine("syscall_ns")
     ),
     Figure(
