@@ -54,30 +54,10 @@ def minor_faults(pid: int) -> int:
     return _stat_counters(pid, 7)[0]
 
 
-def runqueue_wait_seconds(pid: int) -> float:
-    """Time the process's threads spent runnable but waiting for a CPU (schedstat).
-
-    On a shared 2-core machine this is the part of a latency that is other people's
-    load, not tokenbus: every hop wakes a process that may have to queue for a core.
-    """
-    total_ns = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
-                total_ns += int(stat.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total_ns / 1e9
-
-
-def times_scheduled(pid: int) -> int:
-    """How many times the process's live threads were put on a CPU (schedstat's third
-    field, summed): about one per wakeup. What a wakeup costs depends on the machine
-    (``bench.machine``), so this count is what carries from one machine to the next."""
+def _schedstat_sum(pid: int, index: int) -> int:
+    """One field of ``/proc/<pid>/task/*/schedstat``, summed over the live threads; 0 once
+    the process has gone. The fields: time on a CPU (ns), time runnable but waiting for
+    one (ns), times put on a CPU."""
     total = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -86,10 +66,26 @@ def times_scheduled(pid: int) -> int:
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
-                total += int(stat.read().split()[2])
+                total += int(stat.read().split()[index])
         except (OSError, IndexError, ValueError):
             continue
     return total
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (schedstat).
+
+    On a shared 2-core machine this is the part of a latency that is other people's
+    load, not tokenbus: every hop wakes a process that may have to queue for a core.
+    """
+    return _schedstat_sum(pid, 1) / 1e9
+
+
+def times_scheduled(pid: int) -> int:
+    """How many times the process's live threads were put on a CPU (schedstat's third
+    field, summed): about one per wakeup. What a wakeup costs depends on the machine
+    (``bench.machine``), so this count is what carries from one machine to the next."""
+    return _schedstat_sum(pid, 2)
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
