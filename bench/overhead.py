@@ -731,6 +731,13 @@ def render(result: dict[str, Any], console: Console) -> None:
                 f"{row['concurrency']}, kernel %",
                 *(f"{100 * kernel[part]:.0f}%" if part in kernel else "-" for part in us),
             )
+        runs = row.get("runs_per_token_by_process") or {}
+        if runs:  # times on a CPU per token: about one per wakeup (the worker: its process)
+            named = {**runs, "worker_loop": runs.get("worker_process")}
+            split.add_row(
+                f"{row['concurrency']}, runs per token",
+                *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
+            )
     console.print(split)
     floor = result.get("hop_floor")
     if floor:

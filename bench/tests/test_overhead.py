@@ -178,3 +178,34 @@ def test_a_run_without_tracing_reads_no_spans_and_waits_for_none() -> None:
     started = time.monotonic()
     assert path_spans(Settings(trace_sample_ratio=0.0), expected=10, timeout_s=5.0) == []
     assert time.monotonic() - started < 1.0
+
+
+def test_the_printed_split_shows_each_processs_runs_per_token() -> None:
+    from rich.console import Console
+
+    from bench.overhead import render
+
+    args = argparse.Namespace(
+        concurrency=[64], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
+        set=[], client_set=[], argv=[],
+    )  # fmt: skip
+    cpu = {
+        "broker": 0.01, "stream_job": 0.01, "billing": 0.01, "client": 0.01,
+        "worker_process": 0.01, "stream_job_runs": 70, "worker_process_runs": 193,
+        "client_runs": 36, "broker_runs": 618,
+    }  # fmt: skip
+    results = {
+        ("direct", 64): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.0}]),
+        ("tokenbus", 64): ArmWaves([wave(0.030, 1000)], [cpu]),
+    }
+    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
+    result = {
+        **summarize_run(args, results, {}, [], [0.1], load, load),
+        "machine": {"git": "abc1234"},
+    }
+    console = Console(record=True, width=200)
+    render(result, console)
+    [line] = [x for x in console.export_text().splitlines() if "runs per token" in x]
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    # job, worker loop (its process's count), client, billing (not counted here), broker
+    assert cells == ["64, runs per token", "0.070", "0.193", "0.036", "-", "0.618"]
