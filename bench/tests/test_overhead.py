@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,26 @@ def wave(ttft_s: float, num_tokens: int) -> WaveResult:
     arrivals = [(first, 1), (first + 0.5, num_tokens - 1)]
     trace = RequestTrace(0, started=10.0, arrivals=arrivals, ended=11.0)
     return WaveResult(concurrency=1, wall_s=1.0, traces=[trace])
+
+
+def run_args(concurrency: int) -> argparse.Namespace:
+    """What ``summarize_run`` reads of the command line: one round at ``concurrency``."""
+    return argparse.Namespace(
+        concurrency=[concurrency], rounds=1, max_tokens=1000, min_requests=1,
+        requests_per_lane=1, set=[], client_set=[], argv=[],
+    )  # fmt: skip
+
+
+def run_summary(
+    concurrency: int, bus_cpu: dict[str, float], direct_cpu: dict[str, float]
+) -> dict[str, Any]:
+    """``summarize_run`` of one wave per arm at ``concurrency``, with no spans or timings."""
+    results = {
+        ("direct", concurrency): ArmWaves([wave(0.016, 1000)], [direct_cpu]),
+        ("tokenbus", concurrency): ArmWaves([wave(0.030, 1000)], [bus_cpu]),
+    }
+    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
+    return summarize_run(run_args(concurrency), results, {}, [], [0.1], load, load)
 
 
 def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None:
@@ -104,18 +125,9 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
 def test_the_overhead_table_shows_the_hop_floor_of_the_same_run() -> None:
     from bench import markdown
 
-    args = argparse.Namespace(
-        concurrency=[1], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
-        set=[], client_set=[], argv=[],
-    )  # fmt: skip
     cpu = {"broker": 0.0, "stream_job": 0.0, "billing": 0.0, "client": 0.0, "worker_process": 0.0}
-    results = {
-        ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.0}]),
-        ("tokenbus", 1): ArmWaves([wave(0.030, 1000)], [cpu]),
-    }
-    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
     result = {
-        **summarize_run(args, results, {}, [], [0.1], load, load),
+        **run_summary(1, cpu, {"direct_frontend": 0.0}),
         "machine": {"git": "abc1234"},
         "hop_floor": {
             "fetch_max_wait_ms": 20,
@@ -185,24 +197,12 @@ def test_the_printed_split_shows_each_processs_runs_per_token() -> None:
 
     from bench.overhead import render
 
-    args = argparse.Namespace(
-        concurrency=[64], rounds=1, max_tokens=1000, min_requests=1, requests_per_lane=1,
-        set=[], client_set=[], argv=[],
-    )  # fmt: skip
     cpu = {
         "broker": 0.01, "stream_job": 0.01, "billing": 0.01, "client": 0.01,
         "worker_process": 0.01, "stream_job_runs": 70, "worker_process_runs": 193,
         "client_runs": 36, "broker_runs": 618,
     }  # fmt: skip
-    results = {
-        ("direct", 64): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.0}]),
-        ("tokenbus", 64): ArmWaves([wave(0.030, 1000)], [cpu]),
-    }
-    load = {"at": "t", "load_1_5_15": [1.0, 1.0, 1.0]}
-    result = {
-        **summarize_run(args, results, {}, [], [0.1], load, load),
-        "machine": {"git": "abc1234"},
-    }
+    result = {**run_summary(64, cpu, {"direct_frontend": 0.0}), "machine": {"git": "abc1234"}}
     console = Console(record=True, width=200)
     render(result, console)
     [line] = [x for x in console.export_text().splitlines() if "runs per token" in x]
