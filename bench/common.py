@@ -52,6 +52,17 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def at_least_one(text: str) -> int:
+    """An argument that must be a whole number of 1 or more (a count, a wait in ms)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for pair in pairs:

@@ -24,7 +24,6 @@ against issue 17's 200 µs says what a per-event Faust agent can reach on this m
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import stats
 from bench.admission import JobStarter, run_admission
 from bench.common import (
     add_settings_args,
@@ -75,12 +75,8 @@ def us_per_request(row: dict[str, Any]) -> float:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    """The median of ``values``, with their min and max."""
-    return {
-        "median": round(statistics.median(values), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
+    """The median of ``values``, with their min and max, to a tenth."""
+    return stats.spread(values, digits=1)
 
 
 def shares(runs: dict[str, list[float]]) -> dict[str, dict[str, float]]:

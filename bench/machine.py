@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.common import at_least_one
 from bench.report import uptime_load, write_result
+from bench.stats import spread
 
 IDLE_DELAY_S = 0.0005
 """How long the other side sleeps before each answer in the wakeup-from-idle probe."""
@@ -100,14 +101,6 @@ def python_us(pieces: int = 500) -> float:
     return 1e6 * (time.process_time() - cpu) / pieces
 
 
-def spread(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-    }
-
-
 def measure(round_trips: int, repeat: int) -> dict[str, Any]:
     """Every floor, ``repeat`` times each, as median and min..max."""
     cross = (0, 1) if len(os.sched_getaffinity(0)) > 1 else None
@@ -138,19 +131,12 @@ def measure(round_trips: int, repeat: int) -> dict[str, Any]:
     }
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--round-trips", type=_positive, default=20_000)
-    parser.add_argument("--repeat", type=_positive, default=5)
+    parser.add_argument("--round-trips", type=at_least_one, default=20_000)
+    parser.add_argument("--repeat", type=at_least_one, default=5)
     parser.add_argument("--name", default="machine")
     args = parser.parse_args(argv)
     load_start = uptime_load()

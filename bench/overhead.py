@@ -408,14 +408,7 @@ SYSTEM_SHARE_PARTS = {
 }
 """The per-token split's parts --> the CPU counter whose kernel share stands for each."""
 
-RUNS_PARTS = {
-    "stream_job": "stream_job",
-    "worker_process": "worker_process",
-    "engine": "engine",
-    "client": "client",
-    "billing": "billing",
-    "broker": "broker",
-}
+RUNS_PARTS = ("stream_job", "worker_process", "engine", "client", "billing", "broker")
 """The processes whose times on a CPU are counted per token: the worker's whole process
 (its Kafka loop and the engine's front end) and the engine core apart."""
 
@@ -491,9 +484,9 @@ def summarize_run(
                 # one per wakeup, whose cost is the machine's (bench.machine). The
                 # worker's count is its whole process, the engine's front end with it.
                 "runs_per_token_by_process": {
-                    part: round(cpu_bus[f"{name}_runs"] / max(1, t["num_tokens"]), 3)
-                    for part, name in RUNS_PARTS.items()
-                    if f"{name}_runs" in cpu_bus
+                    part: round(cpu_bus[f"{part}_runs"] / max(1, t["num_tokens"]), 3)
+                    for part in RUNS_PARTS
+                    if f"{part}_runs" in cpu_bus
                 },
                 # How much of each process's CPU in these waves the kernel spent (system
                 # calls, page faults); the worker's is its whole process, front end and all.

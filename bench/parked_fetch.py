@@ -26,7 +26,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_settings, progress, progress_task, run_benchmark
+from bench.common import at_least_one, bench_settings, progress, progress_task, run_benchmark
 from bench.report import uptime_load
 from bench.services import broker_only
 from bench.stats import summarize
@@ -155,20 +155,9 @@ def render(result: dict[str, Any], console: Console) -> None:
         )
 
 
-def at_least_one(text: str) -> int:
-    """An argument that must be a whole number of 1 or more: tansu never answers a fetch
-    parked at 0 ms, and a sweep of no fetches has nothing to show."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    # tansu never answers a fetch parked at 0 ms, and a sweep of no fetches shows nothing.
     parser.add_argument("--fetch-wait-ms", type=at_least_one, nargs="+", default=[20])
     parser.add_argument("--repeats", type=at_least_one, default=5, help="fetches for each X")
     parser.add_argument("--name", default="parked_fetch")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -26,6 +27,16 @@ def summarize(samples: Sequence[float], scale: float = 1.0) -> dict[str, float]:
         "p99": round(percentile(ordered, 99), 3),
         "max": round(ordered[-1], 3),
         "mean": round(sum(ordered) / len(ordered), 3),
+    }
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict[str, float]:
+    """The median of ``values``, with their min and max: how a figure of several runs
+    is reported."""
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
     }
 
 

@@ -25,7 +25,6 @@ import argparse
 import fcntl
 import json
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from typing import Any, Literal
 
 from bench.capacity import relay_tokens_per_record
 from bench.report import RESULTS_DIR
-from bench.stats import added_ttft_ms
+from bench.stats import added_ttft_ms, spread
 
 SUMMARY_PATH = Path(__file__).resolve().parent / "summary.json"
 MIN_RUNS = 3
@@ -634,13 +633,14 @@ def machine_key(result: Result) -> str:
     return f"{cpu}, {num_cpus} CPUs" if cpu and cpu != "?" else UNRECORDED
 
 
+MACHINE_FIELDS = ("cpu", "num_cpus", "mem_gib", "kernel", "python")
+"""What a summary keeps of the machine its runs were on."""
+
+
 def machine_of(result: Result) -> dict[str, Any]:
     """The machine a result ran on, as a summary names it."""
     machine = result.get("machine", {})
     return {"key": machine_key(result), **{k: machine.get(k) for k in MACHINE_FIELDS}}
-
-
-MACHINE_FIELDS = ("cpu", "num_cpus", "mem_gib", "kernel", "python")
 
 
 def newest_machine(results: Mapping[str, Sequence[Result]]) -> Result | None:
@@ -663,14 +663,6 @@ def select_runs(
         return []
     commit = clean[0]["machine"]["commit"]
     return [r for r in clean if r["machine"]["commit"] == commit][:max_runs]
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-    }
 
 
 def summarize_figure(figure: Figure, runs: Sequence[Result]) -> dict[str, Any] | None:

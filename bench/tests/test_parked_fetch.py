@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from bench.parked_fetch import at_least_one, sweep_rows
+from bench.common import at_least_one
+from bench.parked_fetch import sweep_rows
 
 
 def test_a_sweep_row_is_the_answer_median_and_the_records_wait() -> None:
