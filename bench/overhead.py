@@ -46,7 +46,13 @@ from bench.common import (
 from bench.direct_arm import DirectProcess
 from bench.driver import RequestTrace, WaveResult, run_wave
 from bench.hop import floor as hop_floor
-from bench.procstat import CpuMeter, descendants, runqueue_wait_seconds, times_scheduled
+from bench.procstat import (
+    CpuMeter,
+    descendants,
+    io_syscalls,
+    runqueue_wait_seconds,
+    times_scheduled,
+)
 from bench.profile import Profiler, merge_raw, top_frames
 from bench.report import uptime_load
 from bench.stats import added_ttft_ms, ratio, summarize
@@ -303,6 +309,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             system_client = os.times().system
                             wait_client = runqueue_wait_seconds(os.getpid())
                             runs_client = times_scheduled(os.getpid())
+                            writes_client = io_syscalls(os.getpid())[1]
                             if arm == "direct":
                                 reply = await direct.wave(
                                     texts, concurrency, args.max_tokens, TENANT
@@ -338,6 +345,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                 waits["client"] = runqueue_wait_seconds(os.getpid()) - wait_client
                                 runs = meter.runs_delta()
                                 runs["client"] = times_scheduled(os.getpid()) - runs_client
+                                writes = meter.writes_delta()
+                                writes["client"] = io_syscalls(os.getpid())[1] - writes_client
                                 system = {
                                     **meter.system_delta(),
                                     "client": os.times().system - system_client,
@@ -348,6 +357,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                     **{f"{k}_system": round(v, 3) for k, v in system.items()},
                                     **{f"{k}_runqueue_wait": round(v, 3) for k, v in waits.items()},
                                     **{f"{k}_runs": v for k, v in runs.items()},
+                                    **{f"{k}_writes": v for k, v in writes.items()},
                                 }
                             slot.waves.append(wave)
                             slot.cpu.append(cpu)
@@ -487,6 +497,13 @@ def summarize_run(
                     part: round(cpu_bus[f"{part}_runs"] / max(1, t["num_tokens"]), 3)
                     for part in RUNS_PARTS
                     if f"{part}_runs" in cpu_bus
+                },
+                # Write system calls per token: mostly each process's requests to the
+                # broker (a fetch or a produce each) and its wakeups of its own threads.
+                "writes_per_token_by_process": {
+                    part: round(cpu_bus[f"{part}_writes"] / max(1, t["num_tokens"]), 3)
+                    for part in RUNS_PARTS
+                    if f"{part}_writes" in cpu_bus
                 },
                 # How much of each process's CPU in these waves the kernel spent (system
                 # calls, page faults); the worker's is its whole process, front end and all.
@@ -729,6 +746,13 @@ def render(result: dict[str, Any], console: Console) -> None:
             named = {**runs, "worker_loop": runs.get("worker_process")}
             split.add_row(
                 f"{row['concurrency']}, runs per token",
+                *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
+            )
+        writes = row.get("writes_per_token_by_process") or {}
+        if writes:  # write system calls per token: requests to the broker, mostly
+            named = {**writes, "worker_loop": writes.get("worker_process")}
+            split.add_row(
+                f"{row['concurrency']}, writes per token",
                 *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
             )
     console.print(split)

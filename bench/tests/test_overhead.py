@@ -58,6 +58,8 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
         "worker_process_system": 0.0,
         "stream_job_runs": 2_000,
         "client_runs": 500,
+        "stream_job_writes": 3_000,
+        "broker_writes": 250,
     }
     results = {
         ("direct", 1): ArmWaves([wave(0.016, 1000)], [{"direct_frontend": 0.02}]),
@@ -89,6 +91,8 @@ def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None
     }
     # Times on a CPU per token, for the processes whose count the run kept.
     assert row["runs_per_token_by_process"] == {"stream_job": 2.0, "client": 0.5}
+    # Write system calls per token, likewise: what each process asked of the broker.
+    assert row["writes_per_token_by_process"] == {"stream_job": 3.0, "broker": 0.25}
     # The kernel's share of each process's CPU, where it was measured.
     assert row["system_share_by_process"] == {
         "stream_job": 0.2,
@@ -209,3 +213,22 @@ def test_the_printed_split_shows_each_processs_runs_per_token() -> None:
     cells = [c.strip() for c in line.split("│") if c.strip()]
     # job, worker loop (its process's count), client, billing (not counted here), broker
     assert cells == ["64, runs per token", "0.070", "0.193", "0.036", "-", "0.618"]
+
+
+def test_the_printed_split_shows_each_processs_writes_per_token() -> None:
+    from rich.console import Console
+
+    from bench.overhead import render
+
+    cpu = {
+        "broker": 0.01, "stream_job": 0.01, "billing": 0.01, "client": 0.01,
+        "worker_process": 0.01, "stream_job_writes": 45, "worker_process_writes": 120,
+        "client_writes": 8, "billing_writes": 3,
+    }  # fmt: skip
+    result = {**run_summary(64, cpu, {"direct_frontend": 0.0}), "machine": {"git": "abc1234"}}
+    console = Console(record=True, width=200)
+    render(result, console)
+    [line] = [x for x in console.export_text().splitlines() if "writes per token" in x]
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    # job, worker loop (its process's count), client, billing, broker (not counted here)
+    assert cells == ["64, writes per token", "0.045", "0.120", "0.008", "0.003", "-"]
