@@ -196,39 +196,31 @@ def test_a_run_without_tracing_reads_no_spans_and_waits_for_none() -> None:
     assert time.monotonic() - started < 1.0
 
 
-def test_the_printed_split_shows_each_processs_runs_per_token() -> None:
+@pytest.mark.parametrize(
+    ("counter", "counts", "expected"),
+    [
+        # job, worker loop (its process's count), client, billing (not counted), broker
+        ("runs", {"stream_job": 70, "worker_process": 193, "client": 36, "broker": 618},
+         ["0.070", "0.193", "0.036", "-", "0.618"]),
+        # job, worker loop (its process's count), client, billing, broker (not counted)
+        ("writes", {"stream_job": 45, "worker_process": 120, "client": 8, "billing": 3},
+         ["0.045", "0.120", "0.008", "0.003", "-"]),
+    ],
+)  # fmt: skip
+def test_the_printed_split_shows_each_processs_counts_per_token(
+    counter: str, counts: dict[str, int], expected: list[str]
+) -> None:
     from rich.console import Console
 
     from bench.overhead import render
 
-    cpu = {
+    cpu: dict[str, float] = {
         "broker": 0.01, "stream_job": 0.01, "billing": 0.01, "client": 0.01,
-        "worker_process": 0.01, "stream_job_runs": 70, "worker_process_runs": 193,
-        "client_runs": 36, "broker_runs": 618,
+        "worker_process": 0.01, **{f"{part}_{counter}": n for part, n in counts.items()},
     }  # fmt: skip
     result = {**run_summary(64, cpu, {"direct_frontend": 0.0}), "machine": {"git": "abc1234"}}
     console = Console(record=True, width=200)
     render(result, console)
-    [line] = [x for x in console.export_text().splitlines() if "runs per token" in x]
+    [line] = [x for x in console.export_text().splitlines() if f"{counter} per token" in x]
     cells = [c.strip() for c in line.split("│") if c.strip()]
-    # job, worker loop (its process's count), client, billing (not counted here), broker
-    assert cells == ["64, runs per token", "0.070", "0.193", "0.036", "-", "0.618"]
-
-
-def test_the_printed_split_shows_each_processs_writes_per_token() -> None:
-    from rich.console import Console
-
-    from bench.overhead import render
-
-    cpu = {
-        "broker": 0.01, "stream_job": 0.01, "billing": 0.01, "client": 0.01,
-        "worker_process": 0.01, "stream_job_writes": 45, "worker_process_writes": 120,
-        "client_writes": 8, "billing_writes": 3,
-    }  # fmt: skip
-    result = {**run_summary(64, cpu, {"direct_frontend": 0.0}), "machine": {"git": "abc1234"}}
-    console = Console(record=True, width=200)
-    render(result, console)
-    [line] = [x for x in console.export_text().splitlines() if "writes per token" in x]
-    cells = [c.strip() for c in line.split("│") if c.strip()]
-    # job, worker loop (its process's count), client, billing, broker (not counted here)
-    assert cells == ["64, writes per token", "0.045", "0.120", "0.008", "0.003", "-"]
+    assert cells == [f"64, {counter} per token", *expected]
