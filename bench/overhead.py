@@ -49,9 +49,9 @@ from bench.hop import floor as hop_floor
 from bench.procstat import (
     CpuMeter,
     descendants,
-    io_syscalls,
     runqueue_wait_seconds,
     times_scheduled,
+    write_syscalls,
 )
 from bench.profile import Profiler, merge_raw, top_frames
 from bench.report import uptime_load
@@ -309,7 +309,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             system_client = os.times().system
                             wait_client = runqueue_wait_seconds(os.getpid())
                             runs_client = times_scheduled(os.getpid())
-                            writes_client = io_syscalls(os.getpid())[1]
+                            writes_client = write_syscalls(os.getpid())
                             if arm == "direct":
                                 reply = await direct.wave(
                                     texts, concurrency, args.max_tokens, TENANT
@@ -346,7 +346,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                 runs = meter.runs_delta()
                                 runs["client"] = times_scheduled(os.getpid()) - runs_client
                                 writes = meter.writes_delta()
-                                writes["client"] = io_syscalls(os.getpid())[1] - writes_client
+                                writes["client"] = write_syscalls(os.getpid()) - writes_client
                                 system = {
                                     **meter.system_delta(),
                                     "client": os.times().system - system_client,
@@ -418,9 +418,10 @@ SYSTEM_SHARE_PARTS = {
 }
 """The per-token split's parts --> the CPU counter whose kernel share stands for each."""
 
-RUNS_PARTS = ("stream_job", "worker_process", "engine", "client", "billing", "broker")
-"""The processes whose times on a CPU are counted per token: the worker's whole process
-(its Kafka loop and the engine's front end) and the engine core apart."""
+COUNTED_PARTS = ("stream_job", "worker_process", "engine", "client", "billing", "broker")
+"""The processes whose times on a CPU and write system calls are counted per token: the
+worker's whole process (its Kafka loop and the engine's front end) and the engine core
+apart."""
 
 
 def summarize_run(
@@ -495,14 +496,14 @@ def summarize_run(
                 # worker's count is its whole process, the engine's front end with it.
                 "runs_per_token_by_process": {
                     part: round(cpu_bus[f"{part}_runs"] / max(1, t["num_tokens"]), 3)
-                    for part in RUNS_PARTS
+                    for part in COUNTED_PARTS
                     if f"{part}_runs" in cpu_bus
                 },
                 # Write system calls per token: mostly each process's requests to the
                 # broker (a fetch or a produce each) and its wakeups of its own threads.
                 "writes_per_token_by_process": {
                     part: round(cpu_bus[f"{part}_writes"] / max(1, t["num_tokens"]), 3)
-                    for part in RUNS_PARTS
+                    for part in COUNTED_PARTS
                     if f"{part}_writes" in cpu_bus
                 },
                 # How much of each process's CPU in these waves the kernel spent (system

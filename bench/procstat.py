@@ -18,13 +18,13 @@ __all__ = [
     "children",
     "cpu_seconds",
     "descendants",
-    "io_syscalls",
     "minor_faults",
     "runqueue_wait_seconds",
     "system_seconds",
     "thread_cpu_seconds",
     "threads_split",
     "times_scheduled",
+    "write_syscalls",
 ]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -55,22 +55,20 @@ def minor_faults(pid: int) -> int:
     return _stat_counters(pid, 7)[0]
 
 
-def io_syscalls(pid: int) -> tuple[int, int]:
-    """The read and the write system calls of one process, all its threads (``syscr`` and
-    ``syscw`` of ``/proc/<pid>/io``); (0, 0) once it has gone. A Kafka client's writes are
-    mostly its requests to the broker, one fetch or produce each, and its wakeups of its
-    other threads (an eventfd): the count carries from one machine to the next, and on a
-    VM each write to a socket costs the kernel far more than a plain system call."""
-    counts = {b"syscr": 0, b"syscw": 0}
+def write_syscalls(pid: int) -> int:
+    """The write system calls of one process, all its threads (``syscw`` of
+    ``/proc/<pid>/io``); 0 once it has gone. A Kafka client's writes are mostly its
+    requests to the broker, one fetch or produce each, and its wakeups of its other
+    threads (an eventfd): the count carries from one machine to the next, and on a VM
+    each write to a socket costs the kernel far more than a plain system call."""
     try:
         with open(f"/proc/{pid}/io", "rb") as io:
             for line in io:
-                name, _, value = line.partition(b":")
-                if name in counts:
-                    counts[name] = int(value)
+                if line.startswith(b"syscw:"):
+                    return int(line[len(b"syscw:") :])
     except (OSError, ValueError):
-        return (0, 0)
-    return (counts[b"syscr"], counts[b"syscw"])
+        pass
+    return 0
 
 
 def _schedstat_sum(pid: int, index: int) -> int:
@@ -178,7 +176,7 @@ class CpuMeter:
         return {name: sum(times_scheduled(p) for p in pids) for name, pids in self.groups.items()}
 
     def _read_writes(self) -> dict[str, int]:
-        return {name: sum(io_syscalls(p)[1] for p in pids) for name, pids in self.groups.items()}
+        return {name: sum(write_syscalls(p) for p in pids) for name, pids in self.groups.items()}
 
     def start(self) -> None:
         self._start_writes = self._read_writes()

@@ -37,16 +37,7 @@ def run_summary(
 
 
 def test_summarize_run_splits_cpu_per_token_by_process_and_ttft_by_leg() -> None:
-    args = argparse.Namespace(
-        concurrency=[1],
-        rounds=1,
-        max_tokens=1000,
-        min_requests=1,
-        requests_per_lane=1,
-        set=[],
-        client_set=[],
-        argv=[],
-    )
+    args = run_args(1)
     bus_cpu = {
         "broker": 0.05,
         "stream_job": 0.01,
