@@ -494,17 +494,15 @@ def summarize_run(
                 # How often each process's threads were put on a CPU, per token: about
                 # one per wakeup, whose cost is the machine's (bench.machine). The
                 # worker's count is its whole process, the engine's front end with it.
-                "runs_per_token_by_process": {
-                    part: round(cpu_bus[f"{part}_runs"] / max(1, t["num_tokens"]), 3)
-                    for part in COUNTED_PARTS
-                    if f"{part}_runs" in cpu_bus
-                },
-                # Write system calls per token: mostly each process's requests to the
-                # broker (a fetch or a produce each) and its wakeups of its own threads.
-                "writes_per_token_by_process": {
-                    part: round(cpu_bus[f"{part}_writes"] / max(1, t["num_tokens"]), 3)
-                    for part in COUNTED_PARTS
-                    if f"{part}_writes" in cpu_bus
+                # Write system calls per token, likewise: mostly each process's requests to
+                # the broker (a fetch or a produce each) and its wakeups of its own threads.
+                **{
+                    f"{counter}_per_token_by_process": {
+                        part: round(cpu_bus[f"{part}_{counter}"] / max(1, t["num_tokens"]), 3)
+                        for part in COUNTED_PARTS
+                        if f"{part}_{counter}" in cpu_bus
+                    }
+                    for counter in ("runs", "writes")
                 },
                 # How much of each process's CPU in these waves the kernel spent (system
                 # calls, page faults); the worker's is its whole process, front end and all.
@@ -742,20 +740,16 @@ def render(result: dict[str, Any], console: Console) -> None:
                 f"{row['concurrency']}, kernel %",
                 *(f"{100 * kernel[part]:.0f}%" if part in kernel else "-" for part in us),
             )
-        runs = row.get("runs_per_token_by_process") or {}
-        if runs:  # times on a CPU per token: about one per wakeup (the worker: its process)
-            named = {**runs, "worker_loop": runs.get("worker_process")}
-            split.add_row(
-                f"{row['concurrency']}, runs per token",
-                *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
-            )
-        writes = row.get("writes_per_token_by_process") or {}
-        if writes:  # write system calls per token: requests to the broker, mostly
-            named = {**writes, "worker_loop": writes.get("worker_process")}
-            split.add_row(
-                f"{row['concurrency']}, writes per token",
-                *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
-            )
+        # Times on a CPU per token (about one per wakeup) and write system calls per token
+        # (requests to the broker, mostly); the worker loop's are its whole process's.
+        for counter in ("runs", "writes"):
+            counts = row.get(f"{counter}_per_token_by_process") or {}
+            if counts:
+                named = {**counts, "worker_loop": counts.get("worker_process")}
+                split.add_row(
+                    f"{row['concurrency']}, {counter} per token",
+                    *(f"{named[part]:.3f}" if named.get(part) is not None else "-" for part in us),
+                )
     console.print(split)
     floor = result.get("hop_floor")
     if floor:

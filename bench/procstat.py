@@ -8,7 +8,7 @@ without the vLLM engine core it spawned.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tokenbus.procfs import children, stat_fields
@@ -172,18 +172,20 @@ class CpuMeter:
     def _read_system(self) -> dict[str, float]:
         return {name: sum(system_seconds(p) for p in pids) for name, pids in self.groups.items()}
 
-    def _read_runs(self) -> dict[str, int]:
-        return {name: sum(times_scheduled(p) for p in pids) for name, pids in self.groups.items()}
-
-    def _read_writes(self) -> dict[str, int]:
-        return {name: sum(write_syscalls(p) for p in pids) for name, pids in self.groups.items()}
+    def _count(self, read: Callable[[int], int]) -> dict[str, int]:
+        """A per-process counter (``times_scheduled``, ``write_syscalls``), per group."""
+        return {name: sum(read(p) for p in pids) for name, pids in self.groups.items()}
 
     def start(self) -> None:
-        self._start_writes = self._read_writes()
+        self._start_writes = self._count(write_syscalls)
         self._start = self._read()
         self._start_wait = self._read_wait()
         self._start_system = self._read_system()
-        self._start_runs = self._read_runs()
+        self._start_runs = self._count(times_scheduled)
+
+    def _count_delta(self, read: Callable[[int], int], start: dict[str, int]) -> dict[str, int]:
+        now = self._count(read)
+        return {name: now[name] - start.get(name, 0) for name in now}
 
     def delta(self) -> dict[str, float]:
         now = self._read()
@@ -201,10 +203,8 @@ class CpuMeter:
 
     def runs_delta(self) -> dict[str, int]:
         """Times each group's threads were put on a CPU since ``start()``."""
-        now = self._read_runs()
-        return {name: now[name] - self._start_runs.get(name, 0) for name in now}
+        return self._count_delta(times_scheduled, self._start_runs)
 
     def writes_delta(self) -> dict[str, int]:
         """Write system calls each group's processes made since ``start()``."""
-        now = self._read_writes()
-        return {name: now[name] - self._start_writes.get(name, 0) for name in now}
+        return self._count_delta(write_syscalls, self._start_writes)
