@@ -17,6 +17,7 @@ from opentelemetry.trace import (
     Span,
     SpanContext,
     SpanKind,
+    Status,
     StatusCode,
     TraceFlags,
     Tracer,
@@ -27,8 +28,9 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from tokenbus.config import Settings
-from tokenbus.lean_span import LeanSpan, start_span
+from tokenbus.lean_span import BufferedSpan, LeanSpan, start_span
 from tokenbus.sampling import ParentBasedRatio
+from tokenbus.span_buffer import SpanBuffer
 from tokenbus.tracing import Tracing
 
 Start = Callable[..., Span]
@@ -357,3 +359,175 @@ def test_a_traces_first_span_goes_to_a_lone_span_buffer_itself(
     monkeypatch.setattr(LeanSpan, "_readable_span", no_copy)
     start_span(tracer, "job.admit", attributes={"tokenbus.tenant": "acme"}).end()
     assert len(tracing.buffer.take()["acme"]) == 1
+
+
+def lone(limits: SpanLimits | None = None) -> tuple[Tracer, SpanBuffer]:
+    """A tracer whose one processor is a ``SpanBuffer``, as every service's (``Tracing``)."""
+    provider = TracerProvider(sampler=ParentBasedRatio(1.0), span_limits=limits)
+    buffer = SpanBuffer("job")
+    provider.add_span_processor(buffer)
+    return provider.get_tracer("tokenbus"), buffer
+
+
+def filed_alike(
+    tracer: Tracer, buffer: SpanBuffer, run: Callable[[Start], None], *, clocked: bool = False
+) -> None:
+    """``run`` with our ``start_span`` and with the SDK's: the buffer files the same spans
+    (their new span ids aside; a parentless span's trace id too; ``clocked``: their times,
+    read from the clock, too)."""
+
+    def taken() -> list[dict[str, object]]:
+        spans = [s for tenant in buffer.take().values() for s in tenant]
+        for span in spans:
+            span["span_id"] = None
+            if span["parent_span_id"] is None:
+                span["trace_id"] = None
+            if clocked:
+                span["start_ns"] = span["end_ns"] = None
+        return spans
+
+    run(ours(tracer))
+    mine = taken()
+    run(sdks(tracer))
+    theirs = taken()
+    assert len(mine) == len(theirs) > 0
+    assert mine == theirs
+
+
+@pytest.mark.parametrize(
+    "context",
+    [under(sampled=True), under(sampled=True, random=True), None],
+    ids=["sampled", "random-id", "parentless"],
+)
+def test_for_a_lone_span_buffer_it_is_a_buffered_span(context: Context | None) -> None:
+    tracer, _ = lone()
+    span = start_span(tracer, "x", context=context)
+    assert isinstance(span, BufferedSpan) and span.is_recording()
+    made = span.get_span_context()
+    theirs = tracer.start_span("x", context=context).get_span_context()
+    assert (made.trace_flags, made.trace_state, made.is_remote) == (
+        theirs.trace_flags,
+        theirs.trace_state,
+        theirs.is_remote,
+    )
+    if context is not None:
+        assert made.trace_id == theirs.trace_id == 0xABC
+
+
+def test_a_buffered_span_files_what_the_sdks_span_files() -> None:
+    tracer, buffer = lone()
+
+    def run(start: Start) -> None:
+        span = start(
+            "job.admit",
+            context=under(sampled=True),
+            kind=SpanKind.CONSUMER,
+            attributes={"tokenbus.tenant": "t", "tokenbus.attempt": 2},
+            start_time=10,
+        )
+        span.set_attributes({"ok": True, "x": 0.5, "tokenbus.tenant": "u"})
+        span.set_attribute("tokenbus.attempt", 3)
+        span.set_attribute("list", [1, 2])  # no plain scalar: the SDK's mapping from here
+        span.set_attribute("after", "y")
+        span.update_name("job.admit2")
+        span.add_event("e", {"n": 1})
+        span.end(end_time=20)
+        assert not span.is_recording()
+
+    filed_alike(tracer, buffer, run)
+
+
+def test_a_buffered_spans_status_and_late_calls_are_the_sdks() -> None:
+    tracer, buffer = lone()
+    other = SpanContext(0x123, 0x456, is_remote=True, trace_flags=TraceFlags(1))
+
+    def ok_first(start: Start) -> None:
+        span = start("a", context=under(sampled=True), start_time=1)
+        span.set_status(StatusCode.UNSET)  # ignored
+        span.set_status(StatusCode.OK)
+        span.set_status(StatusCode.ERROR, "ignored after ok")
+        span.add_link(other)
+        span.end(end_time=3)
+        span.set_attribute("late", 1)  # ended: each of these is ignored
+        span.set_attributes({"later": 2})
+        span.set_status(StatusCode.ERROR)
+        span.update_name("late")
+        span.add_event("late")
+        span.end(end_time=4)
+
+    def error(start: Start) -> None:
+        span = start("b", context=under(sampled=True), start_time=1)
+        span.set_status(Status(StatusCode.ERROR, "no"))
+        span.set_status(StatusCode.UNSET)  # ignored
+        span.end(end_time=2)
+
+    for run in (ok_first, error):
+        filed_alike(tracer, buffer, run)
+
+
+def test_a_buffered_span_ends_in_error_when_an_exception_leaves_it() -> None:
+    tracer, buffer = lone()
+
+    def under_use_span(start: Start) -> None:
+        with (
+            pytest.raises(ValueError),
+            use_span(start("worker.request", context=under(sampled=True)), end_on_exit=True),
+        ):
+            raise ValueError("boom")
+
+    def as_its_own_block(start: Start) -> None:
+        with pytest.raises(KeyError), start("bridge.request", context=under(sampled=True)):
+            raise KeyError("k")
+
+    for run in (under_use_span, as_its_own_block):
+        filed_alike(tracer, buffer, run, clocked=True)
+    for run in (under_use_span, as_its_own_block):
+        run(ours(tracer))
+    assert [s["status"] for s in buffer.take()["-"]] == ["error", "error"]
+
+
+def test_a_buffered_span_keeps_the_sdks_limits() -> None:
+    tracer, buffer = lone(SpanLimits(max_span_attributes=2, max_span_attribute_length=4))
+
+    def run(start: Start) -> None:
+        span = start(
+            "x",
+            context=under(sampled=True),
+            attributes={"tokenbus.tenant": "acme", "b": "long value"},
+            start_time=1,
+        )
+        span.set_attribute("c", 3)  # one past the limit: the oldest goes
+        span.end(end_time=2)
+
+    filed_alike(tracer, buffer, run)
+
+
+def test_a_buffered_span_is_counted_by_the_sdks_span_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
+
+    def counts(start: Callable[[Tracer], Start]) -> dict[str, object]:
+        reader = InMemoryMetricReader()
+        provider = TracerProvider(
+            sampler=ParentBasedRatio(1.0), meter_provider=MeterProvider([reader])
+        )
+        provider.add_span_processor(SpanBuffer("job"))
+        tracer = provider.get_tracer("tokenbus")
+        assert isinstance(start(tracer)("live", context=under(sampled=True)), Span)
+        start(tracer)("a", context=under(sampled=True)).end()
+        start(tracer)("b", context=under(sampled=False)).end()
+        data = reader.get_metrics_data()
+        assert data is not None
+        return {
+            metric.name: sorted(
+                (sorted((point.attributes or {}).items()), point.value)  # type: ignore[union-attr]
+                for point in metric.data.data_points
+            )
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+
+    mine, theirs = counts(ours), counts(sdks)
+    assert mine == theirs and {"otel.sdk.span.started", "otel.sdk.span.live"} <= set(mine)
