@@ -218,7 +218,7 @@ def main() -> None:
                 runs.append(result["us_per_request"])
                 progress.advance(task)
     payload = {
-        "load": load,
+        "load_start": load,
         "num_requests": args.requests,
         "num_tenants": args.tenants,
         "us_per_request_traced": traced,

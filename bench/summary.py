@@ -98,6 +98,16 @@ def _floor_arm(arm: str) -> Callable[[Result], float | None]:
     return extract
 
 
+def _admit_work(arm: str) -> Callable[[Result], float | None]:
+    """``bench.admit_work``'s median of an arm (``traced``, ``tracing``) in one run."""
+
+    def extract(result: Result) -> float | None:
+        figure = result.get(arm)
+        return None if figure is None else float(figure["median"])
+
+    return extract
+
+
 def _relay_us(side: str) -> Callable[[Result], float | None]:
     def extract(result: Result) -> float | None:
         row = _first_row(result, **RELAY_ROW)
@@ -252,6 +262,20 @@ FIGURES: tuple[Figure, ...] = (
         "CPU per request",
         "µs",
         _floor_arm("aiokafka_ledger"),
+    ),
+    Figure(
+        "admit_work.traced_us_per_request",
+        "admit_work",
+        "the job's own work without Faust and the broker (bench.admit_work), CPU per request",
+        "µs",
+        _admit_work("traced"),
+    ),
+    Figure(
+        "admit_work.tracing_us_per_request",
+        "admit_work",
+        "of that work, tracing (bench.admit_work: traced less untraced)",
+        "µs",
+        _admit_work("tracing"),
     ),
     Figure(
         "route_cost.us_per_pick_per_worker",
@@ -524,6 +548,8 @@ GOALS: tuple[Goal, ...] = (
             "faust_floor.forward_us_per_request",
             "faust_floor.ledger_us_per_request",
             "faust_floor.aiokafka_ledger_us_per_request",
+            "admit_work.traced_us_per_request",
+            "admit_work.tracing_us_per_request",
         ),
     ),
     Goal(
@@ -869,7 +895,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = commands.add_parser("collect", help="run one benchmark script N times")
     run.add_argument(
         "script",
-        help="admission, relay, billing_ingest, overhead, bridge, hop, route_cost, machine",
+        help="admission, admit_work, relay, billing_ingest, overhead, bridge, hop, route_cost, "
+        "machine",
     )
     run.add_argument("--runs", type=int, default=MIN_RUNS)
     run.add_argument("--lock", type=Path, help="a lock file each run holds (and releases)")

@@ -379,3 +379,24 @@ def test_the_machines_floors_are_figures_of_their_own() -> None:
     alone = summary.build_summary({"machine": [one_cpu]})["figures"]
     assert "machine.cross_core_cpu_us" not in alone
     assert alone["machine.python_us"]["median"] == 590.0
+
+
+def test_the_job_s_own_work_is_shown_beside_admission() -> None:
+    def work(at: str, traced: float, tracing: float) -> dict[str, Any]:
+        return {
+            "benchmark": "admit_work",
+            "machine": {"commit": "c1", "dirty": False},
+            "load_start": {"at": at, "load_1_5_15": [0.5, 0.0, 0.0]},
+            "traced": {"median": traced, "min": traced - 5, "max": traced + 5},
+            "tracing": {"median": tracing, "min": tracing - 1, "max": tracing + 1},
+        }
+
+    runs = [work("2026-12-01T10:00:0" + str(n), 200.0 + n, 20.0 + n) for n in range(3)]
+    built = summary.build_summary({"admission": [admission("x", 3000)], "admit_work": runs})
+    traced = built["figures"]["admit_work.traced_us_per_request"]
+    assert (traced["median"], traced["min"], traced["max"]) == (201.0, 200.0, 202.0)
+    assert built["figures"]["admit_work.tracing_us_per_request"]["median"] == 21.0
+    by_key = {g["key"]: g for g in built["goals"]}
+    assert {"admit_work.traced_us_per_request", "admit_work.tracing_us_per_request"} <= set(
+        by_key["admission"]["beside"]
+    )
