@@ -89,6 +89,14 @@ class Credentials:
         return headers
 
 
+def bridge_count(settings: Settings, prompt_tokens: int) -> int:
+    """The prompt's count as the bridge makes it, for its 413 and the token's balance,
+    with the same tokenizer and rule as the job's (every record has the same prompt)."""
+    counter = PromptCounter.from_model_dir(settings.model_dir)
+    assert counter.exact, f"no tokenizer in {settings.model_dir}"
+    return counter.count_prompt(prompt(0, 0, prompt_tokens))
+
+
 def build_requests(
     num_requests: int,
     num_tenants: int,
@@ -164,13 +172,7 @@ async def run_admission(
         latency_ms, legs_ms = await _idle_latency(
             settings, probe_producer, counter, credentials, num_latency_probes
         )
-        vouched_count = None
-        if counted_by == "bridge":
-            # The bridge's own count, made for its 413 and the token's balance, with the
-            # same tokenizer and rule as the job's (every record has the same prompt).
-            bridge_counter = PromptCounter.from_model_dir(settings.model_dir)
-            assert bridge_counter.exact, f"no tokenizer in {settings.model_dir}"
-            vouched_count = bridge_counter.count_prompt(prompt(0, 0, prompt_tokens))
+        vouched_count = bridge_count(settings, prompt_tokens) if counted_by == "bridge" else None
         payload = build_requests(
             num_requests,
             num_tenants,

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import cProfile
 import pstats
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,22 +37,23 @@ from typing import Any, NamedTuple, cast
 
 from rich.progress import Progress
 
-from bench.admission import Credentials, build_requests, reply_topic
+from bench.admission import Credentials, bridge_count, build_requests, reply_topic
 from bench.common import bench_settings, model_dir
 from bench.report import uptime_load, write_result
-from bench.workload import prompt
+from bench.stats import spread
 from schemas import WorkerStatus, encode
 from stream_jobs.app import TableLedger, TableWindowStore
 from stream_jobs.dispatcher import Admitted, Dispatcher, Outcome, Record
 from tokenbus.config import Settings
 from tokenbus.heap import freeze_startup_heap
-from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
 
 BATCH = 256
 """Requests judged together, as the admit agent's batch (``admit_batch_max``)."""
 WORKER = "bench-worker"
+PROMPT_TOKENS = 150
+"""As ``bench.admission``'s records (its default)."""
 BATCH_TIMEOUT_S = 60.0
 WORKER_SEATS = 0
 """The worker's ``max_num_seqs``; 0: four times the run's requests, so none waits."""
@@ -105,16 +105,14 @@ class _Publisher:
 
 def _records(settings: Settings, num_requests: int, num_tenants: int) -> list[Record]:
     """``bench.admission``'s records, as the bridge sends them (its vouched count)."""
-    counter = PromptCounter.from_model_dir(settings.model_dir)
-    assert counter.exact, f"no tokenizer in {settings.model_dir}"
     payload = build_requests(
         num_requests,
         num_tenants,
-        150,
+        PROMPT_TOKENS,
         settings.served_model_name,
         reply_topic(settings),
         Credentials(settings),
-        counter.count_prompt(prompt(0, 0, 150)),
+        bridge_count(settings, PROMPT_TOKENS),
     )
     topic = Topics(settings.topic_prefix).requests(1)
     return [
@@ -195,10 +193,6 @@ async def run_once(
     return {"us_per_request": cpu_s / num_requests * 1e6, "outcomes": counts}
 
 
-def _summary(runs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(runs), "min": min(runs), "max": max(runs)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -223,9 +217,9 @@ def main() -> None:
         "num_tenants": args.tenants,
         "us_per_request_traced": traced,
         "us_per_request_untraced": untraced,
-        "traced": _summary(traced),
-        "untraced": _summary(untraced),
-        "tracing": _summary([t - u for t, u in zip(traced, untraced, strict=True)]),
+        "traced": spread(traced, digits=1),
+        "untraced": spread(untraced, digits=1),
+        "tracing": spread([t - u for t, u in zip(traced, untraced, strict=True)], digits=1),
     }
     path = write_result(args.name, payload)
     print("| the job's own work per request, CPU µs | median | min..max |")

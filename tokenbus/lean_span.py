@@ -235,6 +235,7 @@ class BufferedSpan(_PlainAttributes, Span):
         attributes: Mapping[str, types.AttributeValue] | None,
         limits: sdk_trace.SpanLimits,
         start_time: int | None,
+        record_end_metrics: Callable[[], None] | None,
     ) -> None:
         self._buffer = buffer
         self._name = name
@@ -245,7 +246,7 @@ class BufferedSpan(_PlainAttributes, Span):
         self._start_time = start_time if start_time is not None else time_ns()
         self._end_time: int | None = None
         self._status_code = StatusCode.UNSET
-        self._record_end_metrics: Callable[[], None] | None = None
+        self._record_end_metrics = record_end_metrics
         self._attributes = {}
         if attributes:
             self._put(attributes)
@@ -369,11 +370,16 @@ def start_span(
         return NonRecordingSpan(span_context)
     if buffer is not None and sampled:
         # The buffer is the span's one reader (its ``on_start`` does nothing).
-        lean = BufferedSpan(
-            buffer, name, span_context, parent, kept, tracer._span_limits, start_time
+        return BufferedSpan(
+            buffer,
+            name,
+            span_context,
+            parent,
+            kept,
+            tracer._span_limits,
+            start_time,
+            record_end_metrics,
         )
-        lean._record_end_metrics = record_end_metrics
-        return lean
     span = LeanSpan(tracer, name, span_context, parent, kept, kind)
     span._record_end_metrics = record_end_metrics
     span.start(start_time=start_time, parent_context=context)
