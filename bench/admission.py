@@ -16,6 +16,9 @@ job`` sends it as a program's client does, and the job counts every prompt. Per 
 requests divided by the CPU seconds the job's process spent (all its threads), so the
 figure does not depend on what else the shared machine is doing; wall-clock rate is
 reported beside it.
+
+``--pin-job CPU`` runs the job's threads on that CPU alone (``taskset -a``), once it is
+up: its event loop and Faust's consumer thread then hand work to each other on one core.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import asyncio
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ from bench.common import (
     run_benchmark,
 )
 from bench.pretend import ForwardCounter, heartbeat_loop, pretend_ids
-from bench.procstat import CpuMeter, thread_cpu_seconds, threads_split
+from bench.procstat import CpuMeter, pin_threads, thread_cpu_seconds, threads_split
 from bench.profile import Profiler, top_frames
 from bench.report import RESULTS_DIR, uptime_load
 from bench.services import start_job
@@ -143,9 +146,11 @@ async def run_admission(
     on_progress: Callable[[int], None] = lambda n: None,
     job: JobStarter | None = None,
     counted_by: str = "bridge",
+    pin_job: Sequence[int] = (),
 ) -> dict[str, Any]:
     """``job`` starts what admits, as ``stream_job``, forwarding to the topic it is given
-    (``bench.faust_floor``); by default the Faust job itself."""
+    (``bench.faust_floor``); by default the Faust job itself. ``pin_job``: the CPUs its
+    threads are pinned to once it forwards (none: where the kernel puts them)."""
     # The served model's tokenizer, as in production: the job counts each prompt's
     # tokens with it for the quota's reservation.
     settings = bench_settings(model_path=model_dir(), **(overrides or {}))
@@ -169,6 +174,8 @@ async def run_admission(
         await (job or _the_job)(stack, topics.worker(workers[0]))
         await counter.start()
         await _probe(settings, producer, counter, credentials)
+        if pin_job:  # every thread the job has by now; later ones inherit the mask
+            pin_threads(stack.pid("stream_job"), pin_job)
         latency_ms, legs_ms = await _idle_latency(
             settings, probe_producer, counter, credentials, num_latency_probes
         )
@@ -223,6 +230,7 @@ async def run_admission(
         "num_workers": num_workers,
         "prompt_tokens": prompt_tokens,
         "counted_by": counted_by,
+        "job_cpus": sorted(pin_job) or None,
         "request_bytes": round(sum(len(v) for _, v, _ in payload) / len(payload)),
         "header_bytes": round(
             sum(len(k) + len(v) for _, _, hs in payload for k, v in hs) / len(payload)
@@ -405,6 +413,7 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             profile_to=RESULTS_DIR / "admission.pyspy.txt" if args.profile else None,
             on_progress=lambda n: bar.update(task, completed=n),
             counted_by=args.counted_by,
+            pin_job=args.pin_job,
         )
     return {
         "load_start": load_start,
@@ -428,6 +437,14 @@ def main() -> None:
         default="bridge",
         help="who counts the prompts: the bridge (its count vouched for on each record, as "
         "the bridge sends it) or the job (a program's client's records)",
+    )
+    parser.add_argument(
+        "--pin-job",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="CPU",
+        help="pin every thread of the job to these CPUs once it is up (default: unpinned)",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
     parser.add_argument("--name", help="result file name (default: from the options)")

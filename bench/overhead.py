@@ -49,6 +49,7 @@ from bench.hop import floor as hop_floor
 from bench.procstat import (
     CpuMeter,
     descendants,
+    pin_threads,
     runqueue_wait_seconds,
     times_scheduled,
     write_syscalls,
@@ -273,6 +274,8 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     idle_cpu: dict[str, float] = dict.fromkeys(IDLE_PARTS, 0.0)  # the stack's CPU meanwhile
     try:
         await stack.start()
+        if args.pin_job:  # every thread the job has by now; later ones inherit the mask
+            pin_threads(stack.pid("stream_job"), args.pin_job)
         await direct.ready()
         meter = stack_meter(stack)
         profiles = WaveProfiles(stack, settings.home / "profiles") if args.profile else None
@@ -544,6 +547,7 @@ def summarize_run(
             "requests_per_wave": {c: wave_sizes(c, args) for c in args.concurrency},
             "settings_overrides": parse_overrides(args.set),
             "client_overrides": parse_overrides(args.client_set),
+            "job_cpus": sorted(args.pin_job) or None,
             "vip_reserve": float(stack_overrides(args)["vip_reserve"]),
             "sampling": "temperature 0, ignore_eos, fixed max_tokens; ~150-token unique prompts",
         },
@@ -791,6 +795,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
+    )
+    parser.add_argument(
+        "--pin-job",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="CPU",
+        help="pin every thread of the stack's Faust job to these CPUs once it is up",
     )
     add_settings_args(parser)
     parser.add_argument(

@@ -19,6 +19,7 @@ __all__ = [
     "cpu_seconds",
     "descendants",
     "minor_faults",
+    "pin_threads",
     "runqueue_wait_seconds",
     "system_seconds",
     "thread_cpu_seconds",
@@ -120,6 +121,25 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
             continue
         seconds[int(tid)] = (int(fields[11]) + int(fields[12])) * _TICK_S
     return seconds
+
+
+def pin_threads(pid: int, cpus: Iterable[int]) -> int:
+    """Every live thread of process ``pid`` allowed only ``cpus`` (``taskset -a``): a
+    thread it starts later inherits the mask of the thread that starts it. Returns how
+    many threads were pinned; a thread that ends meanwhile is passed over."""
+    allowed = set(cpus)
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    pinned = 0
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), allowed)
+        except ProcessLookupError:
+            continue
+        pinned += 1
+    return pinned
 
 
 def threads_split(

@@ -20,7 +20,7 @@ def run_args(concurrency: int) -> argparse.Namespace:
     """What ``summarize_run`` reads of the command line: one round at ``concurrency``."""
     return argparse.Namespace(
         concurrency=[concurrency], rounds=1, max_tokens=1000, min_requests=1,
-        requests_per_lane=1, set=[], client_set=[], argv=[],
+        requests_per_lane=1, set=[], client_set=[], argv=[], pin_job=[],
     )  # fmt: skip
 
 

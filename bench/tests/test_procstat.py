@@ -110,3 +110,38 @@ def test_each_write_system_call_is_counted_for_its_process() -> None:
     assert 40 <= writes["me"] < 60  # these 40, and what else this process wrote meanwhile
     assert writes["gone"] == 0
     assert write_syscalls(2**22 + 7) == 0
+
+
+def _allowed(pid: int) -> dict[int, set[int]]:
+    return {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_pin_threads_pins_every_thread_and_the_threads_started_later() -> None:
+    from bench.procstat import pin_threads
+
+    cpu = max(os.sched_getaffinity(0))
+    # A process with a second thread now, which starts a third when told (stdin).
+    code = (
+        "import sys, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.readline()\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('more', flush=True); time.sleep(30)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "up"
+        assert pin_threads(child.pid, [cpu]) == 2
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "more"
+        allowed = _allowed(child.pid)
+        assert len(allowed) == 3
+        assert all(cpus == {cpu} for cpus in allowed.values())
+    finally:
+        child.kill()
+        child.wait()
+    assert pin_threads(child.pid, [cpu]) == 0  # gone: nothing to pin
