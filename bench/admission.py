@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import (
+    add_pin_job_arg,
     add_settings_args,
     bench_settings,
     model_dir,
@@ -438,14 +439,7 @@ def main() -> None:
         help="who counts the prompts: the bridge (its count vouched for on each record, as "
         "the bridge sends it) or the job (a program's client's records)",
     )
-    parser.add_argument(
-        "--pin-job",
-        type=int,
-        nargs="+",
-        default=[],
-        metavar="CPU",
-        help="pin every thread of the job to these CPUs once it is up (default: unpinned)",
-    )
+    add_pin_job_arg(parser)
     parser.add_argument("--profile", action="store_true", help="py-spy the job (slows it)")
     parser.add_argument("--name", help="result file name (default: from the options)")
     add_settings_args(parser)

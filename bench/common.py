@@ -52,6 +52,19 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pin_job_arg(parser: argparse.ArgumentParser) -> None:
+    """``--pin-job CPU [CPU ...]``: the CPUs every thread of the Faust job is pinned to
+    once it is up (``bench.procstat.pin_threads``); none by default, as the stack runs it."""
+    parser.add_argument(
+        "--pin-job",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="CPU",
+        help="pin every thread of the Faust job to these CPUs once it is up (default: unpinned)",
+    )
+
+
 def at_least_one(text: str) -> int:
     """An argument that must be a whole number of 1 or more (a count, a wait in ms)."""
     try:

@@ -35,6 +35,7 @@ from rich.table import Table
 
 from bench.admission import print_profile
 from bench.common import (
+    add_pin_job_arg,
     add_settings_args,
     bench_settings,
     model_dir,
@@ -796,14 +797,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--hop-messages", type=int, default=100, help="hops through the stack's broker (0: none)"
     )
-    parser.add_argument(
-        "--pin-job",
-        type=int,
-        nargs="+",
-        default=[],
-        metavar="CPU",
-        help="pin every thread of the stack's Faust job to these CPUs once it is up",
-    )
+    add_pin_job_arg(parser)
     add_settings_args(parser)
     parser.add_argument(
         "--client-set",
