@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import signal
 import sys
@@ -52,12 +53,27 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def usable_cpu(text: str) -> int:
+    """An argument that must name a CPU this process may run on (``sched_getaffinity``)."""
+    usable = sorted(os.sched_getaffinity(0))
+    try:
+        cpu = int(text)
+    except ValueError:
+        cpu = -1
+    if cpu not in usable:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a CPU this machine lets the benchmark use "
+            f"({', '.join(map(str, usable))})"
+        )
+    return cpu
+
+
 def add_pin_job_arg(parser: argparse.ArgumentParser) -> None:
     """``--pin-job CPU [CPU ...]``: the CPUs every thread of the Faust job is pinned to
     once it is up (``bench.procstat.pin_threads``); none by default, as the stack runs it."""
     parser.add_argument(
         "--pin-job",
-        type=int,
+        type=usable_cpu,
         nargs="+",
         default=[],
         metavar="CPU",

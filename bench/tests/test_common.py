@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,14 @@ def test_a_stage_result_is_named_by_name_else_by_stage_and_profile() -> None:
     assert named(argparse.Namespace(name=None, profile=False)) == "relay"
     assert named(argparse.Namespace(name=None, profile=True)) == "relay-profile"
     assert named(argparse.Namespace(name="mine", profile=True)) == "mine"
+
+
+def test_pin_job_takes_only_cpus_this_machine_lets_it_use() -> None:
+    parser = argparse.ArgumentParser()
+    common.add_pin_job_arg(parser)
+    usable = sorted(os.sched_getaffinity(0))
+    assert parser.parse_args([]).pin_job == []
+    assert parser.parse_args(["--pin-job", *map(str, usable)]).pin_job == usable
+    for bad in (str(max(usable) + 1), "-1", "zero"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--pin-job", bad])
