@@ -88,21 +88,15 @@ def _admission(field: str) -> Callable[[Result], float | None]:
     return extract
 
 
-def _floor_arm(arm: str) -> Callable[[Result], float | None]:
-    """A floor arm's median; None in a run made before the arm was."""
+def _median(*keys: str) -> Callable[[Result], float | None]:
+    """The median of the spread at ``keys`` in one run (a floor arm's under
+    ``us_per_request``, ``bench.admit_work``'s ``traced`` or ``tracing``); None in a run
+    made before it was."""
 
     def extract(result: Result) -> float | None:
-        cost = result.get("us_per_request", {}).get(arm)
-        return None if cost is None else float(cost["median"])
-
-    return extract
-
-
-def _admit_work(arm: str) -> Callable[[Result], float | None]:
-    """``bench.admit_work``'s median of an arm (``traced``, ``tracing``) in one run."""
-
-    def extract(result: Result) -> float | None:
-        figure = result.get(arm)
+        figure: Any = result
+        for key in keys:
+            figure = figure.get(key) if isinstance(figure, dict) else None
         return None if figure is None else float(figure["median"])
 
     return extract
@@ -246,14 +240,14 @@ FIGURES: tuple[Figure, ...] = (
         "faust_floor",
         "floor: a Faust agent that only forwards, CPU per request",
         "µs",
-        _floor_arm("forward"),
+        _median("us_per_request", "forward"),
     ),
     Figure(
         "faust_floor.ledger_us_per_request",
         "faust_floor",
         "floor: a Faust agent that forwards and writes one ledger record, CPU per request",
         "µs",
-        _floor_arm("ledger"),
+        _median("us_per_request", "ledger"),
     ),
     Figure(
         "faust_floor.aiokafka_ledger_us_per_request",
@@ -261,21 +255,21 @@ FIGURES: tuple[Figure, ...] = (
         "floor without Faust: aiokafka forwards a batch and writes one keyed record each, "
         "CPU per request",
         "µs",
-        _floor_arm("aiokafka_ledger"),
+        _median("us_per_request", "aiokafka_ledger"),
     ),
     Figure(
         "admit_work.traced_us_per_request",
         "admit_work",
         "the job's own work without Faust and the broker (bench.admit_work), CPU per request",
         "µs",
-        _admit_work("traced"),
+        _median("traced"),
     ),
     Figure(
         "admit_work.tracing_us_per_request",
         "admit_work",
         "of that work, tracing (bench.admit_work: traced less untraced)",
         "µs",
-        _admit_work("tracing"),
+        _median("tracing"),
     ),
     Figure(
         "route_cost.us_per_pick_per_worker",

@@ -44,12 +44,12 @@ async def test_the_floor_without_faust_refuses_an_unknown_mode_before_connecting
 
 
 def test_a_floor_run_made_before_an_arm_existed_has_no_figure_for_it() -> None:
-    from bench.summary import _floor_arm
+    from bench.summary import _median
 
     old = {"us_per_request": {"forward": {"median": 100.0}, "ledger": {"median": 150.0}}}
     new = {"us_per_request": {**old["us_per_request"], "aiokafka_ledger": {"median": 14.0}}}
-    assert _floor_arm("aiokafka_ledger")(old) is None
-    assert _floor_arm("aiokafka_ledger")(new) == 14.0
+    assert _median("us_per_request", "aiokafka_ledger")(old) is None
+    assert _median("us_per_request", "aiokafka_ledger")(new) == 14.0
 
 
 def test_shares_cover_every_floor_arm_run() -> None:
