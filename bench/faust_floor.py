@@ -1,6 +1,6 @@
 """How much of the job's CPU per request is Faust's: the admission goal against its floor.
 
-    .venvs/stream/bin/python -m bench.faust_floor [--requests 5000] [--repeat 3]
+    .venvs/stream/bin/python -m bench.faust_floor [--requests 5000] [--repeat 3] [--profile]
 
 Runs ``bench.admission``'s burst (the same records, tenants, broker and pretend worker)
 against five admitters in turn, each on a stack of its own, ``--repeat`` times:
@@ -19,6 +19,11 @@ Each figure is CPU µs per request of the admitting process (all its threads, fr
 is taken within each repeat, then its median. Whatever the dispatcher did in no time at
 all, the job could not use less CPU per request than the ``ledger`` floor: that floor
 against issue 17's 200 µs says what a per-event Faust agent can reach on this machine.
+
+``--profile`` runs py-spy on each admitter during its bursts and prints, per arm, the
+frames of its repeats pooled (``bench.profile``): where Faust's floor goes. py-spy slows
+the process it samples, so a profiled run's result is ``faust_floor-profile``, which
+the goals table does not take.
 """
 
 from __future__ import annotations
@@ -26,21 +31,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from bench import stats
-from bench.admission import JobStarter, run_admission
+from bench.admission import JobStarter, print_profile, run_admission
 from bench.common import (
     add_settings_args,
     parse_overrides,
+    profiled_name,
     progress,
     progress_task,
     run_benchmark,
 )
-from bench.report import uptime_load
+from bench.profile import merge_raw, top_frames
+from bench.report import RESULTS_DIR, uptime_load
 from tokenbus_cli.stack import Stack, free_port
 
 GOAL_US = 200.0
@@ -97,18 +105,24 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     load_start = uptime_load()
     rows: list[dict[str, Any]] = []
     runs: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    raw: dict[str, list[Path]] = {arm: [] for arm in ARMS}
     with progress(console) as bar:
         advance = progress_task(bar, "faust floor", args.repeat * len(ARMS) * args.requests)
         done = 0
         for repeat in range(args.repeat):
             for arm in ARMS:
+                profile_to = RESULTS_DIR / f"faust_floor-{arm}-{repeat}.pyspy.txt"
+                if args.profile:
+                    raw[arm].append(profile_to)
                 row = await run_admission(
                     num_requests=args.requests,
                     overrides=parse_overrides(args.set),
                     num_latency_probes=10,
                     on_progress=_after(advance, done),
                     job=None if arm == "job" else floor_job(arm),
+                    profile_to=profile_to if args.profile else None,
                 )
+                row.pop("profile", None)  # pooled below, per arm
                 done += args.requests
                 row = {"arm": arm, "repeat": repeat, **row}
                 rows.append(row)
@@ -120,6 +134,17 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "us_per_request": {arm: spread(values) for arm, values in runs.items()},
         "share_of_job_pct": shares(runs),
         "results": rows,
+        **({"profiles": pooled_profiles(raw, RESULTS_DIR)} if args.profile else {}),
+    }
+
+
+def pooled_profiles(raw: dict[str, list[Path]], into: Path) -> dict[str, dict[str, Any]]:
+    """Each arm's py-spy files, its repeats' samples pooled (``into``, a file per arm):
+    ``top_frames`` per arm."""
+    return {
+        arm: top_frames(merge_raw(parts, into / f"faust_floor-{arm}.pyspy.txt"))
+        for arm, parts in raw.items()
+        if parts
     }
 
 
@@ -139,6 +164,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     console.print(f"goal: ≤ {result['goal_us_per_request']:.0f} µs per request")
+    for arm, profile in (result.get("profiles") or {}).items():
+        print_profile(profile, console, arm)
 
 
 def main() -> None:
@@ -147,9 +174,12 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--name", default="faust_floor")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy each admitter (slows it; not a figure)"
+    )
+    parser.add_argument("--name", help="result file name (default: faust_floor, or -profile)")
     add_settings_args(parser)
-    run_benchmark(parser, None, _main, render)
+    run_benchmark(parser, None, _main, render, profiled_name("faust_floor"))
 
 
 if __name__ == "__main__":

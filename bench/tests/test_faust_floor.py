@@ -3,9 +3,11 @@ the job taken within each repeat (so a slow repeat moves both sides of its ratio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.faust_floor import shares, spread, us_per_request
+from bench.faust_floor import pooled_profiles, shares, spread, us_per_request
 from bench.faust_floor_app import create_floor_app
 from tokenbus.config import Settings
 
@@ -55,3 +57,24 @@ def test_a_floor_run_made_before_an_arm_existed_has_no_figure_for_it() -> None:
 def test_shares_cover_every_floor_arm_run() -> None:
     runs = {"forward": [100.0], "aiokafka_forward": [10.0], "job": [200.0]}
     assert set(shares(runs)) == {"forward", "aiokafka_forward"}
+
+
+def test_a_profile_pools_each_arms_repeats_and_keeps_the_arms_apart(tmp_path: Path) -> None:
+    def raw(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    frame = "run (faust/streams.py:10);deliver (faust/transport/conductor.py:20)"
+    pooled = pooled_profiles(
+        {
+            "forward": [raw("f0", f"{frame} 3\n"), raw("f1", f"{frame} 1\n")],
+            "job": [raw("j0", "admit (stream_jobs/dispatcher.py:1) 5\n")],
+            "ledger": [],  # not profiled: no entry
+        },
+        tmp_path / "pooled",
+    )
+    assert set(pooled) == {"forward", "job"}
+    assert pooled["forward"]["num_samples"] == 4  # both repeats' samples
+    assert pooled["job"]["num_samples"] == 5
+    assert pooled["forward"]["self"][0]["frame"].startswith("deliver")
