@@ -13,8 +13,8 @@ sent one at a time, come first), in ms, p50 and p90 (``bench.stats``, nearest ra
   (the n-th admission paired with the n-th pick: one request at a time);
 
 and the job's fetch requests of more than one partition, from start to end, with and
-without records. A diagnostic of the bundled broker's hop (section "What changed on
-2026-12-05 (night)" of BENCHMARKS.md), not a benchmark of record.
+without records. A diagnostic of the bundled broker's hop (bench/JOURNAL.md, "What changed
+on 2026-12-05 (night)"), not a benchmark of record.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ legs and path spans of the requests below and above a split.
     .venvs/stream/bin/python -m bench.ttft_modes bench/results/overhead-*.json \\
         [--concurrency 1] [--split-ms 26] [--bin-ms 3]
 
-At c=1 the bus arm's TTFT has two modes on the bundled broker (BENCHMARKS.md, section
+At c=1 the bus arm's TTFT has two modes on the bundled broker (bench/JOURNAL.md,
 "What changed on 2026-12-06 (after midnight)"): this prints, for each result file, how many
 requests fall in each and where the slower ones spend the difference. A diagnostic that
 reads the files ``bench.overhead`` wrote (``requests_ms``), not a benchmark of its own.

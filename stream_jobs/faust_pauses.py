@@ -12,8 +12,8 @@ fetch of the job carried the 16 changelog partitions of its four tables (37 part
 in all, 21 read), and a changelog record fetched so was kept undrained in the fetcher,
 holding up the job's fetches to that broker for aiokafka's prefetch backoff (100 ms).
 At concurrency 64 on the bundled broker that cost the job 11 to 27% and the broker 16
-to 36% of their CPU per token; idle, it made no difference (section "What changed on
-2026-12-05 (midday)" in BENCHMARKS.md).
+to 36% of their CPU per token; idle, it made no difference (bench/JOURNAL.md, "What changed
+on 2026-12-05 (midday)").
 
 Here Faust's pause of a changelog partition pauses it in aiokafka as well, and any
 resume of Faust's resumes it there: recovery (which resumes the changelogs before it
