@@ -52,8 +52,9 @@ def _git(*argv: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-# What the benchmarks write, not what they measure: rewriting them leaves the tree clean.
-GENERATED = ("BENCHMARKS.md", "bench/summary.json")
+# What the benchmarks write and what is written of their runs, not what they measure:
+# editing these leaves the tree clean.
+GENERATED = ("BENCHMARKS.md", "bench/JOURNAL.md", "bench/summary.json")
 
 
 def _changes() -> str | None:
