@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -304,19 +304,33 @@ def _profile_table(title: str, profile: dict[str, Any], num_frames: int = 12) ->
         )
     ]
     header = ["self %", "frame (self)", "incl. %", "frame (inclusive)"]
-    return f"**{title}** ({profile['num_samples']} samples)\n\n" + _table(header, rows)
+    text = f"**{title}** ({profile['num_samples']} samples)\n\n" + _table(header, rows)
+    if profile.get("by_package"):
+        shares = ", ".join(f"{row['package']} {row['pct']}%" for row in profile["by_package"])
+        text += f"\n\nSelf time by package: {shares}."
+    return text
+
+
+def _profiles(found: dict[str, Any], title: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each ``top_frames`` in ``found`` with its title: ``found`` is one, or a mapping of
+    names (a side, an arm, a concurrency, a process) to them, nested to any depth."""
+    if "self" in found:
+        yield title, found
+        return
+    for name, inner in found.items():
+        yield from _profiles(inner, f"{title}: {name}")
 
 
 def profile(result: dict[str, Any]) -> str:
-    """The py-spy top frames a ``--profile`` run recorded."""
+    """The py-spy top frames a ``--profile`` run recorded: each result's own, and what the
+    run pooled over its results (``profiles``: by arm in ``bench.faust_floor``, by
+    concurrency and process in ``bench.overhead``)."""
+    found = [(r.get("profile") or {}) for r in result.get("results", [])]
+    found.append(result.get("profiles") or {})
     blocks = [_context(result)]
-    for r in result["results"]:
-        found = r.get("profile") or {}
-        if "self" in found:
-            blocks.append(_profile_table(result["benchmark"], found))
-        else:
-            for side, prof in found.items():
-                blocks.append(_profile_table(f"{result['benchmark']}: {side}", prof))
+    for each in found:
+        if each:
+            blocks += [_profile_table(t, p) for t, p in _profiles(each, result["benchmark"])]
     return "\n\n".join(blocks)
 
 

@@ -189,3 +189,33 @@ def test_each_machine_gets_its_own_table_under_a_heading_with_its_floors() -> No
     rows = [line for line in text.splitlines() if line.startswith("| admission")]
     assert "**2,500 req/s**" in rows[0] and "| **not met** (1 of 3 runs" in rows[0]
     assert "**6,000 req/s**" in rows[1] and "| **met** (1 of 3 runs" in rows[1]
+
+
+def _frames(frame: str, samples: int) -> dict[str, Any]:
+    return {
+        "num_samples": samples,
+        "self": [{"pct": 100.0, "frame": frame}],
+        "inclusive": [{"pct": 100.0, "frame": frame}],
+        "by_package": [{"package": "aiokafka", "pct": 100.0}],
+    }
+
+
+def test_a_profile_block_shows_each_results_and_the_runs_pooled_profiles() -> None:
+    context = {"at": "2026-12-06T17:20:25", "load_1_5_15": [0.3, 0.8, 1.4]}
+    result = {
+        "benchmark": "faust_floor-profile",
+        "machine": {"git": "815b24d"},
+        "load_start": context,
+        "load_end": context,
+        "results": [{"arm": "forward"}, {"profile": _frames("admit (app.py:1)", 7)}],
+        "profiles": {
+            "forward": _frames("send (producer.py:2)", 528),
+            "c=64": {"client": _frames("getmany (consumer.py:3)", 40)},
+        },
+    }
+    text = markdown.profile(result)
+    assert "**faust_floor-profile** (7 samples)" in text  # a result's own
+    assert "**faust_floor-profile: forward** (528 samples)" in text  # pooled, by arm
+    assert "**faust_floor-profile: c=64: client** (40 samples)" in text  # nested
+    assert "`send (producer.py:2)`" in text
+    assert text.count("Self time by package: aiokafka 100.0%.") == 3
