@@ -18,11 +18,13 @@ threads spend nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-if os.environ.get("SAMELOOP") == "1":
+# The worker's environment has no Faust: nothing to patch there.
+if os.environ.get("SAMELOOP") == "1" and importlib.util.find_spec("faust") is not None:
     from faust.transport.drivers import aiokafka as driver
     from mode.utils.futures import maybe_async
 
