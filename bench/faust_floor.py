@@ -111,8 +111,10 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         done = 0
         for repeat in range(args.repeat):
             for arm in ARMS:
-                profile_to = RESULTS_DIR / f"faust_floor-{arm}-{repeat}.pyspy.txt"
-                if args.profile:
+                profile_to = (
+                    RESULTS_DIR / f"faust_floor-{arm}-{repeat}.pyspy.txt" if args.profile else None
+                )
+                if profile_to is not None:
                     raw[arm].append(profile_to)
                 row = await run_admission(
                     num_requests=args.requests,
@@ -120,7 +122,7 @@ async def _main(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                     num_latency_probes=10,
                     on_progress=_after(advance, done),
                     job=None if arm == "job" else floor_job(arm),
-                    profile_to=profile_to if args.profile else None,
+                    profile_to=profile_to,
                 )
                 row.pop("profile", None)  # pooled below, per arm
                 done += args.requests
