@@ -139,6 +139,18 @@ class Settings(BaseSettings):
     doubles its fetch wait up to this (tokenbus.tansu.fetch_wait: the bundled broker's
     fetch costs more as a partition grows, and stops at the wait). ``tansu`` profile
     only; 0 turns it off."""
+    eager_fetch_wait_ms: int = Field(default=2, ge=0, le=1_000)
+    """The fetch wait of a consumer that expects a record soon (tokenbus.tansu.fetch_wait:
+    the bundled broker looks at a parked fetch at about 58%, 84% and 98% of its wait, so
+    a record that lands early in a fetch waits over half the wait). Where requests come
+    one at a time, as from a caller that sends its next when its last one ends: a worker
+    gone idle, a client sending a request, the Faust job when a lone record comes after
+    a quiet spell. Each fetches with this wait until a record comes, for at most
+    ``eager_fetch_window_ms``; under concurrent load none of them does. ``tansu``
+    profile only; 0 turns it off."""
+    eager_fetch_window_ms: int = Field(default=50, ge=1, le=10_000)
+    """How long such a consumer keeps the short wait without a record; for the Faust job
+    also how long without records counts as a quiet spell."""
     reply_topic_roll_records: int | None = Field(default=None, ge=0)
     """A client (the bridge's, a program's) moves its replies to a fresh reply topic once
     the current one holds this many records, and deletes the old one once no stream of

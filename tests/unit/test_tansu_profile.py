@@ -125,3 +125,28 @@ async def test_gaps_from_transaction_markers_never_stall_a_consumer(
     )
     assert [record.offset for record in records] == [0, 1, 3, 4, 6]
     assert records.next_fetch_offset == 7  # the next fetch goes on from the end
+
+
+async def test_the_faust_consumer_expects_records_after_a_quiet_spell(
+    monkeypatch: pytest.MonkeyPatch, as_shipped: dict[str, Any]
+) -> None:
+    """A usage record after a quiet spell ends a request, and a program's next one
+    follows: the job's consumer (and no other) fetches briefly for it."""
+    from aiokafka import AIOKafkaConsumer
+
+    from tokenbus.tansu import fetch_wait
+
+    made: list[AIOKafkaConsumer] = []
+
+    def create(thread: Any, transport: Any) -> AIOKafkaConsumer:  # Faust's, as it ships
+        made.append(AIOKafkaConsumer(fetch_max_wait_ms=1500))
+        return made[-1]
+
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", create)
+    tansu.install_for_faust(Settings(broker_profile="tansu", job_fetch_max_wait_ms=20))
+    unused: Any = None  # the thread and transport, which the stand-in ignores
+    consumer = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer(unused, unused)
+    other = make_consumer(Settings(broker_profile="tansu"), group_id=None)
+    assert consumer is made[0] and consumer._fetch_max_wait_ms == 20
+    assert consumer._subscription in fetch_wait._after_quiet
+    assert other._subscription not in fetch_wait._after_quiet

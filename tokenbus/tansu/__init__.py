@@ -9,7 +9,8 @@ method kept, put back by ``uninstall``), so each is installed here and nowhere e
 - ``gaps``: a consumer refetches across an offset gap before it accepts it (tansu can
   show a later batch before an earlier one);
 - ``fetch_wait``: a consumer whose fetches keep coming back empty behind the high-water
-  mark lengthens its fetch wait (a tansu fetch costs more as a partition grows);
+  mark lengthens its fetch wait (a tansu fetch costs more as a partition grows), and one
+  that expects a record soon shortens it (tansu answers a parked fetch late);
 - ``faust_fetch``: the Faust job's fetch wait is bounded (tansu answers a parked fetch
   later the longer its wait).
 
@@ -31,7 +32,11 @@ def install_for_consumers(settings: Settings) -> None:
     if settings.broker_profile != "tansu":
         return
     gaps.refetch_across_gaps(f"{settings.topic_prefix}.", settings.kafka_gap_settle_s)
-    fetch_wait.lengthen_stalled_fetches(settings.fetch_max_wait_cap_ms)
+    fetch_wait.adapt_fetch_waits(
+        settings.fetch_max_wait_cap_ms,
+        settings.eager_fetch_wait_ms,
+        settings.eager_fetch_window_ms,
+    )
 
 
 def install_for_faust(settings: Settings) -> None:

@@ -1,4 +1,5 @@
-"""The Faust job's fetch wait, bounded (tansu profile only).
+"""The Faust job's fetch wait, bounded, and short after a quiet spell (tansu profile
+only).
 
 Faust hard-codes ``fetch_max_wait_ms=1500`` for its consumer. The bundled broker answers
 a parked fetch later the longer its wait, and the job holds many partitions: one left
@@ -13,6 +14,7 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from tokenbus.tansu import fetch_wait
 from tokenbus.tansu.patch import Patch
 
 _patch = Patch(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer")
@@ -29,6 +31,9 @@ def bound_faust_fetch_wait(wait_ms: int) -> None:
     def create(self: Any, transport: Any) -> Any:
         consumer = original(self, transport)
         consumer._fetch_max_wait_ms = _installed["wait_ms"]
+        # A usage record after a quiet spell ends a request, and a program's next one
+        # follows: fetch briefly for it (tokenbus.tansu.fetch_wait).
+        fetch_wait.expect_after_quiet(consumer)
         return consumer
 
     _patch.put(create)
