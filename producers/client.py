@@ -62,6 +62,7 @@ from tokenbus.prompt_vouch import HEADER as VOUCH_HEADER
 from tokenbus.prompt_vouch import vouch
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.span_path import path_ns
+from tokenbus.tansu.fetch_wait import LoneRequests, expect_records
 from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.tracing import Tracing, inject, span_attributes, with_path
 
@@ -161,6 +162,7 @@ class TokenbusClient:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._streams: dict[StreamKey, Inbox[Chunk]] = {}
+        self._lone = LoneRequests()
         self._created: dict[StreamKey, datetime] = {}
         self._reply_log: KafkaReplyLog | None = None
         self._tracing = tracing
@@ -359,7 +361,12 @@ class TokenbusClient:
         Call it before the request is produced; ``submit`` does so itself.
         """
         if (tenant_id, request_id) not in self._streams:
+            if not self._streams and self._lone.idle():
+                # One request at a time: its first chunk is the next record here, and
+                # it comes soon (tokenbus.tansu.fetch_wait; on the bundled broker only).
+                expect_records(self._consumer)
             self._streams[(tenant_id, request_id)] = Inbox()
+            self._lone.running(len(self._streams))
             self._watched.set()
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]:

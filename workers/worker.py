@@ -74,6 +74,7 @@ from tokenbus.logs import request_context
 from tokenbus.metadata import ProducerTopics
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
 from tokenbus.span_path import hop_span, path_ns
+from tokenbus.tansu.fetch_wait import LoneRequests, expect_records
 from tokenbus.topics import Topics
 from tokenbus.tracing import (
     ATTR_ATTEMPT,
@@ -249,6 +250,7 @@ class Worker:
         self._adapters = AdapterBook(engine)
         # (tenant, request_id) -> the engine's id of the attempt running now
         self._running: dict[tuple[str, str], str] = {}
+        self._lone = LoneRequests()
         self._batch_gate = create_batch_gate(settings, engine)
         # Batch lines stream coarser: the runner collects them whole (config).
         self._batch_stream_interval = max(settings.stream_interval, settings.batch_stream_interval)
@@ -387,6 +389,10 @@ class Worker:
                     await self._serve(request, taken_ns)
                 finally:
                     self._done_replying(request.reply_to)
+            if not self._running and self._lone.idle():
+                # Idle after one request at a time: a caller that waited for this one's
+                # end sends its next (tokenbus.tansu.fetch_wait; bundled broker only).
+                expect_records(self._consumer)
         except Exception:
             # Only a broker failure gets here. The request's UsageEvent is missing, so
             # the dispatcher still holds it; it is resent if this run is lost.
@@ -463,6 +469,7 @@ class Worker:
             return
         engine_id = request.engine_request_id
         self._running[(tenant_id, request_id)] = engine_id
+        self._lone.running(len(self._running))
         interactive = self._batch_gate is not None and request.priority < 2
         if interactive:
             assert self._batch_gate is not None
