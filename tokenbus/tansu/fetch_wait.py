@@ -82,7 +82,7 @@ class FetchWait:
         """The wait while a record is expected; 0: never shorter than the base."""
         self.window_s = window_s
         self.after_quiet = after_quiet
-        """Records after ``window_s`` without any open the window too."""
+        """A lone record after ``window_s`` without any opens the window too."""
         self._clock = clock
         self._stalls = 0
         self._last_stall = clock()
@@ -284,8 +284,8 @@ def expect_records(consumer: Any) -> None:
 
 
 def expect_after_quiet(consumer: Any) -> None:
-    """Marks ``consumer`` (before its first fetch): records that come after a quiet
-    spell mean more are likely soon (``FetchWait.after_quiet``)."""
+    """Marks ``consumer`` (before its first fetch): a lone record after a quiet spell
+    means another is likely soon (``FetchWait.after_quiet``)."""
     _after_quiet.add(consumer._subscription)
 
 
