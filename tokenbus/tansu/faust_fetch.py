@@ -31,8 +31,8 @@ def bound_faust_fetch_wait(wait_ms: int) -> None:
     def create(self: Any, transport: Any) -> Any:
         consumer = original(self, transport)
         consumer._fetch_max_wait_ms = _installed["wait_ms"]
-        # A usage record after a quiet spell ends a request, and a program's next one
-        # follows: fetch briefly for it (tokenbus.tansu.fetch_wait).
+        # A lone record after a quiet spell (a usage record: a request's end) is followed
+        # by a program's next request: fetch briefly for it (tokenbus.tansu.fetch_wait).
         fetch_wait.expect_after_quiet(consumer)
         return consumer
 
