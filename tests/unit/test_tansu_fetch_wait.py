@@ -278,3 +278,13 @@ def test_a_fetch_counts_its_records_by_the_high_water_marks() -> None:
     records = {got_one: object(), got_three: object(), no_mark: object()}
     assert fetched_records(Fetcher(_records=records), assignment, request) == 5
     assert fetched_records(Fetcher(), assignment, request) == 0
+
+
+def test_records_are_counted_only_where_a_lone_one_could_open_the_window() -> None:
+    clock = Clock()
+    quiet, plain = eager(clock, after_quiet=True), eager(clock)
+    assert quiet.counts_records() and not plain.counts_records()
+    quiet.after_fetch(stalled=False, num_records=3)
+    assert not quiet.counts_records()  # records just came: not quiet
+    clock.now += 0.06
+    assert quiet.counts_records()

@@ -94,16 +94,29 @@ class FetchWait:
     def current_ms(self) -> int:
         """The wait for the next fetch: short while a record is expected and the stall
         rule has not raised the wait (a raised wait means the broker needs longer)."""
-        if self.eager_ms and self.wait_ms == self.base_ms and self._clock() < self._eager_until:
+        return self._wait_at(self._clock())
+
+    def _wait_at(self, now: float) -> int:
+        if self.eager_ms and self.wait_ms == self.base_ms and now < self._eager_until:
             return self.eager_ms
         return self.wait_ms
+
+    def counts_records(self) -> bool:
+        """Whether the next ``after_fetch`` reads how many records came, rather than
+        only whether any did: only a lone record after a quiet spell opens the window."""
+        return bool(
+            self.eager_ms
+            and self.after_quiet
+            and self._clock() - self._last_records >= self.window_s
+        )
 
     def expect(self) -> int:
         """A record is likely soon: fetch with the short wait until one comes, for at
         most ``window_s``. Returns the wait for the next fetch."""
+        now = self._clock()
         if self.eager_ms:
-            self._eager_until = self._clock() + self.window_s
-        return self.current_ms
+            self._eager_until = now + self.window_s
+        return self._wait_at(now)
 
     def after_fetch(self, stalled: bool, num_records: int = 0) -> int:
         """``stalled``: a partition of the fetch came back without records although
@@ -127,7 +140,7 @@ class FetchWait:
             if self.wait_ms > self.base_ms and now - self._last_stall >= QUIET_S:
                 self.wait_ms = max(self.base_ms, self.wait_ms // 2)
                 self._last_stall = now  # one halving per quiet period
-        return self.current_ms
+        return self._wait_at(now)
 
     def stuck(self) -> bool:
         """Whether fetches still stall with the wait at the cap: true once per
@@ -225,7 +238,10 @@ def adapt_fetch_waits(cap_ms: int, eager_ms: int = 0, eager_window_ms: int = 50)
         rule = _rule(self)
         if not assignment.active:
             return result
-        num_records = fetched_records(self, assignment, request) if result and rule.eager_ms else 0
+        # Counted only where a lone record could open the window: after a quiet spell.
+        num_records = int(bool(result))
+        if num_records and rule.counts_records():
+            num_records = fetched_records(self, assignment, request)
         if rule.cap_ms <= rule.base_ms:  # the stall rule is off for this consumer
             self._fetch_max_wait_ms = rule.after_fetch(False, num_records)
             return result
