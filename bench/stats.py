@@ -53,4 +53,4 @@ def added_ttft_ms(bus: dict[str, float], direct: dict[str, float]) -> dict[str, 
     ``3c71dde``, against 10 ms in the third), and subtracting it made the added p99
     negative. Against the median, the engine's own stalls on the bus arm count as the
     bus's: the figure can only overstate what tokenbus adds, never hide it."""
-    return {q: round(bus[q] - direct["p50"], 3) for q in ("p50", "p90", "p99")}
+    return {q: round(bus[q] - direct["p50"], 3) for q in ("p50", "p90", "p99", "max") if q in bus}

@@ -114,6 +114,20 @@ def test_added_ttft_is_the_bus_arms_percentile_less_the_direct_arms_median() -> 
     assert by_key["ttft_p99"]["verdict"] == "not met"
 
 
+def test_the_p99_goal_shows_its_sample_count_and_the_worst_request_beside_it() -> None:
+    """Over fewer than 100 requests a nearest-rank p99 is the worst one: the count and
+    the max are shown, so a reader can tell the two apart."""
+    run = overhead("x")
+    for row in run["results"]:
+        row["tokenbus"]["ttft_ms"].update(p99=50.0, max=90.0)
+        row["tokenbus"]["num_requests"] = 192
+    built = summary.build_summary({"overhead": [run]})
+    assert built["figures"]["ttft.added_max_ms"]["median"] == 74.0  # 90 - the direct p50
+    assert built["figures"]["ttft.num_requests"]["median"] == 192.0
+    beside = next(g for g in built["goals"] if g["key"] == "ttft_p99")["beside"]
+    assert beside[:2] == ["ttft.num_requests", "ttft.added_max_ms"]
+
+
 def test_the_c64_goals_show_the_seat_reserve_and_throughput_their_runs_had() -> None:
     old, new = overhead("2026-12-01T10:00:00"), overhead("2026-12-01T11:00:00")
     new["parameters"] = {"vip_reserve": 0.0}
