@@ -71,7 +71,7 @@ MIN_REQUESTS = 64
 (``rounds`` of them): at 32 a wave, the c=1 p99 of 96 requests was their nearest-rank
 99th, the worst of them, so one stall set the goal's figure. At 64, three rounds give 192
 requests and the p99 is the second worst; the worst is reported as ``max`` beside it.
-At 64 and above, ``--requests-per-lane`` sets the wave."""
+Where concurrency times ``--requests-per-lane`` is larger (c=64: 128), that sets the wave."""
 WARMUP_ROUND = -1
 ARM_SETTLE_S = 1.5
 """Pause before each wave, so one arm's wave starts with the other arm's engine quiet.
