@@ -4,7 +4,9 @@ Write order, and why it bills every attempt exactly once
 --------------------------------------------------------
 A batch closes at ``billing_batch_rows`` records (taking up to ``billing_batch_max_rows``
 already fetched under a backlog) or ``billing_batch_interval_s`` after its first record,
-whichever comes first. For each batch, in this order:
+whichever comes first, but not by time within ``billing_insert_gap_s`` of the previous
+batch's close (``close_at``): a steady trickle is one insert every few seconds, not one
+a second. For each batch, in this order:
 
 1. decode every record (a partition's records in one call, ``decode_usages``, unless
    one of them needs the slow path); one that does not decode, or cannot be a row,
@@ -104,6 +106,17 @@ def billing_group_id(settings: Settings) -> str:
     return f"{settings.topic_prefix}-billing"
 
 
+def close_at(
+    first_at: float, last_close_at: float | None, interval_s: float, gap_s: float
+) -> float:
+    """When a batch closes by time (its size may close it sooner): ``interval_s`` after
+    its first record came, ``first_at``, and no sooner than ``gap_s`` after the previous
+    batch closed, ``last_close_at`` (None: this is the first)."""
+    if last_close_at is None:
+        return first_at + interval_s
+    return max(first_at + interval_s, last_close_at + gap_s)
+
+
 # The sink polls at least this often while idle, so that `stop` is noticed promptly
 # even with a batch interval of zero.
 _MIN_IDLE_POLL_S = 0.05
@@ -197,6 +210,9 @@ class BillingSink:
         self._batch_rows = max(1, settings.billing_batch_rows)
         self._batch_max_rows = max(self._batch_rows, settings.billing_batch_max_rows)
         self._batch_interval_s = max(0.0, settings.billing_batch_interval_s)
+        self._insert_gap_s = settings.billing_insert_gap_s
+        self._last_close_at: float | None = None
+        """The event loop's time when the last batch closed (``close_at``)."""
         self._in_flight = asyncio.Lock()
         self._revoked: set[Any] = set()
         """Partitions revoked since the batch being gathered was fetched."""
@@ -288,8 +304,8 @@ class BillingSink:
             async with self._in_flight:
                 await self._handle(batch, consumer, publish, stop)
 
-    # Fetches --> one batch: batch_rows records (more if already fetched), or the
-    # interval's worth.
+    # Fetches --> one batch: batch_rows records (more if already fetched), or what came
+    # by ``close_at``.
     async def _next_batch(
         self,
         consumer: UsageConsumer,
@@ -300,13 +316,15 @@ class BillingSink:
         batch: Batch = {}
         num_records = 0
         deadline: float | None = None
+        idle_wait_s = max(self._batch_interval_s, _MIN_IDLE_POLL_S)
         while num_records < self._batch_rows and not stop.is_set():
             if deadline is None:
-                wait_s = max(self._batch_interval_s, _MIN_IDLE_POLL_S)
+                wait_s = idle_wait_s
             else:
                 wait_s = deadline - loop.time()
                 if wait_s <= 0:
                     break
+                wait_s = min(wait_s, idle_wait_s)  # a stop is seen as soon as before a gap
             fetched = await consumer.getmany(
                 timeout_ms=int(wait_s * 1000), max_records=self._batch_max_rows - num_records
             )
@@ -318,8 +336,12 @@ class BillingSink:
                     batch.setdefault(tp, []).extend(records)
                     num_records += len(records)
             if num_records and deadline is None:
-                deadline = loop.time() + self._batch_interval_s
+                deadline = close_at(
+                    loop.time(), self._last_close_at, self._batch_interval_s, self._insert_gap_s
+                )
                 on_first_record()
+        if num_records:
+            self._last_close_at = loop.time()
         return batch
 
     def _without_revoked(self, batch: Batch) -> Batch:

@@ -399,6 +399,15 @@ class Settings(BaseSettings):
     again later, so under load fewer, larger batches are cheaper; under light load the
     interval closes them, so this bounds a batch's size, not its wait."""
     billing_batch_interval_s: float = 1.0
+    billing_insert_gap_s: float = Field(default=5.0, ge=0.0, le=600.0)
+    """While usage keeps coming, the least time from one batch's close to the next's: a
+    steady trickle is inserted every this often, not every ``billing_batch_interval_s``.
+    Each insert costs chdb a fixed 25 to 30 ms of CPU (``billing_batch_rows``), taken
+    from the cores the engine shares on a small host, and ClickHouse advises about one
+    insert a second at most (its own Kafka engine flushes every 7.5 s). A batch whose
+    first record comes after a quiet spell still closes ``billing_batch_interval_s``
+    after it, so an occasional request is in ClickHouse within about that, and one that
+    reaches ``billing_batch_rows`` closes at once. 0: the interval alone."""
     billing_query_port: int = 18123
     """Loopback port where the sink answers SQL for the chdb data it owns."""
     billing_batch_max_rows: int = 50_000

@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 
 from billing.dedup import SUPERSEDED, Stored, UsageKey
 from billing.rows import USAGE_COLUMNS
-from billing.sink import BillingSink, billing_group_id
+from billing.sink import BillingSink, billing_group_id, close_at
 from billing.storage import Row, StoredAttempts
 from schemas import DeadLetter, UsageEvent, UsageStatus, decode, encode
 from tokenbus.config import Settings
@@ -207,13 +207,16 @@ def test_the_group_is_tokenbus_billing_unless_the_prefix_changes(tmp_path: Path)
     assert billing_group_id(Settings(home=tmp_path, topic_prefix="ci-7")) == "ci-7-billing"
 
 
-def _settings(tmp_path: Path, batch_rows: int = 100, batch_max_rows: int = 100) -> Settings:
+def _settings(
+    tmp_path: Path, batch_rows: int = 100, batch_max_rows: int = 100, insert_gap_s: float = 0.0
+) -> Settings:
     return Settings(
         home=tmp_path,
         topic_prefix=TOPICS.prefix,
         billing_batch_rows=batch_rows,
         billing_batch_max_rows=batch_max_rows,
         billing_batch_interval_s=0.01,
+        billing_insert_gap_s=insert_gap_s,  # the tests of the gap below set it
         billing_heap_reserve_mb=0,  # the test of its own below reserves
     )
 
@@ -418,6 +421,80 @@ async def test_stopping_during_an_outage_commits_nothing(tmp_path: Path) -> None
     assert journal == [("read back", 0), ("insert failed", 2)]
     assert consumer.committed == {}
     assert sink.num_inserted == 0
+
+
+def test_a_batch_closes_after_its_interval_but_not_within_the_gap_of_the_last() -> None:
+    assert close_at(10.0, None, 1.0, 5.0) == 11.0  # the first batch: the interval
+    assert close_at(10.0, 9.5, 1.0, 5.0) == 14.5  # a trickle: the gap from the last close
+    assert close_at(10.0, 8.5, 1.0, 0.5) == 11.0  # a gap shorter than the interval
+    assert close_at(10.0, 2.0, 1.0, 5.0) == 11.0  # after a quiet spell: the interval
+    assert close_at(10.0, 9.5, 1.0, 0.0) == 11.0  # no gap: the interval alone
+
+
+def _add(consumer: FakeConsumer, tp: TopicPartition, values: Sequence[bytes]) -> None:
+    """Records that come to the partition now, after those before them."""
+    for value in values:
+        offset = consumer.end_offsets[tp]
+        consumer.queues[tp].append(Record(tp.topic, tp.partition, offset, b"acme", value))
+        consumer.end_offsets[tp] = offset + 1
+
+
+async def test_a_trickle_is_inserted_once_a_gap_and_a_full_batch_at_once(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)]})
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path, batch_rows=4, batch_max_rows=4, insert_gap_s=0.5), store)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.consume(consumer, FakePublish(journal), stop))
+
+    def inserts() -> list[list[str]]:
+        return [ids for kind, ids in journal if kind == "insert"]
+
+    try:
+        started = loop.time()
+        await _eventually(lambda: len(inserts()) == 1)
+        first_s = loop.time() - started  # the first batch: its interval, no gap before it
+        closed = loop.time()
+        for n in (1, 2):  # a trickle: a record now and then, each batch's first one soon
+            _add(consumer, P0, [_usage(n)])
+            await asyncio.sleep(0.05)
+        await _eventually(lambda: len(inserts()) == 2)
+        trickle_s = loop.time() - closed
+        closed = loop.time()
+        _add(consumer, P0, [_usage(n) for n in range(3, 7)])  # batch_rows at once
+        await _eventually(lambda: len(inserts()) == 3)
+        full_s = loop.time() - closed
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    assert first_s < 0.4
+    assert trickle_s >= 0.45  # held to the gap, though each record's interval had passed
+    assert full_s < 0.4  # a full batch closes at once, gap or not
+    assert inserts() == [["req_0"], ["req_1", "req_2"], ["req_3", "req_4", "req_5", "req_6"]]
+    assert consumer.drained
+
+
+async def test_a_stop_during_a_gap_flushes_the_batch_in_hand_at_once(tmp_path: Path) -> None:
+    journal: list[Any] = []
+    consumer = FakeConsumer(journal, {P0: [_usage(0)]})
+    store = FakeStore(journal)
+    sink = _sink(_settings(tmp_path, insert_gap_s=30.0), store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.consume(consumer, FakePublish(journal), stop))
+    try:
+        await _eventually(lambda: store.request_ids == ["req_0"])
+        _add(consumer, P0, [_usage(1)])
+        await _eventually(lambda: not consumer.queues[P0])  # fetched: held for the gap
+        await asyncio.sleep(0.1)
+        assert store.request_ids == ["req_0"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 2)
+
+    assert store.request_ids == ["req_0", "req_1"]
+    assert consumer.drained
 
 
 async def test_batches_hold_at_most_batch_max_rows(tmp_path: Path) -> None:
