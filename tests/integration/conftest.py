@@ -217,6 +217,10 @@ def stack(
         # Producers let go of an idle reply topic sooner, so that the roll test sees a
         # deleted one stay deleted in seconds (tokenbus.metadata).
         reply_topic_forget_s=2.0,
+        # Each batch of usage is inserted its interval (1 s) after its first record, with
+        # no gap between inserts: the tests that read billing's rows, or that none came,
+        # find them after that interval (the gap has tests of its own).
+        billing_insert_gap_s=0.0,
     )
     stack = Stack(settings, on_progress=print)
     asyncio.run(stack.start())

@@ -307,3 +307,43 @@ async def test_a_restarted_sink_resumes_from_its_commit(settings: Settings) -> N
     assert sum(r["num_completion_tokens"] for r in rows) == sum(
         e.num_completion_tokens for e in events
     )
+
+
+async def test_a_trickle_of_usage_is_inserted_once_a_gap(settings: Settings) -> None:
+    """One event every 0.1 s for 3 s, with batches that never fill: the sink inserts
+    about once per ``billing_insert_gap_s``, not once per event (each would close its
+    batch ``billing_batch_interval_s`` after it), and every event lands once."""
+    gap_s = 1.0
+    settings = settings.model_copy(
+        update={
+            "billing_batch_rows": 1_000,
+            "billing_batch_max_rows": 1_000,
+            "billing_insert_gap_s": gap_s,
+        }
+    )
+    events = _events()[:30]
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop))
+    try:
+        await _until(lambda: _health(settings), "the billing query server")
+        ends: dict[int, int] = {}
+        started = time.monotonic()
+        for event in events:
+            ends.update(await _produce(settings, [(event.tenant_id.encode(), encode(event))]))
+            await asyncio.sleep(0.1)
+        trickle_s = time.monotonic() - started
+
+        async def caught_up() -> bool:
+            return await _committed(settings, ends) == ends
+
+        await _until(caught_up, "the sink to commit everything")
+        health = await _health(settings)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)
+
+    assert health is not None
+    assert health["num_inserted"] == len(events)
+    # About 3 s of trickle (longer on a loaded machine: each send waits for its ack):
+    # a batch per gap, and the first and the last, against one per event without it.
+    assert 2 <= health["num_batches"] <= trickle_s / gap_s + 2, (trickle_s, health)
