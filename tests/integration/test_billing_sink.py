@@ -345,5 +345,6 @@ async def test_a_trickle_of_usage_is_inserted_once_a_gap(settings: Settings) -> 
     assert health is not None
     assert health["num_inserted"] == len(events)
     # About 3 s of trickle (longer on a loaded machine: each send waits for its ack):
-    # a batch per gap, and the first and the last, against one per event without it.
-    assert 2 <= health["num_batches"] <= trickle_s / gap_s + 2, (trickle_s, health)
+    # the first batch, then one per gap, and a fetch's wait of slack at the end,
+    # against one per event (20 to 30) without the gap.
+    assert 2 <= health["num_batches"] <= trickle_s / gap_s + 3, (trickle_s, health)
