@@ -4,7 +4,7 @@
 # credential --> KeyThrottle (429) ; body --> deadline (408), size limit (413) --> parse (400)
 # body + Caller --> Planner --> Plan (403 / 413 / 400 / 429, flags)
 # Plan + a service token for the Caller's tenant --> TokenbusClient.submit
-# --> ChunkFeed --> Relay --> JSON or SSE events
+# --> TokenbusClient.replies (ReplyStream) --> Relay --> JSON or SSE events
 # disconnect, or giving up on the bus --> TokenbusClient.cancel
 
 A request's HTTP status waits for its first chunk (at most ``bridge_first_chunk_wait_s``
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol, TypeVar, Unpack
 
 from opentelemetry import context as otel_context
@@ -37,13 +37,12 @@ from bridge.errors import (
     request_timeout,
     too_large,
 )
-from bridge.feed import ChunkFeed
 from bridge.metrics import BridgeMetrics
 from bridge.relay import DONE, HEARTBEAT, Kind, Relay, sse_error
 from bridge.sessions import SessionIssuer
 from bridge.sse import EventStreamResponse, WriteClock
 from bridge.throttle import KeyThrottle
-from producers import SubmitOptions, TokenbusTimeout
+from producers import ReplyStream, SubmitOptions, TokenbusTimeout
 from schemas import ErrorInfo, InferenceRequest
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
 from tokenbus.auth import ServiceTokens
@@ -59,7 +58,7 @@ from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes, with_pa
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
 _MAX_EVENTS_PER_WRITE = 256
-"""The most SSE events the bridge joins into one write (what a feed holds at once)."""
+"""The most SSE events the bridge joins into one write (what a stream holds at once)."""
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
@@ -85,7 +84,9 @@ class Bus(Protocol):
         **options: Unpack[SubmitOptions],
     ) -> InferenceRequest: ...
 
-    def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]: ...
+    def replies(self, request: InferenceRequest) -> ReplyStream:
+        """The request's chunks, read with a timeout that leaves the stream as it was.
+        Its tenant's only: the client files a chunk under the tenant of its batch."""
 
     def reply_sent_ns(self, request: InferenceRequest) -> int | None:
         """Where the path of ``request`` stood when its first reply record was sent
@@ -283,20 +284,20 @@ class Gateway:
             request_id=request.request_id,
             session_id=request.session_id,
         )
-        feed = ChunkFeed(self._bus.stream(request), caller.tenant.tenant_id)
+        replies = self._bus.replies(request)
         relay = Relay(kind, request.request_id, plan.model, plan.num_prompt_tokens)
         try:
             wait = self._settings.bridge_first_chunk_wait_s if plan.stream else None
-            first = await self._next_chunk(http, feed, request, wait, labels)
+            first = await self._next_chunk(http, replies, request, wait, labels)
         except BaseException:
-            feed.close()
+            replies.close()
             path.end(waiting)
             raise
         self._reply_hop(request, waiting, path.end(waiting), tenant)
         if first is not None:
             self._metrics.ttft.labels(*labels).observe(time.monotonic() - received)
             if first.error is not None:
-                feed.close()
+                replies.close()
                 self._outcome(labels, first.error.code)
                 raise rejection(first.error, tokens_per_minute=caller.tenant.tpm)
         relaying = start_span(self._tracer, "bridge.relay", attributes=tenant)
@@ -306,7 +307,7 @@ class Gateway:
             clock = WriteClock()
             return EventStreamResponse(
                 self._events(
-                    feed,
+                    replies,
                     relay,
                     request,
                     first,
@@ -322,9 +323,9 @@ class Gateway:
                 clock=clock,
             )
         try:
-            body = await self._collect(http, feed, relay, request, first, caller, labels)
+            body = await self._collect(http, replies, relay, request, first, caller, labels)
         finally:
-            feed.close()
+            replies.close()
             relaying.end()
         span.end()
         return JSONResponse(body, headers=ids)
@@ -342,15 +343,15 @@ class Gateway:
     async def _next_chunk(
         self,
         http: Request,
-        feed: ChunkFeed,
+        replies: ReplyStream,
         request: InferenceRequest,
         wait_s: float | None,
         labels: tuple[str, str, str],
     ) -> Chunk | None:
-        """The feed's next chunk (None if ``wait_s`` passes first); the client's timeout
+        """The stream's next chunk (None if ``wait_s`` passes first); the client's timeout
         cancels the request and answers ``timeout``."""
         try:
-            return await self._until_disconnect(http, feed.get(wait_s), request)
+            return await self._until_disconnect(http, replies.get(wait_s), request)
         except TokenbusTimeout as exc:
             self._outcome(labels, "timeout")
             await self._cancel(request, "bridge_timeout")
@@ -361,7 +362,7 @@ class Gateway:
     async def _collect(
         self,
         http: Request,
-        feed: ChunkFeed,
+        replies: ReplyStream,
         relay: Relay,
         request: InferenceRequest,
         chunk: Chunk | None,
@@ -372,7 +373,7 @@ class Gateway:
         first_tokens = chunk.num_tokens if chunk is not None else 0
         while True:
             if chunk is None:
-                chunk = await self._next_chunk(http, feed, request, None, labels)
+                chunk = await self._next_chunk(http, replies, request, None, labels)
                 assert chunk is not None  # no wait was given
             relay.add(chunk)
             if chunk.error is not None:
@@ -402,7 +403,7 @@ class Gateway:
 
     async def _events(
         self,
-        feed: ChunkFeed,
+        replies: ReplyStream,
         relay: Relay,
         request: InferenceRequest,
         chunk: Chunk | None,
@@ -414,7 +415,7 @@ class Gateway:
         first_event: trace.Span | None = None,
         clock: WriteClock | None = None,
     ) -> AsyncGenerator[bytes, None]:
-        """The stream's SSE events. What the feed already holds goes out in one write:
+        """The stream's SSE events. What the stream already holds goes out in one write:
         a client that fell behind (a burst of reply records, a busy bridge) costs one
         ASGI send for the burst, not one per token; a client that keeps up gets each
         event as its chunk arrives.
@@ -445,7 +446,7 @@ class Gateway:
                         num_tokens = 0
                         written()
                     try:
-                        chunk = await feed.get(self._settings.bridge_heartbeat_s)
+                        chunk = await replies.get(self._settings.bridge_heartbeat_s)
                     except Exception as exc:  # the headers are out: end with an error event
                         await self._cancel(request, "bridge_timeout")
                         if isinstance(exc, TokenbusTimeout):
@@ -484,10 +485,10 @@ class Gateway:
                         yield relay.usage_event()
                     yield DONE
                     return
-                chunk = feed.ready() if len(gathered) < _MAX_EVENTS_PER_WRITE else None
+                chunk = replies.ready() if len(gathered) < _MAX_EVENTS_PER_WRITE else None
         finally:
             self._metrics.active_streams.dec()
-            feed.close()
+            replies.close()
             for span in (*spans, *([first_event] if first_event is not None else [])):
                 span.end()
 

@@ -4,6 +4,7 @@
 #   batch runner, ``tokenbus ask``, tests, benchmarks)
 """
 
-from producers.client import RequestFailed, SubmitOptions, TokenbusClient, TokenbusTimeout
+from producers.client import RequestFailed, SubmitOptions, TokenbusClient
+from producers.reply_stream import ReplyStream, TokenbusTimeout
 
-__all__ = ["RequestFailed", "SubmitOptions", "TokenbusClient", "TokenbusTimeout"]
+__all__ = ["ReplyStream", "RequestFailed", "SubmitOptions", "TokenbusClient", "TokenbusTimeout"]

@@ -42,6 +42,7 @@ from aiokafka.errors import ConsumerStoppedError
 from opentelemetry.trace import Span, SpanKind, StatusCode, set_span_in_context
 
 from producers.inbox import Inbox
+from producers.reply_stream import ReplyStream
 from producers.reply_topics import ReplyTopics
 from schemas import (
     CancelRequest,
@@ -67,10 +68,6 @@ from tokenbus.topics import Topics, reply_batch_key
 from tokenbus.tracing import Tracing, inject, span_attributes, with_path
 
 log = logging.getLogger(__name__)
-
-
-class TokenbusTimeout(TimeoutError):
-    """No chunk arrived for ``client_timeout_s``."""
 
 
 class RequestFailed(RuntimeError):
@@ -371,67 +368,58 @@ class TokenbusClient:
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[Chunk]:
         """Yields the request's chunks in seq order, ending with the one that has
-        finish_reason; a redelivered chunk is dropped.
+        finish_reason (``replies``: a redelivered chunk is dropped, missing ones are read
+        back from the reply topic, ``client_timeout_s`` of silence raises
+        ``TokenbusTimeout``)."""
+        replies = self.replies(request)
+        try:
+            while True:
+                chunk = replies.ready() or await replies.next()  # no coroutine if it is here
+                yield chunk
+                if chunk.is_last:
+                    return
+        finally:
+            replies.close()
+
+    def replies(self, request: InferenceRequest) -> ReplyStream:
+        """The request's chunks as a ``ReplyStream``: read with ``next()``, or with
+        ``get(timeout_s)``, whose timeout leaves the stream as it was (the bridge waits
+        for its heartbeats so). ``close()`` it when done; until then its chunks are
+        collected.
 
         Should chunks go missing (a chunk arrives ahead of its seq, or the stream hears
         nothing for ``client_quiet_s``), the stream reads its reply topic back from the
         request's start (``tokenbus.replies``) and delivers what the reply reader had
         not, logging it, rather than hanging."""
-        key = (_tenant_of(request), request.request_id)
-        self.watch(request.request_id, key[0])
-        inbox = self._streams[key]
+        tenant = _tenant_of(request)
+        key = (tenant, request.request_id)
+        self.watch(request.request_id, tenant)
         self._stream_topics[key] = request.reply_to
-        chunks = inbox.items
-        expected = 0
-        ahead: dict[int, Chunk] = {}  # received, not yet yielded: seq >= expected
-        read_back_for = -1  # the seq a gap was last read back for
-        quiet_s = self._settings.client_quiet_s or self._settings.client_timeout_s
-        silent_s = 0.0
-        chunk: Chunk | None = None
-        try:
-            while True:
-                wait_s = min(quiet_s, self._settings.client_timeout_s - silent_s)
-                if not chunks and not await inbox.wait(wait_s):
-                    silent_s += wait_s
-                    if silent_s >= self._settings.client_timeout_s:
-                        raise TokenbusTimeout(
-                            f"no reply to {request.request_id} for "
-                            f"{self._settings.client_timeout_s:.0f} s"
-                        ) from None
-                    quiet_s *= 2
-                    await self._read_back(request, expected, inbox, ahead)
-                else:
-                    silent_s = 0.0
-                    while chunks:
-                        chunk = chunks.popleft()
-                        if chunk.seq == expected and not ahead:  # the common case
-                            expected += 1
-                            yield chunk
-                            if chunk.is_last:
-                                return
-                        elif chunk.seq >= expected:  # below: redelivered, already yielded
-                            ahead.setdefault(chunk.seq, chunk)
-                    if ahead and expected not in ahead and read_back_for != expected:
-                        read_back_for = expected  # chunks before this one went missing
-                        await self._read_back(request, expected, inbox, ahead)
-                while expected in ahead:
-                    chunk = ahead.pop(expected)
-                    expected += 1
-                    yield chunk
-                    if chunk.is_last:
-                        return
-        finally:
-            inbox.close()
+
+        async def read_back(expected: int, inbox: Inbox[Chunk], ahead: dict[int, Chunk]) -> None:
+            await self._read_back(request, expected, inbox, ahead)
+
+        def forget(replies: ReplyStream) -> None:
             self._streams.pop(key, None)
             self._created.pop(key, None)
             self._stream_topics.pop(key, None)
             span = self._spans.pop(key, None)
             if span is not None:
-                # Returned right after the last chunk: ``chunk`` is it.
-                span.set_attribute("tokenbus.num_chunks", expected)
-                if chunk is None or not chunk.is_last or chunk.error is not None:
+                last = replies.last
+                span.set_attribute("tokenbus.num_chunks", replies.num_delivered)
+                if last is None or not last.is_last or last.error is not None:
                     span.set_status(StatusCode.ERROR)
                 span.end()
+
+        settings = self._settings
+        return ReplyStream(
+            request.request_id,
+            self._streams[key],
+            read_back=read_back,
+            quiet_s=settings.client_quiet_s or settings.client_timeout_s,
+            timeout_s=settings.client_timeout_s,
+            on_close=forget,
+        )
 
     def _note_reply_sent(self, key: StreamKey, sent_ns: int) -> None:
         stamps = self._reply_sent

@@ -3,8 +3,8 @@
 # producer side --> put(item) --> items (a deque); wakes the one waiter
 # reader --> wait(timeout_s) --> True once an item is there; False after timeout_s of none
 
-Every relayed token passes one or two of these (the client's stream, the bridge's
-feed). ``asyncio.Queue`` with ``asyncio.wait_for`` costs a task and a timer per item on
+Every relayed token passes one of these (its request's ``ReplyStream``).
+``asyncio.Queue`` with ``asyncio.wait_for`` costs a task and a timer per item on
 Python 3.11; here a wait costs one future, and the timer is armed once per quiet spell:
 a wait that finds one already armed for no later than its own deadline keeps it, and a
 timer that fires before the current wait's deadline re-arms itself for it.

@@ -21,8 +21,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from billing.dedup import SUPERSEDED
-from producers import TokenbusClient
-from producers.client import TokenbusTimeout
+from producers import TokenbusClient, TokenbusTimeout
 from schemas import InferenceRequest, SamplingParams, TokenChunk
 from tests.integration.fleet import _usage
 from tokenbus.chunks import Chunk

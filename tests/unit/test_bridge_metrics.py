@@ -8,7 +8,6 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.feed import ChunkFeed
 from bridge.gateway import Gateway
 from bridge.metrics import BridgeMetrics
 from bridge.relay import DONE, Relay
@@ -26,9 +25,9 @@ def _samples(metrics: BridgeMetrics) -> dict[tuple[str, frozenset[tuple[str, str
     }
 
 
-class Feed(ChunkFeed):
-    """The chunks given, without ``ChunkFeed``'s drain task: each arriving after the
-    last was written, or (``at_hand``) all of them here at once."""
+class Replies:
+    """A request's chunks as ``ReplyStream`` gives them: each arriving after the last
+    was written, or (``at_hand``) all of them here at once."""
 
     def __init__(self, chunks: list[Chunk], *, at_hand: bool = False) -> None:
         self._chunks = chunks
@@ -62,7 +61,7 @@ async def _stream(
     caller = SimpleNamespace(tenant=SimpleNamespace(tpm=1000))
     request: Any = SimpleNamespace(request_id="r1")
     events = _gateway(metrics)._events(
-        Feed(chunks[1:], at_hand=at_hand),
+        Replies(chunks[1:], at_hand=at_hand),  # type: ignore[arg-type]
         Relay("text", "r1", "tiny-llama", 3),
         request,
         chunks[0],
