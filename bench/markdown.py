@@ -354,9 +354,13 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
-def overhead_runs() -> str:
-    """Every overhead run kept in bench/results, one line each: the noise made visible."""
-    rows = []
+def overhead_runs(kept: str = "") -> str:
+    """Every overhead run kept in bench/results, one line each: the noise made visible.
+
+    ``kept``, the block as the document has it: its rows of runs with no file here stay,
+    in order of their runs. Results are not in the repository, so a fresh checkout would
+    otherwise drop every run before its own."""
+    rows: list[list[str]] = []
     for path in sorted(RESULTS_DIR.glob("overhead*-2*.json")):
         result = json.loads(path.read_text())
         if result.get("parameters", {}).get("rounds", 0) < 3:
@@ -394,7 +398,12 @@ def overhead_runs() -> str:
         "c=64 pipeline CPU s/1k tok",
         "idle stack cores",
     ]
-    return _table(header, rows)
+    here = {row[0] for row in rows}
+    for line in kept.splitlines()[2:]:  # past the header and its rule
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == len(header) and cells[0] not in here:
+            rows.append(cells)
+    return _table(header, sorted(rows, key=lambda row: row[0]))
 
 
 def _num(value: float) -> str:
@@ -608,14 +617,15 @@ SUMMARY_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
-def render(name: str, kind: str | None = None) -> str | None:
-    """The block ``name``, or None when its source file is absent."""
+def render(name: str, kind: str | None = None, current: str = "") -> str | None:
+    """The block ``name``, or None when its source file is absent. ``current``: the
+    block's text in the document now."""
     if name in SUMMARY_RENDERERS:
         if not SUMMARY_PATH.exists():
             return None
         return SUMMARY_RENDERERS[name](json.loads(SUMMARY_PATH.read_text()))
     if name == "overhead-runs":
-        return overhead_runs()
+        return overhead_runs(current)
     path = RESULTS_DIR / f"{name}-latest.json"
     if not path.exists():
         return None
@@ -634,10 +644,10 @@ def update(document: Path, only: Sequence[str] = ()) -> int:
 
     def fill(match: re.Match[str]) -> str:
         nonlocal count
-        opening, name, kind, _, closing = match.groups()
+        opening, name, kind, current, closing = match.groups()
         if only and name not in only:
             return match.group(0)
-        text = render(name, kind)
+        text = render(name, kind, current)
         if text is None:
             return match.group(0)  # no source here: keep what the document has
         count += 1

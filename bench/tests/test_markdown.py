@@ -11,7 +11,9 @@ from bench import markdown
 def test_update_rewrites_only_the_marked_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(markdown, "render", lambda name, kind=None: f"table of {name} ({kind})")
+    monkeypatch.setattr(
+        markdown, "render", lambda name, kind=None, current="": f"table of {name} ({kind})"
+    )
     doc = tmp_path / "B.md"
     doc.write_text(
         "intro\n<!-- bench:relay -->\nold\n<!-- /bench:relay -->\nmiddle\n"
@@ -28,7 +30,7 @@ def test_update_rewrites_only_the_marked_blocks(
 def test_update_keeps_a_block_whose_source_is_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(markdown, "render", lambda name, kind=None: None)
+    monkeypatch.setattr(markdown, "render", lambda name, kind=None, current="": None)
     doc = tmp_path / "B.md"
     text = "<!-- bench:relay -->\nmeasured once\n<!-- /bench:relay -->\n"
     doc.write_text(text)
@@ -127,7 +129,7 @@ def test_capacity_renders_a_row_per_fleet() -> None:
 def test_update_rewrites_only_the_named_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(markdown, "render", lambda name, kind=None: f"new {name}")
+    monkeypatch.setattr(markdown, "render", lambda name, kind=None, current="": f"new {name}")
     doc = tmp_path / "B.md"
     doc.write_text(
         "<!-- bench:goals -->\nold\n<!-- /bench:goals -->\n"
@@ -219,3 +221,54 @@ def test_a_profile_block_shows_each_results_and_the_runs_pooled_profiles() -> No
     assert "**faust_floor-profile: c=64: client** (40 samples)" in text  # nested
     assert "`send (producer.py:2)`" in text
     assert text.count("Self time by package: aiokafka 100.0%.") == 3
+
+
+def _overhead_run(at: str, git: str) -> dict[str, Any]:
+    def row(concurrency: int, p50: float) -> dict[str, Any]:
+        return {
+            "concurrency": concurrency,
+            "added_ttft_ms": {"p50": p50, "p99": 2 * p50},
+            "ratios": {"throughput": 0.7},
+            "pipeline_cpu_s_per_1k_tokens": 0.2,
+        }
+
+    return {
+        "parameters": {"rounds": 3},
+        "load_start": {"at": at, "load_1_5_15": [1.0, 0.0, 0.0]},
+        "load_end": {"at": at, "load_1_5_15": [2.0, 0.0, 0.0]},
+        "machine": {"git": git},
+        "idle_stack_cores_during_direct": {"p50": 0.1},
+        "results": [row(1, 20.0), row(64, 100.0)],
+    }
+
+
+def test_overhead_runs_keep_the_documents_rows_of_runs_with_no_file_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setattr(markdown, "RESULTS_DIR", tmp_path)
+    for at, git in (("2026-12-07T05:00:00", "new1"), ("2026-12-06T10:00:00", "again")):
+        name = f"overhead-{at.replace(':', '')}.json"
+        (tmp_path / name).write_text(json.dumps(_overhead_run(at, git)))
+    doc = tmp_path / "B.md"
+    header = markdown.overhead_runs().splitlines()[:2]
+    old = [
+        "| 2026-12-05T09:00:00 | as is (git old1) | 1.0 -> 1.0 | 18 / 40 | 90 | 0.70 | 2.00 "
+        "| 0.100 | 0.1 |",
+        "| 2026-12-06T10:00:00 | as is (git stale) | 1.0 -> 1.0 | 18 / 40 | 90 | 0.70 | 2.00 "
+        "| 0.100 | 0.1 |",
+    ]
+    doc.write_text(
+        "<!-- bench:overhead-runs -->\n"
+        + "\n".join([*header, *old])
+        + "\n<!-- /bench:overhead-runs -->\n"
+    )
+    assert markdown.update(doc) == 1
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| 2026")]
+    # The run with no file stays; the one with a file is its file's; newest last.
+    assert [row.split(" | ")[:2] for row in rows] == [
+        ["| 2026-12-05T09:00:00", "as is (git old1)"],
+        ["| 2026-12-06T10:00:00", "as is (git again)"],
+        ["| 2026-12-07T05:00:00", "as is (git new1)"],
+    ]
