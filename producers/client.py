@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -396,9 +397,6 @@ class TokenbusClient:
         self.watch(request.request_id, tenant)
         self._stream_topics[key] = request.reply_to
 
-        async def read_back(expected: int, inbox: Inbox[Chunk], ahead: dict[int, Chunk]) -> None:
-            await self._read_back(request, expected, inbox, ahead)
-
         def forget(replies: ReplyStream) -> None:
             self._streams.pop(key, None)
             self._created.pop(key, None)
@@ -415,7 +413,7 @@ class TokenbusClient:
         return ReplyStream(
             request.request_id,
             self._streams[key],
-            read_back=read_back,
+            read_back=functools.partial(self._read_back, request),
             quiet_s=settings.client_quiet_s or settings.client_timeout_s,
             timeout_s=settings.client_timeout_s,
             on_close=forget,

@@ -103,7 +103,7 @@ class ReplyStream:
                     return self._deliver(chunk)
                 if chunk.seq >= self._expected:  # below: redelivered, already delivered
                     ahead.setdefault(chunk.seq, chunk)
-        if ahead and self._expected in ahead:
+        if self._expected in ahead:
             return self._deliver(ahead.pop(self._expected))
         return None
 
@@ -115,12 +115,12 @@ class ReplyStream:
         if chunk is not None:
             return chunk
         loop = self._loop
-        now = loop.time()
-        if self._heard:
-            self._heard = False
-            self._heard_at, self._read_back_at = now, now + self._quiet_s
-        give_up_at = None if timeout_s is None else now + timeout_s
+        give_up_at = None if timeout_s is None else loop.time() + timeout_s
         while True:
+            now = loop.time()
+            if self._heard:  # chunks came since the silence was last measured
+                self._heard = False
+                self._heard_at, self._read_back_at = now, now + self._quiet_s
             late = now + EARLY_S  # a timer may fire that much early (producers.inbox)
             if self._ahead and self._read_back_for != self._expected:
                 self._read_back_for = self._expected  # chunks before these went missing
@@ -137,15 +137,10 @@ class ReplyStream:
                 deadline = min(self._read_back_at, self._heard_at + self._timeout_s)
                 if give_up_at is not None:
                     deadline = min(deadline, give_up_at)
-                if await self._inbox.wait(deadline - now):
-                    self._heard = True
+                await self._inbox.wait(deadline - now)  # what came, ready() takes
             chunk = self.ready()
             if chunk is not None:
                 return chunk
-            now = loop.time()
-            if self._heard:
-                self._heard = False
-                self._heard_at, self._read_back_at = now, now + self._quiet_s
 
     async def next(self) -> Chunk:
         """The next chunk, however long it takes (up to ``client_timeout_s`` of silence)."""
