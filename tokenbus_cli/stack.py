@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import os
 import random
 import re
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -261,7 +262,9 @@ class Stack:
                 self.settings = self.settings.model_copy(update={"broker_profile": "tansu"})
             if self.settings.faust_web_port is None:
                 # The job's /healthz says when it holds its partitions.
-                self.settings = self.settings.model_copy(update={"faust_web_port": free_port()})
+                self.settings = self.settings.model_copy(
+                    update={"faust_web_port": self.free_port()}
+                )
             await self._start()
         except BaseException:
             self.stop()
@@ -417,6 +420,24 @@ class Stack:
         self._write_state()
         return service
 
+    def free_port(self) -> int:
+        """A port for one more of this stack's services: ``free_port``'s, and none that
+        its settings or its services hold already. Those may have come from another
+        process (the caller's environment), and a service that has not started yet has
+        not bound its port: two services given one port, the later fails to start."""
+        s = self.settings
+        promised = {
+            s.kafka_port,
+            s.billing_query_port,
+            s.alerts_port,
+            s.bridge_port,
+            s.batch_port,
+            s.faust_web_port,
+            s.worker_metrics_port,
+            *(service.port for service in self.services),
+        }
+        return free_port(avoid={port for port in promised if port})
+
     def add_billing(self, name: str = "billing", **overrides: Any) -> Service:
         """The billing sink and its query server (``wait_ready`` it)."""
         return self.spawn_http(
@@ -427,7 +448,7 @@ class Stack:
         """One more instance of the Faust job, in the same consumer group: the group's
         partitions are shared between the instances (``wait_ready`` it). Each instance
         has a Faust data directory of its own, ``<home>/faust-<name>``."""
-        overrides.setdefault("faust_web_port", free_port())
+        overrides.setdefault("faust_web_port", self.free_port())
         overrides.setdefault("faust_datadir", self.settings.home / f"faust-{name}")
         return self.spawn_http(
             name, [sys.executable, "-m", "stream_jobs"], "faust_web_port", **overrides
@@ -435,7 +456,7 @@ class Stack:
 
     def add_bridge(self, name: str, **overrides: Any) -> Service:
         """One more bridge on a port of its own, with a reply topic of its own."""
-        overrides.setdefault("bridge_port", free_port())
+        overrides.setdefault("bridge_port", self.free_port())
         return self.spawn_http(name, [sys.executable, "-m", "bridge"], "bridge_port", **overrides)
 
     def _spawn_worker(
@@ -450,7 +471,7 @@ class Stack:
         ``wrapper``: a command the worker runs under, which execs it (``ip netns exec
         NS``: a worker in a network namespace of its own)."""
         # Each worker's /metrics on a port of its own (service.env names it).
-        overrides.setdefault("worker_metrics_port", free_port())
+        overrides.setdefault("worker_metrics_port", self.free_port())
         worker = self.spawn(
             worker_id,
             [*wrapper, str(worker_python(self.settings)), "-m", "workers"],
@@ -680,8 +701,15 @@ LISTEN_PORTS_FROM = 20000
 """The lowest port ``free_port`` hands out."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that nothing holds now, for a service to listen on later.
+_handed_out: set[int] = set()
+"""The ports ``free_port`` returned in this process: none is returned twice, since the
+service given one may not have bound it yet."""
+
+
+def free_port(host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> int:
+    """A port on ``host`` that nothing holds now, for a service to listen on later: never
+    one this process was given before, nor one in ``avoid`` (ports already promised to
+    services that have not bound them yet, in another process's settings say).
 
     Picked below the kernel's ephemeral range (``ip_local_port_range``), not by binding
     port 0, which hands out a port from inside it: a service binds its port only once
@@ -690,13 +718,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     one, and the service fails to start with "address already in use". Seen in CI: a
     worker's ``/metrics`` port was taken while its engine loaded. A port below the
     range is never handed to a connection; only another listener could take it."""
+    taken = _handed_out.union(avoid)
     low = _lowest_ephemeral_port()
     if low - LISTEN_PORTS_FROM < 1000:  # no room below the range: the kernel's choice
-        return _bound_port(host, 0)
-    for port in random.sample(range(LISTEN_PORTS_FROM, low), 200):
+        candidates: Iterable[int] = itertools.repeat(0, 200)
+    else:
+        candidates = random.sample(range(LISTEN_PORTS_FROM, low), 200)
+    for candidate in candidates:
+        if candidate in taken:
+            continue
         with contextlib.suppress(OSError):
-            return _bound_port(host, port)
-    raise StackError(f"no free port on {host} in {LISTEN_PORTS_FROM}..{low - 1}")
+            port = _bound_port(host, candidate)
+            if port not in taken:
+                _handed_out.add(port)
+                return port
+    where = f"{LISTEN_PORTS_FROM}..{low - 1}" if low - LISTEN_PORTS_FROM >= 1000 else "any"
+    raise StackError(f"no free port on {host} ({where}) that this process has not handed out")
 
 
 def _bound_port(host: str, port: int) -> int:

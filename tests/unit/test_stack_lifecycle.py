@@ -5,7 +5,9 @@ left behind is found and stopped (tokenbus_cli.stack, tokenbus_cli.stack_state).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -192,6 +194,41 @@ def test_free_ports_are_below_the_range_outgoing_connections_are_given(tmp_path:
     for port in ports:  # each one free when handed out
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def _unpromised_ports(num: int) -> list[int]:
+    """Distinct free ports that ``free_port`` has not handed out (the kernel's choice)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(num)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
+def test_a_port_not_yet_bound_is_never_handed_out_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in CI: the billing query server and the alerts service were both given port
+    25993 (two picks of the test's environment, neither bound yet), and billing failed
+    to start with "address already in use". Here the draw repeats itself, as a
+    one-in-12,000 chance did there."""
+    first, (other,) = free_port(), _unpromised_ports(1)
+    monkeypatch.setattr(random, "sample", lambda *_: [first, other])
+    assert free_port() == other  # ``first`` is still free, and promised
+    with pytest.raises(StackError, match="handed out"):
+        free_port()
+
+
+def test_a_stack_picks_none_of_the_ports_its_settings_promised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ports in a stack's settings may come from another process (the caller's
+    environment) and are bound only as each service starts: the stack's own picks skip
+    them."""
+    promised, other = _unpromised_ports(2)
+    settings = Settings(home=tmp_path, billing_query_port=promised)
+    monkeypatch.setattr(random, "sample", lambda *_: [promised, other])
+    assert Stack(settings).free_port() == other
 
 
 def test_a_service_that_failed_to_start_shows_its_error_not_native_exit_noise(
