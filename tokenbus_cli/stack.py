@@ -720,10 +720,12 @@ def free_port(host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> int:
     range is never handed to a connection; only another listener could take it."""
     taken = _handed_out.union(avoid)
     low = _lowest_ephemeral_port()
+    candidates: Iterable[int]
     if low - LISTEN_PORTS_FROM < 1000:  # no room below the range: the kernel's choice
-        candidates: Iterable[int] = itertools.repeat(0, 200)
+        candidates, where = itertools.repeat(0, 200), "any"
     else:
         candidates = random.sample(range(LISTEN_PORTS_FROM, low), 200)
+        where = f"{LISTEN_PORTS_FROM}..{low - 1}"
     for candidate in candidates:
         if candidate in taken:
             continue
@@ -732,7 +734,6 @@ def free_port(host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> int:
             if port not in taken:
                 _handed_out.add(port)
                 return port
-    where = f"{LISTEN_PORTS_FROM}..{low - 1}" if low - LISTEN_PORTS_FROM >= 1000 else "any"
     raise StackError(f"no free port on {host} ({where}) that this process has not handed out")
 
 
