@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     num_partitions: int = 4
     """Partitions of the request and usage topics; the unit of scale-out."""
     replication_factor: int = 1
+    live_topic_retention_ms: int = Field(default=3_600_000, ge=60_000)
+    """How long the heartbeat and load-report topics keep their records (their
+    ``retention.ms`` and ``segment.ms``, set when tokenbus creates them). Their readers
+    start from the end, and a report minutes old says nothing about now; left at the
+    broker's default (7 days on Kafka), each worker's two heartbeats a second would pile
+    up for a week."""
     kafka_acks: int | str = "all"
     kafka_idempotence: bool | None = None
     """Idempotent producers; unset: on with the ``kafka`` profile, off with ``tansu``

@@ -15,13 +15,14 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 from aiokafka.partitioner import DefaultPartitioner
 
 from tokenbus import tansu
 from tokenbus.config import Settings
 from tokenbus.metadata import ProducerTopics
-from tokenbus.topics import Topics
+from tokenbus.topics import ConfigDrift, Topics, config_drift, topic_configs
 
 
 class Publish(Protocol):
@@ -120,10 +121,18 @@ def publisher(producer: AIOKafkaProducer) -> Publish:
     return publish
 
 
+def planned_configs(settings: Settings) -> dict[str, dict[str, str]]:
+    """The topic configs tokenbus creates its topics with (``topic_configs``)."""
+    return topic_configs(Topics(settings.topic_prefix), settings.live_topic_retention_ms)
+
+
 async def ensure_topics(
     settings: Settings, partitions_by_topic: dict[str, int], *, timeout_s: float = 30.0
 ) -> None:
-    """Creates the topics that do not exist yet; existing ones are left as they are."""
+    """Creates the topics that do not exist yet, each with its planned configs
+    (``planned_configs``), whichever service creates it first; existing ones are left
+    as they are (``config_drift`` tells whether they match the plan)."""
+    configs = planned_configs(settings)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
     )
@@ -131,7 +140,12 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor)
+            NewTopic(
+                name,
+                num_partitions=n,
+                replication_factor=settings.replication_factor,
+                topic_configs=configs.get(name),
+            )
             for name, n in partitions_by_topic.items()
             if name not in existing
         ]
@@ -142,6 +156,43 @@ async def ensure_topics(
                 pass  # a concurrent creator won the race: the topic is there either way
     finally:
         await admin.close()
+
+
+async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """The configs the broker describes for each existing topic of ``names`` (a topic it
+    does not know is left out)."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
+    )
+    await admin.start()
+    try:
+        wanted = set(names) & set(await admin.list_topics())
+        if not wanted:
+            return {}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in sorted(wanted)]
+        described: dict[str, dict[str, str]] = {}
+        for response in await admin.describe_configs(resources):
+            for resource in response.to_object()["resources"]:
+                if resource["error_code"] != 0:
+                    raise KafkaError(
+                        f"describing topic {resource['resource_name']!r}: "
+                        f"{resource['error_message']} (error {resource['error_code']})"
+                    )
+                described[resource["resource_name"]] = {
+                    entry["config_names"]: entry["config_value"]
+                    for entry in resource["config_entries"]
+                    if entry["config_value"] is not None
+                }
+        return described
+    finally:
+        await admin.close()
+
+
+async def topic_config_drift(settings: Settings) -> list[ConfigDrift]:
+    """Where the existing topics' configs differ from ``planned_configs``: topics made
+    before tokenbus planned them, or changed since (``tokenbus topics`` reports it)."""
+    want = planned_configs(settings)
+    return config_drift(want, await topic_configs_of(settings, want))
 
 
 async def delete_topics(settings: Settings, names: Iterable[str]) -> None:

@@ -1,7 +1,9 @@
-"""Topic names. Every topic is named here once, and keys always start with the tenant."""
+"""Topic names. Every topic is named here once, and keys always start with the tenant.
+``topic_configs`` says which topics need more than the broker's defaults."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -96,3 +98,50 @@ def reply_batch_key(tenant_id: str) -> bytes:
     """The key of a reply record: a batch holds the chunks of one tenant, of any of its
     requests. Each request's order is its chunks' ``seq``, kept by the topic's order."""
     return tenant_id.encode()
+
+
+def topic_configs(topics: Topics, live_retention_ms: int) -> dict[str, dict[str, str]]:
+    """The topic-level configs tokenbus creates these topics with (``ensure_topics``);
+    every other topic takes the broker's defaults. Pure.
+
+    - ``budgets`` is read from its start by every job instance before it admits
+      anything, and a budget is written once, when it is set: under Kafka's default
+      ``delete`` policy a budget older than the retention (7 days) would be gone at the
+      next restart, and its tenant unlimited. Compacted, each budget's latest record
+      stays (a removal's empty record too, for ``delete.retention.ms``).
+    - ``heartbeats`` and ``load`` are read from their end; a record there is stale in
+      seconds. They keep ``live_retention_ms``. ``segment.ms`` is set alike because
+      Kafka deletes whole segments only, and a segment of these small topics would
+      otherwise stay open for its default week.
+    """
+    live = {"retention.ms": str(live_retention_ms), "segment.ms": str(live_retention_ms)}
+    return {
+        topics.budgets: {"cleanup.policy": "compact"},
+        topics.heartbeats: dict(live),
+        topics.load: dict(live),
+    }
+
+
+@dataclass(frozen=True)
+class ConfigDrift:
+    """A topic config that differs from ``topic_configs``: ``have`` None if unset."""
+
+    topic: str
+    name: str
+    want: str
+    have: str | None
+
+
+def config_drift(
+    want: Mapping[str, Mapping[str, str]], have: Mapping[str, Mapping[str, str]]
+) -> list[ConfigDrift]:
+    """Each wanted config that an existing topic (a key of ``have``: its configs as the
+    broker describes them) lacks or holds another value for. Topics not in ``have``
+    (not created yet) have no drift. Pure."""
+    return [
+        ConfigDrift(topic, name, value, have[topic].get(name))
+        for topic, configs in want.items()
+        if topic in have
+        for name, value in configs.items()
+        if have[topic].get(name) != value
+    ]
