@@ -158,20 +158,46 @@ def down() -> None:
 
 
 @main.command()
-def topics() -> None:
-    """Create tokenbus's topics on the configured Kafka cluster (those missing)."""
-    from tokenbus.kafka import ensure_topics, wait_for_broker
+@click.option(
+    "--check", is_flag=True, help="Exit with status 1 if an existing topic's configs differ."
+)
+def topics(check: bool) -> None:
+    """Create tokenbus's topics on the configured Kafka cluster (those missing), with
+    their configs; say which existing topics' configs differ from them."""
+    from tokenbus.kafka import (
+        ensure_topics,
+        planned_configs,
+        topic_config_drift,
+        wait_for_broker,
+    )
+    from tokenbus.topics import ConfigDrift
     from tokenbus_cli.stack import stack_topics
 
     settings = Settings()
 
-    async def run() -> None:
+    async def run() -> list[ConfigDrift]:
         await wait_for_broker(settings, timeout_s=120)
         await ensure_topics(settings, stack_topics(settings))
+        return await topic_config_drift(settings)
 
-    asyncio.run(run())
+    drift = asyncio.run(run())
+    configs = planned_configs(settings)
     for name, partitions in stack_topics(settings).items():
-        click.echo(f"{name}: {partitions} partitions, replication {settings.replication_factor}")
+        planned = "".join(f", {k}={v}" for k, v in configs.get(name, {}).items())
+        click.echo(
+            f"{name}: {partitions} partitions, replication {settings.replication_factor}{planned}"
+        )
+    for item in drift:
+        have = "unset" if item.have is None else repr(item.have)
+        click.echo(
+            f"warning: {item.topic} existed before with {item.name} {have}, not "
+            f"{item.want!r}; set it with: kafka-configs.sh --bootstrap-server "
+            f"{settings.bootstrap} --alter --entity-type topics --entity-name {item.topic} "
+            f"--add-config {item.name}={item.want}",
+            err=True,
+        )
+    if drift and check:
+        raise SystemExit(1)
 
 
 @main.command()

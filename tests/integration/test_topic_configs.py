@@ -1,0 +1,68 @@
+"""tokenbus's topics carry their planned configs on the stack's broker, and ``tokenbus
+topics`` says when an existing topic's do not."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from click.testing import CliRunner
+
+from tokenbus.config import Settings
+from tokenbus.kafka import delete_topics, topic_configs_of
+from tokenbus.topics import Topics
+from tokenbus_cli import cli
+from tokenbus_cli.stack import stack_topics
+
+
+async def test_the_stack_compacts_budgets_and_expires_heartbeats(settings: Settings) -> None:
+    topics = Topics(settings.topic_prefix)
+    configs = await topic_configs_of(settings, [topics.budgets, topics.heartbeats, topics.load])
+    assert configs[topics.budgets].get("cleanup.policy") == "compact"
+    retention = str(settings.live_topic_retention_ms)
+    for live in (topics.heartbeats, topics.load):
+        assert configs[live].get("retention.ms") == retention, configs[live]
+        assert configs[live].get("segment.ms") == retention, configs[live]
+
+
+async def _create_plain(settings: Settings, name: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, settings.replication_factor)])
+    finally:
+        await admin.close()
+
+
+def test_topics_check_fails_on_a_budgets_topic_made_without_compaction(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # A cluster whose budgets topic predates the plan: under another prefix, so the
+    # stack's own topics are untouched.
+    ours = settings.model_copy(update={"topic_prefix": f"drift{uuid.uuid4().hex[:8]}"})
+    topics = Topics(ours.topic_prefix)
+    asyncio.run(_create_plain(ours, topics.budgets))
+    env = {
+        "TOKENBUS_HOME": str(tmp_path),
+        "TOKENBUS_KAFKA_BOOTSTRAP": ours.bootstrap,
+        "TOKENBUS_BROKER_PROFILE": "tansu",
+        "TOKENBUS_TOPIC_PREFIX": ours.topic_prefix,
+    }
+    try:
+        plain = CliRunner().invoke(cli.main, ["topics"], env=env)
+        checked = CliRunner().invoke(cli.main, ["topics", "--check"], env=env)
+        created = asyncio.run(topic_configs_of(ours, [topics.heartbeats]))
+    finally:
+        asyncio.run(delete_topics(ours, stack_topics(ours)))
+    assert plain.exit_code == 0, plain.output
+    assert checked.exit_code == 1, checked.output
+    for result in (plain, checked):
+        assert f"warning: {topics.budgets} existed before with cleanup.policy unset" in (
+            result.output
+        )
+        assert "--add-config cleanup.policy=compact" in result.output
+    # The topics it had to create got their configs; only the old one drifts.
+    assert created[topics.heartbeats].get("retention.ms") == str(ours.live_topic_retention_ms)
+    assert "heartbeats existed before" not in checked.output
