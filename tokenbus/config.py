@@ -569,6 +569,13 @@ class Settings(BaseSettings):
         return self.batch_store_url or str(self.home / "batches")
 
     @property
+    def batch_topic_retention_ms(self) -> int:
+        """``retention.ms`` of the batches topic and of each batch's reply topic: the
+        longest completion window and a day, so a batch's records outlive it
+        (``tokenbus.topics.TopicPlan``)."""
+        return int((self.batch_max_window_s + 86_400) * 1000)
+
+    @property
     def clickhouse(self) -> str:
         return self.clickhouse_dsn or f"chdb://{self.home / 'clickhouse'}"
 

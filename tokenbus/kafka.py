@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from tokenbus import tansu
 from tokenbus.config import Settings
 from tokenbus.metadata import ProducerTopics
-from tokenbus.topics import ConfigDrift, Topics, config_drift, topic_configs
+from tokenbus.topics import ConfigDrift, TopicPlan, Topics, config_drift
 
 
 class Publish(Protocol):
@@ -121,18 +121,22 @@ def publisher(producer: AIOKafkaProducer) -> Publish:
     return publish
 
 
-def planned_configs(settings: Settings) -> dict[str, dict[str, str]]:
-    """The topic configs tokenbus creates its topics with (``topic_configs``)."""
-    return topic_configs(Topics(settings.topic_prefix), settings.live_topic_retention_ms)
+def topic_plan(settings: Settings) -> TopicPlan:
+    """The topic configs tokenbus creates its topics with."""
+    return TopicPlan(
+        Topics(settings.topic_prefix),
+        live_retention_ms=settings.live_topic_retention_ms,
+        batch_retention_ms=settings.batch_topic_retention_ms,
+    )
 
 
 async def ensure_topics(
     settings: Settings, partitions_by_topic: dict[str, int], *, timeout_s: float = 30.0
 ) -> None:
     """Creates the topics that do not exist yet, each with its planned configs
-    (``planned_configs``), whichever service creates it first; existing ones are left
-    as they are (``config_drift`` tells whether they match the plan)."""
-    configs = planned_configs(settings)
+    (``topic_plan``), whichever service creates it first; existing ones are left as
+    they are (``topic_config_drift`` tells whether they match the plan)."""
+    plan = topic_plan(settings)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
     )
@@ -144,7 +148,7 @@ async def ensure_topics(
                 name,
                 num_partitions=n,
                 replication_factor=settings.replication_factor,
-                topic_configs=configs.get(name),
+                topic_configs=plan.configs(name),
             )
             for name, n in partitions_by_topic.items()
             if name not in existing
@@ -189,9 +193,9 @@ async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str
 
 
 async def topic_config_drift(settings: Settings) -> list[ConfigDrift]:
-    """Where the existing topics' configs differ from ``planned_configs``: topics made
-    before tokenbus planned them, or changed since (``tokenbus topics`` reports it)."""
-    want = planned_configs(settings)
+    """Where the existing topics' configs differ from the plan's (``TopicPlan.named``):
+    topics made before tokenbus planned them, or changed since (``tokenbus topics``)."""
+    want = topic_plan(settings).named()
     return config_drift(want, await topic_configs_of(settings, want))
 
 

@@ -1,10 +1,15 @@
 """Topic names. Every topic is named here once, and keys always start with the tenant.
-``topic_configs`` says which topics need more than the broker's defaults."""
+``TopicPlan`` says which topics need more than the broker's defaults."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+_BATCH_REPLIES = re.compile(r"[A-Za-z0-9_\-]{1,128}\.batch-batch_[A-Za-z0-9]{8,64}")
+"""The part of a batch's reply topic after the reply root: ``<tenant>.batch-<batch id>``
+(their patterns: ``schemas.TENANT_ID_PATTERN``, ``schemas.batches.BATCH_ID_PATTERN``)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,11 @@ class Topics:
         """Whether ``topic`` is some client's reply topic (the only place answers go)."""
         root = self.replies("")
         return topic.startswith(root) and len(topic) > len(root)
+
+    def is_batch_reply_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is a batch's reply topic (``batch_replies``)."""
+        root = self.replies("")
+        return topic.startswith(root) and _BATCH_REPLIES.fullmatch(topic[len(root) :]) is not None
 
     @property
     def usage(self) -> str:
@@ -100,9 +110,10 @@ def reply_batch_key(tenant_id: str) -> bytes:
     return tenant_id.encode()
 
 
-def topic_configs(topics: Topics, live_retention_ms: int) -> dict[str, dict[str, str]]:
-    """The topic-level configs tokenbus creates these topics with (``ensure_topics``);
-    every other topic takes the broker's defaults. Pure.
+@dataclass(frozen=True)
+class TopicPlan:
+    """The topic-level configs tokenbus creates topics with (``ensure_topics``); every
+    topic not named here takes the broker's defaults. Pure.
 
     - ``budgets`` is read from its start by every job instance before it admits
       anything, and a budget is written once, when it is set: under Kafka's default
@@ -110,21 +121,44 @@ def topic_configs(topics: Topics, live_retention_ms: int) -> dict[str, dict[str,
       next restart, and its tenant unlimited. Compacted, each budget's latest record
       stays (a removal's empty record too, for ``delete.retention.ms``).
     - ``heartbeats`` and ``load`` are read from their end; a record there is stale in
-      seconds. They keep ``live_retention_ms``. ``segment.ms`` is set alike because
-      Kafka deletes whole segments only, and a segment of these small topics would
-      otherwise stay open for its default week.
+      seconds. They keep ``live_retention_ms``.
+    - ``batches`` (read from its start on every assignment of the runners' group) and
+      each batch's reply topic (its durable log, read whole when the batch resumes and
+      again when it ends) must outlive the longest batch: ``batch_retention_ms``, the
+      longest completion window and a margin. A window may be 7 days, Kafka's default
+      retention.
+
+    ``segment.ms`` goes with each ``retention.ms``: Kafka deletes whole segments only, and
+    a segment of a small topic would otherwise stay open for its default week.
     """
-    live = {"retention.ms": str(live_retention_ms), "segment.ms": str(live_retention_ms)}
-    return {
-        topics.budgets: {"cleanup.policy": "compact"},
-        topics.heartbeats: dict(live),
-        topics.load: dict(live),
-    }
+
+    topics: Topics
+    live_retention_ms: int
+    batch_retention_ms: int
+
+    def named(self) -> dict[str, dict[str, str]]:
+        """The configs of the topics the stack creates by name (``tokenbus topics``)."""
+        return {
+            self.topics.budgets: {"cleanup.policy": "compact"},
+            self.topics.heartbeats: _retention(self.live_retention_ms),
+            self.topics.load: _retention(self.live_retention_ms),
+            self.topics.batches: _retention(self.batch_retention_ms),
+        }
+
+    def configs(self, topic: str) -> dict[str, str] | None:
+        """``topic``'s configs, or None for the broker's defaults."""
+        if self.topics.is_batch_reply_topic(topic):
+            return _retention(self.batch_retention_ms)
+        return self.named().get(topic)
+
+
+def _retention(ms: int) -> dict[str, str]:
+    return {"retention.ms": str(ms), "segment.ms": str(ms)}
 
 
 @dataclass(frozen=True)
 class ConfigDrift:
-    """A topic config that differs from ``topic_configs``: ``have`` None if unset."""
+    """A topic config that differs from ``TopicPlan``'s: ``have`` None if unset."""
 
     topic: str
     name: str

@@ -166,8 +166,8 @@ def topics(check: bool) -> None:
     their configs; say which existing topics' configs differ from them."""
     from tokenbus.kafka import (
         ensure_topics,
-        planned_configs,
         topic_config_drift,
+        topic_plan,
         wait_for_broker,
     )
     from tokenbus.topics import ConfigDrift
@@ -181,7 +181,7 @@ def topics(check: bool) -> None:
         return await topic_config_drift(settings)
 
     drift = asyncio.run(run())
-    configs = planned_configs(settings)
+    configs = topic_plan(settings).named()
     for name, partitions in stack_topics(settings).items():
         planned = "".join(f", {k}={v}" for k, v in configs.get(name, {}).items())
         click.echo(

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from click.testing import CliRunner
 
+from producers import TokenbusClient
 from tokenbus.config import Settings
 from tokenbus.kafka import delete_topics, topic_configs_of
 from tokenbus.topics import Topics
@@ -19,12 +20,32 @@ from tokenbus_cli.stack import stack_topics
 
 async def test_the_stack_compacts_budgets_and_expires_heartbeats(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
-    configs = await topic_configs_of(settings, [topics.budgets, topics.heartbeats, topics.load])
+    names = [topics.budgets, topics.heartbeats, topics.load, topics.batches, topics.usage]
+    configs = await topic_configs_of(settings, names)
     assert configs[topics.budgets].get("cleanup.policy") == "compact"
     retention = str(settings.live_topic_retention_ms)
     for live in (topics.heartbeats, topics.load):
         assert configs[live].get("retention.ms") == retention, configs[live]
         assert configs[live].get("segment.ms") == retention, configs[live]
+    batches = configs[topics.batches]
+    assert batches.get("retention.ms") == str(settings.batch_topic_retention_ms), batches
+    assert "retention.ms" not in configs[topics.usage]  # the broker's default
+
+
+async def test_a_batch_reply_topic_outlives_the_longest_batch(settings: Settings) -> None:
+    # As the batch runner makes it (batches.run): the batch's client creates its topic.
+    batch_id = f"batch_{uuid.uuid4().hex[:12]}"
+    client = TokenbusClient(settings, f"batch-{batch_id}", tenant_id="acme", reply_reader=False)
+    await client.start()
+    try:
+        topic = client.reply_topic
+        assert topic == Topics(settings.topic_prefix).batch_replies("acme", batch_id)
+        configs = (await topic_configs_of(settings, [topic]))[topic]
+    finally:
+        await client.close()
+        await delete_topics(settings, [topic])
+    window_ms = settings.batch_max_window_s * 1000
+    assert int(configs["retention.ms"]) == settings.batch_topic_retention_ms > window_ms
 
 
 async def _create_plain(settings: Settings, name: str) -> None:

@@ -3,27 +3,45 @@
 from __future__ import annotations
 
 from tokenbus.config import Settings
-from tokenbus.kafka import planned_configs
-from tokenbus.topics import ConfigDrift, Topics, config_drift, topic_configs
+from tokenbus.kafka import topic_plan
+from tokenbus.topics import ConfigDrift, TopicPlan, Topics, config_drift
 from tokenbus_cli.stack import stack_topics
+
+PLAN = TopicPlan(Topics("t"), live_retention_ms=120_000, batch_retention_ms=900_000)
 
 
 def test_budgets_are_compacted_and_live_topics_expire() -> None:
-    topics = Topics("t")
-    configs = topic_configs(topics, live_retention_ms=120_000)
-    assert configs[topics.budgets] == {"cleanup.policy": "compact"}
+    topics = PLAN.topics
+    assert PLAN.configs(topics.budgets) == {"cleanup.policy": "compact"}
     for live in (topics.heartbeats, topics.load):
-        assert configs[live] == {"retention.ms": "120000", "segment.ms": "120000"}
+        assert PLAN.configs(live) == {"retention.ms": "120000", "segment.ms": "120000"}
     # The request path's topics keep the broker's retention: a forward is looked up in
     # its worker's topic, usage waits there until billing has it.
-    assert not {*topics.all_requests, topics.usage, topics.cancels} & configs.keys()
+    for plain in (*topics.all_requests, topics.usage, topics.cancels, topics.worker("w")):
+        assert PLAN.configs(plain) is None
 
 
-def test_every_planned_topic_is_one_the_stack_creates() -> None:
-    settings = Settings(topic_prefix="p", live_topic_retention_ms=60_000)
-    planned = planned_configs(settings)
-    assert planned.keys() <= stack_topics(settings).keys()
-    assert planned[Topics("p").heartbeats]["retention.ms"] == "60000"
+def test_a_batch_and_its_reply_topic_outlive_the_batch() -> None:
+    topics = PLAN.topics
+    batch = {"retention.ms": "900000", "segment.ms": "900000"}
+    assert PLAN.configs(topics.batches) == batch
+    assert PLAN.configs(topics.batch_replies("acme-1", "batch_0123456789ab")) == batch
+    # A client's reply topic, a batch reply topic's roll or another prefix's: defaults.
+    for other in (
+        topics.replies("bridge-abc"),
+        topics.replies("acme.batch-nope"),
+        topics.batch_replies("acme", "batch_0123456789ab") + ".1",
+        Topics("u").batch_replies("acme", "batch_0123456789ab"),
+    ):
+        assert PLAN.configs(other) is None, other
+
+
+def test_the_settings_give_a_batch_a_day_beyond_the_longest_window() -> None:
+    settings = Settings(topic_prefix="p", live_topic_retention_ms=60_000, batch_max_window_s=3600)
+    plan = topic_plan(settings)
+    assert plan.named().keys() <= stack_topics(settings).keys()
+    assert plan.configs(Topics("p").heartbeats) == {"retention.ms": "60000", "segment.ms": "60000"}
+    assert plan.batch_retention_ms == (3600 + 86_400) * 1000
 
 
 def test_drift_names_each_missing_or_different_config() -> None:
