@@ -108,6 +108,8 @@ def test_keda_scales_workers_on_the_recommended_count_and_the_job_on_request_lag
     for scaled in (worker, job):
         assert scaled["apiVersion"] == "keda.sh/v1alpha1"
         assert scaled["kind"] == "ScaledObject"
+    # Workers keep their names (and so their topics) across scale-in and scale-out.
+    assert worker["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
     [trigger] = worker["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
     assert "tokenbus_recommended_workers{" in trigger["metadata"]["query"]
