@@ -155,7 +155,7 @@ class TokenbusClient:
         )
         self._stream_topics: dict[StreamKey, str] = {}
         """The reply topic of each open stream: an old one is read until none is left."""
-        self._housekeeping: set[asyncio.Task[None]] = set()
+        self._housekeeping: set[asyncio.Task[object]] = set()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -590,7 +590,7 @@ class TokenbusClient:
         for tp in wanted:
             consumer.seek(tp, positions.get(tp, 0))
 
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)

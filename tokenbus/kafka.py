@@ -162,6 +162,18 @@ async def ensure_topics(
         await admin.close()
 
 
+async def topic_names(settings: Settings) -> set[str]:
+    """Every topic the broker knows."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
+    )
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
 async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, str]]:
     """The configs the broker describes for each existing topic of ``names`` (a topic it
     does not know is left out)."""
@@ -199,15 +211,21 @@ async def topic_config_drift(settings: Settings) -> list[ConfigDrift]:
     return config_drift(want, await topic_configs_of(settings, want))
 
 
-async def delete_topics(settings: Settings, names: Iterable[str]) -> None:
+async def delete_topics(settings: Settings, names: Iterable[str]) -> dict[str, int]:
+    """Deletes the topics; returns those the broker did not delete, with its error code.
+    Never raises on a broker error: most callers delete as housekeeping, where an old
+    reply topic left behind does no harm (and an unreachable broker leaves them all)."""
+    wanted = list(names)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await admin.start()
     try:
-        await admin.delete_topics(list(names))
-    except KafkaError:
-        pass  # deletion is housekeeping; an old reply topic does no harm
+        response = await admin.delete_topics(wanted)
+    except KafkaError as exc:
+        return dict.fromkeys(wanted, getattr(exc, "errno", -1))
     finally:
         await admin.close()
+    errors = response.to_object()["topic_error_codes"]
+    return {each["topic"]: each["error_code"] for each in errors if each["error_code"] != 0}
 
 
 async def _start_with_retry(start: Any, timeout_s: float) -> None:

@@ -7,7 +7,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_BATCH_REPLIES = re.compile(r"[A-Za-z0-9_\-]{1,128}\.batch-batch_[A-Za-z0-9]{8,64}")
+_BATCH_REPLIES = re.compile(
+    r"(?P<tenant>[A-Za-z0-9_\-]{1,128})\.batch-(?P<batch_id>batch_[A-Za-z0-9]{8,64})"
+)
 """The part of a batch's reply topic after the reply root: ``<tenant>.batch-<batch id>``
 (their patterns: ``schemas.TENANT_ID_PATTERN``, ``schemas.batches.BATCH_ID_PATTERN``)."""
 
@@ -39,8 +41,13 @@ class Topics:
 
     def is_batch_reply_topic(self, topic: str) -> bool:
         """Whether ``topic`` is a batch's reply topic (``batch_replies``)."""
+        return self.batch_of(topic) is not None
+
+    def batch_of(self, topic: str) -> tuple[str, str] | None:
+        """(tenant, batch id) of a batch's reply topic (``batch_replies``), else None."""
         root = self.replies("")
-        return topic.startswith(root) and _BATCH_REPLIES.fullmatch(topic[len(root) :]) is not None
+        match = _BATCH_REPLIES.fullmatch(topic[len(root) :]) if topic.startswith(root) else None
+        return (match["tenant"], match["batch_id"]) if match else None
 
     @property
     def usage(self) -> str:

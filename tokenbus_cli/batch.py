@@ -151,6 +151,62 @@ def cancel(batch_id: str, tenant: str | None) -> None:
     click.echo(f"cancelling {batch_id}")
 
 
+@batch.command("prune-topics")
+@click.option(
+    "--older-than",
+    default="7d",
+    show_default=True,
+    help="Delete the reply topics of batches that ended at least this long ago (7d, 12h).",
+)
+@click.option("--tenant", default=None, help="Only this tenant's batches.")
+@click.option("--dry-run", is_flag=True, help="Say what would go, delete nothing.")
+def prune_topics(older_than: str, tenant: str | None, dry_run: bool) -> None:
+    """Delete the reply topics of batches that ended (their files hold the results).
+
+    Nothing else deletes them: a batch's topic is its results log while it runs, and
+    after its end retention empties it but leaves the topic. A topic whose batch is not
+    in the store, or has not ended that long ago, stays (tokenbus.batch.prune)."""
+    from tokenbus.batch.prune import keep_reason
+    from tokenbus.batch.store import BatchStore, NotFound
+    from tokenbus.batch.submit import parse_window
+    from tokenbus.kafka import delete_topics, topic_names
+    from tokenbus.topics import Topics
+
+    try:
+        older_than_s = parse_window(older_than, min_s=1, max_s=float("inf"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{older_than!r} is not a duration such as '7d', '12h' or '30m'",
+            param_hint="--older-than",
+        ) from None
+    settings = _settings()
+    topics, store = Topics(settings.topic_prefix), BatchStore(settings.batch_store)
+    now = time.time()
+    doomed: list[str] = []
+    for topic in sorted(asyncio.run(topic_names(settings))):
+        ids = topics.batch_of(topic)
+        if ids is None or tenant not in (None, ids[0]):
+            continue
+        try:
+            doc: BatchDoc | None = store.batch(*ids)
+        except NotFound:
+            doc = None
+        reason = keep_reason(doc, now, older_than_s)
+        if reason is None:
+            doomed.append(topic)
+            click.echo(f"{'would delete' if dry_run else 'deleting'} {topic}")
+        else:
+            click.echo(f"keeping {topic}: {reason}")
+    if dry_run:
+        click.echo(f"{len(doomed)} reply topics of ended batches to delete")
+        return
+    failed = asyncio.run(delete_topics(settings, doomed)) if doomed else {}
+    if failed:
+        kept = ", ".join(f"{topic} (error {code})" for topic, code in sorted(failed.items()))
+        raise click.ClickException(f"the broker did not delete {len(failed)} of them: {kept}")
+    click.echo(f"{len(doomed)} reply topics of ended batches deleted")
+
+
 def _doc(batch_id: str, tenant: str | None) -> BatchDoc:
     from tokenbus.batch.store import BatchStore, NotFound
 

@@ -4,6 +4,7 @@ cancel, expiry, and the runner and the job killed mid-batch."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
@@ -24,7 +25,7 @@ from schemas import SchemaError, UsageEvent, UsageStatus, decode
 from tests.integration.conftest import BridgeProcess, bridge_key, eventually, start_bridge
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
-from tokenbus.kafka import make_consumer
+from tokenbus.kafka import delete_topics, ensure_topics, make_consumer, topic_names
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
@@ -406,3 +407,52 @@ def test_the_cli_submits_follows_and_collects_a_batch(stack: Stack, tmp_path: Pa
     assert again.returncode != 0 and b"completed already" in again.stderr
     refused = tokenbus("submit", str(path), "--tenant", "batch-cli", "--window", "forever")
     assert refused.returncode != 0 and b"invalid_completion_window" in refused.stderr
+
+
+def test_prune_topics_deletes_the_reply_topics_of_ended_batches_only(
+    stack: Stack, tmp_path: Path
+) -> None:
+    from tokenbus_cli.stack import REPO_ROOT, settings_env
+
+    env = settings_env(stack.settings)
+    topics = Topics(stack.settings.topic_prefix)
+    tenant = "batch-prune"
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(batch_input(f"prune{int(time.time())}", 3, max_tokens=2))
+
+    def tokenbus(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "tokenbus_cli.cli", "batch", *args],
+            env=env, cwd=REPO_ROOT, capture_output=True, timeout=180,
+        )  # fmt: skip
+
+    submitted = tokenbus("submit", str(path), "--tenant", tenant)
+    assert submitted.returncode == 0, submitted.stderr.decode()
+    batch_id = submitted.stdout.decode().splitlines()[0]
+    ended = topics.batch_replies(tenant, batch_id)
+    # A batch topic the store does not know (its document lost, or another cluster's).
+    unknown = topics.batch_replies(tenant, "batch_0000unknown0000")
+    asyncio.run(ensure_topics(stack.settings, {unknown: 1}))
+    try:
+        assert {ended, unknown} <= asyncio.run(topic_names(stack.settings))
+        recent = tokenbus("prune-topics", "--tenant", tenant, "--older-than", "1d")
+        assert recent.returncode == 0, recent.stderr.decode()
+        assert f"keeping {ended}: the batch ended".encode() in recent.stdout
+        assert f"keeping {unknown}: no status document in the store".encode() in recent.stdout
+
+        time.sleep(1.1)  # the batch ended over a second ago
+        dry = tokenbus("prune-topics", "--tenant", tenant, "--older-than", "1s", "--dry-run")
+        assert f"would delete {ended}".encode() in dry.stdout, dry.stdout.decode()
+        assert ended in asyncio.run(topic_names(stack.settings))
+        pruned = tokenbus("prune-topics", "--tenant", tenant, "--older-than", "1s")
+        assert pruned.returncode == 0, pruned.stderr.decode()
+        assert b"1 reply topics of ended batches deleted" in pruned.stdout, pruned.stdout.decode()
+        left = asyncio.run(topic_names(stack.settings))
+        assert ended not in left and unknown in left
+        # The batch's results are its files, which stay.
+        results = tokenbus("results", batch_id)
+        assert len([row for row in results.stdout.split(b"\n") if row]) == 3
+        bad = tokenbus("prune-topics", "--older-than", "soon")
+        assert bad.returncode != 0 and b"is not a duration" in bad.stderr
+    finally:
+        asyncio.run(delete_topics(stack.settings, [unknown]))
