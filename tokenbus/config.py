@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     start from the end, and a report minutes old says nothing about now; left at the
     broker's default (7 days on Kafka), each worker's two heartbeats a second would pile
     up for a week."""
+    content_topic_retention_ms: int = Field(default=86_400_000, ge=3_600_000)
+    """How long the topics that carry prompts and generated text keep them (their
+    ``retention.ms``, set when tokenbus creates them): the request topics, each worker's
+    topic and every client's reply topic, but a batch's (``batch_topic_retention_ms``).
+    tokenbus needs a record there for minutes (until its request is forwarded, adopted
+    after a restart, or read back on failover); Kafka's default would keep every prompt
+    and answer for 7 days. At least an hour."""
     kafka_acks: int | str = "all"
     kafka_idempotence: bool | None = None
     """Idempotent producers; unset: on with the ``kafka`` profile, off with ``tansu``

@@ -127,6 +127,7 @@ def topic_plan(settings: Settings) -> TopicPlan:
         Topics(settings.topic_prefix),
         live_retention_ms=settings.live_topic_retention_ms,
         batch_retention_ms=settings.batch_topic_retention_ms,
+        content_retention_ms=settings.content_topic_retention_ms,
     )
 
 

@@ -30,6 +30,10 @@ class Topics:
         """Requests the dispatcher forwarded to one worker, keyed by tenant."""
         return f"{self.prefix}.worker.{worker_id}"
 
+    def is_worker_topic(self, topic: str) -> bool:
+        root = self.worker("")
+        return topic.startswith(root) and len(topic) > len(root)
+
     def replies(self, client_id: str) -> str:
         """One client's TokenChunkBatches, keyed by tenant (``reply_batch_key``)."""
         return f"{self.prefix}.replies.{client_id}"
@@ -129,6 +133,9 @@ class TopicPlan:
       stays (a removal's empty record too, for ``delete.retention.ms``).
     - ``heartbeats`` and ``load`` are read from their end; a record there is stale in
       seconds. They keep ``live_retention_ms``.
+    - The request topics, each worker's topic and every client's reply topic carry
+      prompts and generated text, which tokenbus needs there for minutes: they keep
+      ``content_retention_ms`` rather than Kafka's 7 days.
     - ``batches`` (read from its start on every assignment of the runners' group) and
       each batch's reply topic (its durable log, read whole when the batch resumes and
       again when it ends) must outlive the longest batch: ``batch_retention_ms``, the
@@ -142,10 +149,13 @@ class TopicPlan:
     topics: Topics
     live_retention_ms: int
     batch_retention_ms: int
+    content_retention_ms: int
 
     def named(self) -> dict[str, dict[str, str]]:
         """The configs of the topics the stack creates by name (``tokenbus topics``)."""
+        content = _retention(self.content_retention_ms)
         return {
+            **{requests: dict(content) for requests in self.topics.all_requests},
             self.topics.budgets: {"cleanup.policy": "compact"},
             self.topics.heartbeats: _retention(self.live_retention_ms),
             self.topics.load: _retention(self.live_retention_ms),
@@ -156,6 +166,8 @@ class TopicPlan:
         """``topic``'s configs, or None for the broker's defaults."""
         if self.topics.is_batch_reply_topic(topic):
             return _retention(self.batch_retention_ms)
+        if self.topics.is_reply_topic(topic) or self.topics.is_worker_topic(topic):
+            return _retention(self.content_retention_ms)
         return self.named().get(topic)
 
 

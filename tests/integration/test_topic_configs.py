@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from producers import TokenbusClient
 from tokenbus.config import Settings
-from tokenbus.kafka import delete_topics, topic_configs_of
+from tokenbus.kafka import delete_topics, topic_configs_of, topic_names
 from tokenbus.topics import Topics
 from tokenbus_cli import cli
 from tokenbus_cli.stack import stack_topics
@@ -30,6 +30,21 @@ async def test_the_stack_compacts_budgets_and_expires_heartbeats(settings: Setti
     batches = configs[topics.batches]
     assert batches.get("retention.ms") == str(settings.batch_topic_retention_ms), batches
     assert "retention.ms" not in configs[topics.usage]  # the broker's default
+
+
+async def test_prompts_and_answers_keep_the_content_retention(
+    settings: Settings, client: TokenbusClient
+) -> None:
+    topics = Topics(settings.topic_prefix)
+    workers = [t for t in await topic_names(settings) if topics.is_worker_topic(t)]
+    assert workers, "the stack's worker made no topic"
+    names = [*topics.all_requests, *workers, client.reply_topic]
+    configs = await topic_configs_of(settings, names)
+    for name in names:
+        assert configs[name].get("retention.ms") == str(settings.content_topic_retention_ms), (
+            name,
+            configs[name],
+        )
 
 
 async def test_a_batch_reply_topic_outlives_the_longest_batch(settings: Settings) -> None:

@@ -7,7 +7,13 @@ from tokenbus.kafka import topic_plan
 from tokenbus.topics import ConfigDrift, TopicPlan, Topics, config_drift
 from tokenbus_cli.stack import stack_topics
 
-PLAN = TopicPlan(Topics("t"), live_retention_ms=120_000, batch_retention_ms=900_000)
+PLAN = TopicPlan(
+    Topics("t"),
+    live_retention_ms=120_000,
+    batch_retention_ms=900_000,
+    content_retention_ms=5_000_000,
+)
+CONTENT = {"retention.ms": "5000000", "segment.ms": "5000000"}
 
 
 def test_budgets_are_compacted_and_live_topics_expire() -> None:
@@ -15,10 +21,23 @@ def test_budgets_are_compacted_and_live_topics_expire() -> None:
     assert PLAN.configs(topics.budgets) == {"cleanup.policy": "compact"}
     for live in (topics.heartbeats, topics.load):
         assert PLAN.configs(live) == {"retention.ms": "120000", "segment.ms": "120000"}
-    # The request path's topics keep the broker's retention: a forward is looked up in
-    # its worker's topic, usage waits there until billing has it.
-    for plain in (*topics.all_requests, topics.usage, topics.cancels, topics.worker("w")):
-        assert PLAN.configs(plain) is None
+    # Usage waits until billing has it, spans until their sink does, dead letters until
+    # an operator looks: the broker's retention.
+    for plain in (topics.usage, topics.cancels, topics.spans, topics.dead_letters):
+        assert PLAN.configs(plain) is None, plain
+
+
+def test_prompts_and_answers_are_kept_for_the_content_retention() -> None:
+    topics = PLAN.topics
+    for content in (
+        *topics.all_requests,
+        topics.worker("gpu-0"),
+        topics.replies("bridge-01abc"),
+        topics.replies("acme.client-1"),
+        topics.replies("acme.client-1") + ".3",  # a rolled one
+    ):
+        assert PLAN.configs(content) == CONTENT, content
+    assert PLAN.configs(topics.worker("")) is None  # no worker's: not a worker topic
 
 
 def test_a_batch_and_its_reply_topic_outlive_the_batch() -> None:
@@ -26,14 +45,15 @@ def test_a_batch_and_its_reply_topic_outlive_the_batch() -> None:
     batch = {"retention.ms": "900000", "segment.ms": "900000"}
     assert PLAN.configs(topics.batches) == batch
     assert PLAN.configs(topics.batch_replies("acme-1", "batch_0123456789ab")) == batch
-    # A client's reply topic, a batch reply topic's roll or another prefix's: defaults.
+    # Not a batch's: a client's reply topic, one named like a batch's but not one, a
+    # batch reply topic's roll (the bundled broker's only) and another prefix's.
     for other in (
         topics.replies("bridge-abc"),
         topics.replies("acme.batch-nope"),
         topics.batch_replies("acme", "batch_0123456789ab") + ".1",
-        Topics("u").batch_replies("acme", "batch_0123456789ab"),
     ):
-        assert PLAN.configs(other) is None, other
+        assert PLAN.configs(other) == CONTENT, other
+    assert PLAN.configs(Topics("u").batch_replies("acme", "batch_0123456789ab")) is None
 
 
 def test_the_settings_give_a_batch_a_day_beyond_the_longest_window() -> None:
@@ -42,6 +62,7 @@ def test_the_settings_give_a_batch_a_day_beyond_the_longest_window() -> None:
     assert plan.named().keys() <= stack_topics(settings).keys()
     assert plan.configs(Topics("p").heartbeats) == {"retention.ms": "60000", "segment.ms": "60000"}
     assert plan.batch_retention_ms == (3600 + 86_400) * 1000
+    assert plan.content_retention_ms == 86_400_000
 
 
 def test_drift_names_each_missing_or_different_config() -> None:
