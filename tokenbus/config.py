@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     content_topic_retention_ms: int = Field(default=86_400_000, ge=3_600_000)
     """How long the topics that carry prompts and generated text keep them (their
     ``retention.ms``, set when tokenbus creates them): the request topics, each worker's
-    topic and every client's reply topic, but a batch's (``batch_topic_retention_ms``).
+    topic and every client's reply topic (a batch's keeps ``batch_topic_retention_ms``).
     tokenbus needs a record there for minutes (until its request is forwarded, adopted
     after a restart, or read back on failover); Kafka's default would keep every prompt
     and answer for 7 days. At least an hour."""
