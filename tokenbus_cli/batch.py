@@ -166,6 +166,9 @@ def prune_topics(older_than: str, tenant: str | None, dry_run: bool) -> None:
     Nothing else deletes them: a batch's topic is its results log while it runs, and
     after its end retention empties it but leaves the topic. A topic whose batch is not
     in the store, or has not ended that long ago, stays (tokenbus.batch.prune)."""
+    import re
+
+    from schemas import TENANT_ID_PATTERN
     from tokenbus.batch.prune import keep_reason
     from tokenbus.batch.store import BatchStore, NotFound
     from tokenbus.batch.submit import parse_window
@@ -179,6 +182,8 @@ def prune_topics(older_than: str, tenant: str | None, dry_run: bool) -> None:
             f"{older_than!r} is not a duration such as '7d', '12h' or '30m'",
             param_hint="--older-than",
         ) from None
+    if tenant is not None and re.fullmatch(TENANT_ID_PATTERN, tenant) is None:
+        raise click.BadParameter(f"{tenant!r} is not a tenant id", param_hint="--tenant")
     settings = _settings()
     topics, store = Topics(settings.topic_prefix), BatchStore(settings.batch_store)
     now = time.time()

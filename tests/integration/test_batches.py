@@ -454,5 +454,7 @@ def test_prune_topics_deletes_the_reply_topics_of_ended_batches_only(
         assert len([row for row in results.stdout.split(b"\n") if row]) == 3
         bad = tokenbus("prune-topics", "--older-than", "soon")
         assert bad.returncode != 0 and b"is not a duration" in bad.stderr
+        bad = tokenbus("prune-topics", "--tenant", "../etc")
+        assert bad.returncode != 0 and b"is not a tenant id" in bad.stderr
     finally:
         asyncio.run(delete_topics(stack.settings, [unknown]))
