@@ -175,6 +175,18 @@ async def topic_names(settings: Settings) -> set[str]:
         await admin.close()
 
 
+async def broker_count(settings: Settings) -> int:
+    """How many brokers the cluster's metadata lists."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
+    )
+    await admin.start()
+    try:
+        return len((await admin.describe_cluster())["brokers"])
+    finally:
+        await admin.close()
+
+
 async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, str]]:
     """The configs the broker describes for each existing topic of ``names`` (a topic it
     does not know is left out)."""

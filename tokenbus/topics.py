@@ -198,3 +198,17 @@ def config_drift(
         for name, value in configs.items()
         if have[topic].get(name) != value
     ]
+
+
+def replication_advice(replication_factor: int, num_brokers: int) -> str | None:
+    """What to say when topics are made with fewer copies than the cluster allows (up to
+    3, Kafka's usual), else None. Pure."""
+    wanted = min(3, num_brokers)
+    if replication_factor >= wanted:
+        return None
+    return (
+        f"topics are made with replication factor {replication_factor} on a cluster of "
+        f"{num_brokers} brokers: a broker lost loses the records it held alone; set "
+        f"TOKENBUS_REPLICATION_FACTOR={wanted} (and min.insync.replicas={wanted - 1} on the "
+        "brokers, for acks=all to mean it)"
+    )

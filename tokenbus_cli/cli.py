@@ -159,28 +159,32 @@ def down() -> None:
 
 @main.command()
 @click.option(
-    "--check", is_flag=True, help="Exit with status 1 if an existing topic's configs differ."
+    "--check",
+    is_flag=True,
+    help="Exit with status 1 if an existing topic's configs differ, or replication is short.",
 )
 def topics(check: bool) -> None:
     """Create tokenbus's topics on the configured Kafka cluster (those missing), with
     their configs; say which existing topics' configs differ from them."""
     from tokenbus.kafka import (
+        broker_count,
         ensure_topics,
         topic_config_drift,
         topic_plan,
         wait_for_broker,
     )
-    from tokenbus.topics import ConfigDrift
+    from tokenbus.topics import ConfigDrift, replication_advice
     from tokenbus_cli.stack import stack_topics
 
     settings = Settings()
 
-    async def run() -> list[ConfigDrift]:
+    async def run() -> tuple[list[ConfigDrift], int]:
         await wait_for_broker(settings, timeout_s=120)
         await ensure_topics(settings, stack_topics(settings))
-        return await topic_config_drift(settings)
+        return await topic_config_drift(settings), await broker_count(settings)
 
-    drift = asyncio.run(run())
+    drift, num_brokers = asyncio.run(run())
+    advice = replication_advice(settings.replication_factor, num_brokers)
     configs = topic_plan(settings).named()
     for name, partitions in stack_topics(settings).items():
         planned = "".join(f", {k}={v}" for k, v in configs.get(name, {}).items())
@@ -196,7 +200,9 @@ def topics(check: bool) -> None:
             f"--add-config {item.name}={item.want}",
             err=True,
         )
-    if drift and check:
+    if advice is not None:
+        click.echo(f"warning: {advice}", err=True)
+    if check and (drift or advice is not None):
         raise SystemExit(1)
 
 

@@ -102,3 +102,5 @@ def test_topics_check_fails_on_a_budgets_topic_made_without_compaction(
     # The topics it had to create got their configs; only the old one drifts.
     assert created[topics.heartbeats].get("retention.ms") == str(ours.live_topic_retention_ms)
     assert "heartbeats existed before" not in checked.output
+    # One broker: one copy is all there can be, so no word on replication.
+    assert "replication factor" not in checked.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokenbus.config import Settings
 from tokenbus.kafka import topic_plan
-from tokenbus.topics import ConfigDrift, TopicPlan, Topics, config_drift
+from tokenbus.topics import ConfigDrift, TopicPlan, Topics, config_drift, replication_advice
 from tokenbus_cli.stack import stack_topics
 
 PLAN = TopicPlan(
@@ -81,3 +81,14 @@ def test_drift_names_each_missing_or_different_config() -> None:
 def test_no_drift_where_the_configs_match() -> None:
     want = {"b": {"cleanup.policy": "compact"}}
     assert config_drift(want, {"b": {"cleanup.policy": "compact", "x": "y"}}) == []
+
+
+def test_replication_below_what_the_cluster_allows_is_called_out() -> None:
+    assert replication_advice(1, 1) is None  # the bundled broker: one copy is all
+    assert replication_advice(3, 5) is None
+    assert replication_advice(2, 2) is None
+    advice = replication_advice(1, 3)
+    assert advice is not None
+    assert "replication factor 1 on a cluster of 3 brokers" in advice
+    assert "TOKENBUS_REPLICATION_FACTOR=3" in advice and "min.insync.replicas=2" in advice
+    assert "TOKENBUS_REPLICATION_FACTOR=2" in (replication_advice(1, 2) or "")
