@@ -210,5 +210,6 @@ def replication_advice(replication_factor: int, num_brokers: int) -> str | None:
         f"topics are made with replication factor {replication_factor} on a cluster of "
         f"{num_brokers} brokers: a broker lost loses the records it held alone; set "
         f"TOKENBUS_REPLICATION_FACTOR={wanted} (and min.insync.replicas={wanted - 1} on the "
-        "brokers, for acks=all to mean it)"
+        "brokers, for acks=all to mean it); topics made already keep their copies until "
+        "kafka-reassign-partitions.sh adds replicas"
     )
