@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -163,38 +163,35 @@ async def ensure_topics(
         await admin.close()
 
 
-async def topic_names(settings: Settings) -> set[str]:
-    """Every topic the broker knows."""
+@contextlib.asynccontextmanager
+async def _admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An admin client of the configured cluster, started, and closed after use."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
     )
     await admin.start()
     try:
-        return set(await admin.list_topics())
+        yield admin
     finally:
         await admin.close()
+
+
+async def topic_names(settings: Settings) -> set[str]:
+    """Every topic the broker knows."""
+    async with _admin(settings) as admin:
+        return set(await admin.list_topics())
 
 
 async def broker_count(settings: Settings) -> int:
     """How many brokers the cluster's metadata lists."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
-    )
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         return len((await admin.describe_cluster())["brokers"])
-    finally:
-        await admin.close()
 
 
 async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str, dict[str, str]]:
     """The configs the broker describes for each existing topic of ``names`` (a topic it
     does not know is left out)."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap, request_timeout_ms=settings.request_timeout_ms
-    )
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         wanted = set(names) & set(await admin.list_topics())
         if not wanted:
             return {}
@@ -213,8 +210,6 @@ async def topic_configs_of(settings: Settings, names: Iterable[str]) -> dict[str
                     if entry["config_value"] is not None
                 }
         return described
-    finally:
-        await admin.close()
 
 
 async def topic_config_drift(settings: Settings) -> list[ConfigDrift]:
@@ -226,17 +221,14 @@ async def topic_config_drift(settings: Settings) -> list[ConfigDrift]:
 
 async def delete_topics(settings: Settings, names: Iterable[str]) -> dict[str, int]:
     """Deletes the topics; returns those the broker did not delete, with its error code.
-    Never raises on a broker error: most callers delete as housekeeping, where an old
-    reply topic left behind does no harm (and an unreachable broker leaves them all)."""
+    A refused deletion does not raise (most callers delete as housekeeping, where an old
+    reply topic left behind does no harm); a broker that cannot be reached does."""
     wanted = list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await admin.start()
-    try:
-        response = await admin.delete_topics(wanted)
-    except KafkaError as exc:
-        return dict.fromkeys(wanted, getattr(exc, "errno", -1))
-    finally:
-        await admin.close()
+    async with _admin(settings) as admin:
+        try:
+            response = await admin.delete_topics(wanted)
+        except KafkaError as exc:
+            return dict.fromkeys(wanted, getattr(exc, "errno", -1))
     errors = response.to_object()["topic_error_codes"]
     return {each["topic"]: each["error_code"] for each in errors if each["error_code"] != 0}
 
