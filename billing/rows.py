@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.usage_codec import Usage
+from billing.usage_codec import MAX_COUNT, Usage
 from schemas import FinishReason, UsageStatus
 from tokenbus.pricing import NanoCharge
 
@@ -53,17 +53,21 @@ class UnstorableEvent(ValueError):
 
 
 def check_storable(event: Usage) -> None:
-    """Raises UnstorableEvent for an event no row can hold (a negative count)."""
+    """Raises UnstorableEvent for an event no row can hold: a count that is negative or
+    past its UInt32 column (ClickHouse would refuse the whole insert, every retry)."""
     if (
-        event.attempt >= 0
-        and event.num_prompt_tokens >= 0
-        and event.num_completion_tokens >= 0
-        and event.num_cached_tokens >= 0
+        0 <= event.attempt <= MAX_COUNT
+        and 0 <= event.num_prompt_tokens <= MAX_COUNT
+        and 0 <= event.num_completion_tokens <= MAX_COUNT
+        and 0 <= event.num_cached_tokens <= MAX_COUNT
     ):
         return  # every field of _UNSIGNED_FIELDS: the common case, without getattr
     for name in _UNSIGNED_FIELDS:
-        if getattr(event, name) < 0:
-            raise UnstorableEvent(f"{name} must not be negative, got {getattr(event, name)}")
+        value = getattr(event, name)
+        if value < 0:
+            raise UnstorableEvent(f"{name} must not be negative, got {value}")
+        if value > MAX_COUNT:
+            raise UnstorableEvent(f"{name} must be at most {MAX_COUNT}, got {value}")
 
 
 def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> list[Sequence[Any]]:
@@ -85,7 +89,16 @@ def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> lis
     prompt = [e.num_prompt_tokens for e in events]
     completion = [e.num_completion_tokens for e in events]
     cached = [e.num_cached_tokens for e in events]
-    if min(attempt) < 0 or min(prompt) < 0 or min(completion) < 0 or min(cached) < 0:
+    if (
+        min(attempt) < 0
+        or min(prompt) < 0
+        or min(completion) < 0
+        or min(cached) < 0
+        or max(attempt) > MAX_COUNT
+        or max(prompt) > MAX_COUNT
+        or max(completion) > MAX_COUNT
+        or max(cached) > MAX_COUNT
+    ):
         for event in events:
             check_storable(event)  # raises, naming the field
     values = _VALUES

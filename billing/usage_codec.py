@@ -11,9 +11,10 @@ topic. One difference is left: a timestamp with more than six decimals of a seco
 rounded to the microsecond here and cut there; producers write microseconds at most.
 ``UsageEvent`` stays the public schema; this is its reading on the sink's path.
 
-The strict reading also refuses the negative counts that no row can hold
-(``billing.rows.check_storable``): such a record goes through ``schemas.decode`` and is
-dead-lettered with that check's reason, so every ``UsageRecord`` is storable.
+The strict reading also refuses the counts that no row can hold, negative or past the
+UInt32 columns (``billing.rows.check_storable``): such a record goes through
+``schemas.decode`` and is dead-lettered with that check's reason, so every
+``UsageRecord`` is storable.
 ``decode_usages`` reads a whole fetch that way in one call, without a Python frame per
 record; the sink takes the record-by-record path only for a fetch it refuses.
 """
@@ -31,8 +32,10 @@ from schemas import SCHEMA_VERSION, FinishReason, UsageEvent, UsageStatus
 
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """Within what orjson reads as an integer (``schemas.decode`` refuses larger ones)."""
-_Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-"""A count a row holds (an unsigned column): a negative one takes the pydantic path."""
+MAX_COUNT = 2**32 - 1
+"""The largest attempt or token count a row holds: those columns are UInt32."""
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+"""A count a row holds (a UInt32 column): one out of range takes the pydantic path."""
 _Tier = Annotated[int, msgspec.Meta(ge=0, le=2)]
 
 

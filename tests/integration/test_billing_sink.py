@@ -216,6 +216,9 @@ async def test_usage_lands_once_bad_records_are_dead_lettered_and_offsets_commit
     # A redelivered copy of one event, as after a sink crash between insert and commit.
     records.append(records[5])
     records.append((b"tenant-0", malformed))
+    # A count past its UInt32 column: ClickHouse would refuse every insert that held it.
+    too_many = events[0].model_copy(update={"request_id": "req_huge", "num_prompt_tokens": 2**32})
+    records.append((b"tenant-0", encode(too_many)))
     ends = await _produce(settings, records)
 
     health = await _until(lambda: _health(settings), "the billing query server")
@@ -247,25 +250,31 @@ async def test_usage_lands_once_bad_records_are_dead_lettered_and_offsets_commit
         {(e.tenant_id, e.session_id) for e in events}
     )
 
-    letters = await _until(lambda: _dead_letters(settings), "the dead letter")
-    assert len(letters) == 1
-    [letter] = letters
-    assert letter.source_topic == Topics(settings.topic_prefix).usage
-    assert letter.consumer == billing_group_id(settings)
+    async def both_letters() -> list[DeadLetter] | None:
+        letters = await _dead_letters(settings)
+        return letters if len(letters) == 2 else None
+
+    letters = await _until(both_letters, "the two dead letters")
+    letter, huge = sorted(letters, key=lambda d: d.payload != malformed.decode())
+    for each in letters:
+        assert each.source_topic == Topics(settings.topic_prefix).usage
+        assert each.consumer == billing_group_id(settings)
     assert "invalid UsageEvent" in letter.reason and "session_id" in letter.reason
     assert letter.payload == malformed.decode()
+    assert f"num_prompt_tokens must be at most {2**32 - 1}" in huge.reason
+    assert "req_huge" in huge.payload
 
     async def caught_up() -> bool:
         return await _committed(settings, ends) == ends
 
     await _until(caught_up, "the committed offsets to reach the end offsets")
-    assert sum(ends.values()) == NUM_EVENTS + 2
+    assert sum(ends.values()) == NUM_EVENTS + 3
 
     health = await _health(settings)
     assert health is not None
     assert health["num_inserted"] == NUM_EVENTS  # the copy was left out ...
     assert health["num_duplicates"] == 1  # ... and counted as such
-    assert health["num_dead_letters"] == 1
+    assert health["num_dead_letters"] == 2
     assert health["chdb_path"] == str((settings.home / "clickhouse").resolve())
 
 

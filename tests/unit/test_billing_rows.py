@@ -62,10 +62,14 @@ def test_timestamps_are_utc_and_naive_ones_are_taken_as_utc() -> None:
     assert row["finished_at"].tzinfo is UTC
 
 
-@pytest.mark.parametrize("field", ["attempt", "num_prompt_tokens", "num_cached_tokens"])
-def test_negative_counts_cannot_be_stored(field: str) -> None:
-    with pytest.raises(UnstorableEvent, match=field):
-        usage_row(_event(**{field: -1}), CHARGE)
+@pytest.mark.parametrize("value", [-1, 2**32])
+@pytest.mark.parametrize(
+    "field", ["attempt", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens"]
+)
+def test_counts_out_of_their_columns_range_cannot_be_stored(field: str, value: int) -> None:
+    with pytest.raises(UnstorableEvent, match=f"{field} must .* got {value}"):
+        usage_row(_event(**{field: value}), CHARGE)
+    usage_row(_event(**{field: 2**32 - 1}), CHARGE)  # the column's largest value is fine
 
 
 def test_the_charge_and_the_new_usage_fields_have_columns() -> None:
@@ -144,10 +148,12 @@ def test_columns_of_aware_events_alone_are_the_same_ticks() -> None:
     assert [list(c) for c in columns] == _by_column([usage_row(e, CHARGE) for e in events])
 
 
-def test_columns_of_nothing_are_empty_and_a_negative_count_is_refused() -> None:
+def test_columns_of_nothing_are_empty_and_a_count_out_of_range_is_refused() -> None:
     assert usage_columns([], []) == [[] for _ in USAGE_COLUMNS]
     with pytest.raises(UnstorableEvent, match="num_cached_tokens"):
         usage_columns([_event(), _event(num_cached_tokens=-1)], [_nanos(CHARGE)] * 2)
+    with pytest.raises(UnstorableEvent, match="num_completion_tokens"):
+        usage_columns([_event(), _event(num_completion_tokens=2**32)], [_nanos(CHARGE)] * 2)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ ACCEPTED_BY_BOTH = [
     _raw(),
     _raw(attempt=3, priority=0, overload_tier=2, flags=["peak"], adapter="sql", last_seq=9),
     _raw(worker_id=None, ttft_ms=None, error_code="oom", status="failed", finish_reason="error"),
-    _raw(num_prompt_tokens=2**40, queue_ms=5, total_ms=1.5e3, key_sha256="ab" * 32),
+    _raw(num_prompt_tokens=2**32 - 1, queue_ms=5, total_ms=1.5e3, key_sha256="ab" * 32),
     _raw(created_at="2026-01-01T12:00:00", schema_version=1),  # naive: both keep it naive
     _raw(created_at="2026-01-01T14:00:00.123456+02:00"),
 ]
@@ -118,18 +118,19 @@ def test_times_read_strictly_are_the_same_instants() -> None:
     assert fast.finished_at == datetime(2026, 1, 1, 10, 0, 1, 250_000, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("value", [-1, 2**32])
 @pytest.mark.parametrize("field", ["attempt", "num_prompt_tokens", "num_cached_tokens"])
-def test_a_negative_count_is_read_by_pydantic_which_keeps_it_for_the_sink_to_refuse(
-    field: str,
+def test_a_count_no_row_holds_is_read_by_pydantic_which_keeps_it_for_the_sink_to_refuse(
+    field: str, value: int
 ) -> None:
-    raw = _raw(**{field: -1})
+    raw = _raw(**{field: value})
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(raw, type=UsageRecord)
 
     event = decode_usage(raw)
 
     assert isinstance(event, UsageEvent)
-    assert getattr(event, field) == -1
+    assert getattr(event, field) == value
 
 
 def test_a_fetch_is_read_strictly_in_one_call_as_record_by_record() -> None:
