@@ -2,7 +2,8 @@
 
 Pure: no I/O. The checks run in the order a client can act on: model access (403),
 then whether the model exists (404; after access, so that a tenant learns nothing of
-the models it may not use), prompt size in characters, then in tokens (413), content
+the models it may not use), prompt size in characters, then in tokens (413; a chat
+template that refuses the messages, as ``raise_exception`` does, is a 400), content
 screening of a normalized copy (flag or 400; the prompt itself goes on as sent, see
 ``bridge.hygiene``), output length (capped to the tenant's limit, flagged), the token's
 quota balance (429).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import jinja2
 
 from bridge.auth import Caller
 from bridge.errors import (
@@ -71,7 +74,14 @@ class Planner:
         ]
         texts = [m.content for m in messages]
         self._check_chars(texts, "messages")
-        num_prompt = self._counter.count_chat([(m.role, m.content) for m in messages])
+        try:
+            num_prompt = self._counter.count_chat([(m.role, m.content) for m in messages])
+        except jinja2.TemplateError as exc:
+            # The model's template refuses these messages (roles out of order, a role it
+            # does not know): the engine would refuse them too, so it is the client's 400.
+            raise invalid_request(
+                str(exc) or "The model's chat template refused the messages.", "messages"
+            ) from None
         requested = body.max_completion_tokens or body.max_tokens
         return self._plan(
             body, caller, texts, num_prompt, requested, CHAT_DEFAULT_MAX_TOKENS, messages=messages

@@ -9,7 +9,7 @@ from bridge.auth import Caller
 from bridge.errors import ApiError
 from bridge.hygiene import INJECTION_FLAG, PatternScreen
 from schemas.openai_api import ChatCompletionRequest, CompletionRequest
-from tokenbus.prompt_tokens import PromptCounter
+from tokenbus.prompt_tokens import ChatTemplate, PromptCounter
 from tokenbus.tenants import TenantConfig
 
 TENANT = TenantConfig(
@@ -18,6 +18,13 @@ TENANT = TenantConfig(
 
 
 KNOWN_MODELS = {"tiny-llama", "other-model"}
+ALTERNATING_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    "{% endif %}[{{ m['role'] }}] {{ m['content'] }}"
+    "{% endfor %}"
+)
 
 
 def planner(max_prompt_chars: int = 10_000) -> Planner:
@@ -122,6 +129,25 @@ def test_access_is_checked_before_existence() -> None:
         with pytest.raises(ApiError) as caught:
             planner().plan_completion(completion(model=model), caller())
         assert status(caught) == (403, "model_not_allowed", "model")
+
+
+def test_messages_the_chat_template_refuses_are_a_400_in_its_words() -> None:
+    # Mistral's and Llama 2's templates: roles must alternate, no system role.
+    strict = Planner(
+        PatternScreen.create(None, None),
+        PromptCounter(None, ChatTemplate(ALTERNATING_TEMPLATE, {})),
+        max_prompt_chars=10_000,
+        knows_model=KNOWN_MODELS.__contains__,
+    )
+    assert strict.plan_chat(chat_body({"role": "user", "content": "hi"}), caller())
+    with pytest.raises(ApiError) as caught:
+        strict.plan_chat(
+            chat_body({"role": "user", "content": "a"}, {"role": "user", "content": "b"}),
+            caller(),
+        )
+    assert status(caught) == (400, "invalid_value", "messages")
+    assert caught.value.type == "invalid_request_error"
+    assert caught.value.message == "Conversation roles must alternate user/assistant"
 
 
 def test_model_outside_the_tenant_is_403() -> None:
