@@ -26,17 +26,20 @@ from batches.metrics import RunnerMetrics
 from batches.pacing import Pacer, Shares, create_pacer
 from batches.run import BatchRun
 from schemas import LoadReport, SchemaError, decode
-from schemas.batches import BatchCommand
+from schemas.batches import BatchCommand, BatchDoc
 from tokenbus.batch.commands import command_key
 from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
 from tokenbus.kafka import make_consumer, make_producer, publisher
+from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
 RETRY_S = 5.0
 """A failed run of a batch starts again after this."""
+STORE_BACKOFF = Backoff(initial_s=0.5, max_s=30.0)
+"""A status document that could not be read is read again after these waits, until it is."""
 
 
 def runner_group_id(settings: Settings) -> str:
@@ -147,12 +150,10 @@ class Runner:
             return
         if running is not None and not running.task.done():
             return  # a create read again after a rebalance: it runs already
-        try:
-            doc = await asyncio.to_thread(self._store.batch, *key)
-        except NotFound:
-            log.warning("%s/%s: no status document in the store; skipped", *key)
-            return
-        if doc.is_terminal:
+        # The command loop waits for the store: no batch can start without its document,
+        # and a batch skipped here would stay in_progress until the next rebalance.
+        doc = await self._read_doc(key)
+        if doc is None or doc.is_terminal:
             return
         run = BatchRun(
             self._settings, self._store, doc, self._pacer_factory(), self._metrics, self._producer
@@ -173,8 +174,8 @@ class Runner:
                 except Exception:
                     log.exception("%s/%s: the run failed; resuming in %g s", *key, RETRY_S)
                 await asyncio.sleep(RETRY_S)
-                doc = await asyncio.to_thread(self._store.batch, *key)
-                if doc.is_terminal:
+                doc = await self._read_doc(key)
+                if doc is None or doc.is_terminal:
                     return
                 cancelled = run.cancel_requested
                 run = BatchRun(
@@ -190,6 +191,24 @@ class Runner:
             close = getattr(run.pacer, "close", None)
             if close is not None:
                 close()  # its share of the pacer's limit goes to the other batches
+
+    async def _read_doc(self, key: tuple[str, str]) -> BatchDoc | None:
+        """The batch's status document, read again with ``STORE_BACKOFF`` while the store
+        fails; None if the store has no such batch (it is skipped). Only a cancel of
+        the caller's task ends the wait."""
+        docs: list[BatchDoc | None] = []
+
+        async def read() -> None:
+            try:
+                docs.append(await asyncio.to_thread(self._store.batch, *key))
+            except NotFound:
+                docs.append(None)  # an answer, not a failure: not retried
+
+        what = f"{key[0]}/{key[1]}: reading the batch's status document"
+        await until_done(read, asyncio.Event(), STORE_BACKOFF, what)
+        if docs[0] is None:
+            log.warning("%s/%s: no status document in the store; skipped", *key)
+        return docs[0]
 
     async def _stop_runs(self, partitions: set[int]) -> None:
         stopping = [r for r in self._runs.values() if r.partition in partitions]
