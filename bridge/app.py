@@ -2,7 +2,7 @@
 
 # lifespan --> TokenbusClient (this instance's own reply topic) + heartbeat follower
 # every response --> X-Session-ID / X-Request-ID (new ones when the handler set none)
-# ApiError --> OpenAI's error body with its status and headers
+# ApiError, Starlette's HTTPException (404, 405, a malformed form) --> OpenAI's error body
 
 Each bridge instance owns one reply topic, so instances scale out independently and a
 restart of one never touches the streams of another.
@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiokafka import TopicPartition
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -175,6 +176,13 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         assert isinstance(exc, ApiError)
         return JSONResponse(exc.body(), exc.status, headers={**exc.headers, **ids_of(http)})
 
+    async def http_error(http: Request, exc: Exception) -> Response:
+        # Starlette's own refusals (no route, a method the route lacks, a form it cannot
+        # parse) answer in the same shape as the bridge's, so a client parses one body.
+        assert isinstance(exc, HTTPException)
+        error = _starlette_error(http, exc)
+        return JSONResponse(error.body(), error.status, headers={**error.headers, **ids_of(http)})
+
     async def client_gone(http: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=ids_of(http))
 
@@ -214,6 +222,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         ],
         exception_handlers={
             ApiError: api_error,
+            HTTPException: http_error,
             ClientGone: client_gone,
             Exception: internal_error,
         },
@@ -221,6 +230,22 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
     )
     app.add_middleware(IdsAndMetrics, metrics=metrics)
     return app
+
+
+def _starlette_error(http: Request, exc: HTTPException) -> ApiError:
+    headers = dict(exc.headers or {})  # a 405's Allow
+    if exc.status_code == 404:
+        message = f"Invalid URL ({http.method} {http.url.path})."
+        return ApiError(404, message, type="invalid_request_error", code="not_found")
+    if exc.status_code == 405:
+        message = f"{http.method} is not allowed on {http.url.path}."
+        return ApiError(
+            405, message, type="invalid_request_error", code="method_not_allowed", headers=headers
+        )
+    # A 400 is a body Starlette could not parse (a multipart form without names or bounds).
+    code = "invalid_body" if exc.status_code == 400 else None
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return ApiError(exc.status_code, exc.detail, type=type_, code=code, headers=headers)
 
 
 async def _follow_heartbeats(settings: Settings, served: ServedModels) -> None:

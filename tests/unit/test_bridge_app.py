@@ -1,0 +1,70 @@
+"""The whole bridge app (``create_app``) with no Kafka behind it: what every route shares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from bridge.app import create_app
+from tokenbus.config import Settings
+from tokenbus.tenants import hash_api_key
+
+KEY = "sk-alice-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+class NoBus:
+    """Never called by the routes these tests use."""
+
+    reply_topic = "tokenbus.replies.bridge-test"
+    reply_prefix = "tokenbus.replies.bridge-test"
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Starlette:
+    tenants = {"alice": {"api_key_sha256": [hash_api_key(KEY)], "models": ["tiny-llama"]}}
+    tenants_file = tmp_path / "tenants.json"
+    tenants_file.write_text(json.dumps({"tenants": tenants}))
+    settings = Settings(
+        home=tmp_path,
+        tenants_file=tenants_file,
+        model_path=tmp_path / "no-model",
+        bus_service_secret="unit-test-bus-service-secret-0123456789",
+    )
+    bus: Any = NoBus()
+    return create_app(settings, bus=bus)
+
+
+def assert_openai_error(answer: Any, status: int, code: str | None) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.headers["x-request-id"].startswith("req_")
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["code"] == code
+    return dict(error)
+
+
+def test_starlette_s_own_refusals_answer_in_openai_s_error_shape(app: Starlette) -> None:
+    client = TestClient(app)
+
+    unknown = client.post("/v1/embeddings", headers=AUTH, json={})
+    error = assert_openai_error(unknown, 404, "not_found")
+    assert error["message"] == "Invalid URL (POST /v1/embeddings)."
+
+    wrong_method = client.get("/v1/chat/completions", headers=AUTH)
+    assert_openai_error(wrong_method, 405, "method_not_allowed")
+    assert wrong_method.headers["allow"] == "POST"
+
+    nameless_part = client.post(
+        "/v1/files",
+        headers={**AUTH, "Content-Type": "multipart/form-data; boundary=XX"},
+        content=b"--XX\r\nContent-Disposition: form-data\r\n\r\nv\r\n--XX--\r\n",
+    )
+    error = assert_openai_error(nameless_part, 400, "invalid_body")
+    assert "name" in error["message"]
