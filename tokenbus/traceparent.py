@@ -21,6 +21,9 @@ from collections.abc import Sequence
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.span import _TRACECONTEXT_MAXIMUM_TRACESTATE_LENGTH
 
+MAX_TRACESTATE_LENGTH = _TRACECONTEXT_MAXIMUM_TRACESTATE_LENGTH
+"""The longest ``tracestate`` (its values joined) that ``parse_traceparent`` keeps."""
+
 log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"

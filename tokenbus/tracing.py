@@ -43,6 +43,7 @@ from tokenbus.span_buffer import TENANT_ATTRIBUTE, SpanBuffer
 from tokenbus.span_path import PATH_HEADER
 from tokenbus.topics import Topics
 from tokenbus.traceparent import (
+    MAX_TRACESTATE_LENGTH,
     TRACEPARENT,
     TRACESTATE,
     format_traceparent,
@@ -102,15 +103,25 @@ def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
     """The trace context a record's headers carry; an empty context when they carry none
     or a malformed one (the W3C parser refuses it), so the span opened under it starts a
     trace of its own."""
-    traceparents: list[str] | None = None
+    traceparent: str | None = None
     tracestates: list[str] | None = None
+    length = 0
+    # In one pass, keeping no more than the parser reads: a record with tens of thousands
+    # of headers (a producer can send them) costs time in proportion, and no more.
     for key, value in headers or ():
         if value is None:
             continue
         if key == TRACEPARENT:
-            traceparents = [*(traceparents or ()), value.decode("latin-1")]
+            if traceparent is None:  # the parser reads the first
+                traceparent = value.decode("latin-1")
         elif key == TRACESTATE:
-            tracestates = [*(tracestates or ()), value.decode("latin-1")]
+            if tracestates is None:
+                tracestates = []
+            if length <= MAX_TRACESTATE_LENGTH:  # past it, the parser drops the state
+                state = value.decode("latin-1")
+                tracestates.append(state)
+                length += len(state) + 1
+    traceparents = None if traceparent is None else [traceparent]
     return _context_of(parse_traceparent(traceparents, tracestates))
 
 

@@ -109,6 +109,23 @@ def test_the_first_traceparent_counts_and_a_none_value_is_skipped() -> None:
     assert ours.span_id == int(SPAN, 16) and ours.is_remote
 
 
+@pytest.mark.parametrize("num_fields", [2, 100, 5_000])
+def test_a_record_stuffed_with_trace_headers_reads_as_the_propagator_reads_it(
+    num_fields: int,
+) -> None:
+    # A producer may send any number of headers; the job reads them in one pass, and
+    # keeps no more of the state than the parser reads.
+    headers: list[tuple[str, bytes]] = []
+    for i in range(num_fields):
+        headers.append(("traceparent", f"00-{TRACE}-{i + 1:016x}-01".encode()))
+        headers.append(("tracestate", f"k{i}=v{i}".encode()))
+    ours, sdks = span_context_of(extract(headers)), span_context_of(sdk_extract(headers))
+    assert ours == sdks and ours.span_id == 1
+    assert ours.trace_state == sdks.trace_state
+    # Past 32 members (or 512 characters) the state is dropped whole.
+    assert len(ours.trace_state or ()) == (num_fields if num_fields <= 32 else 0)
+
+
 @pytest.mark.parametrize("headers", [None, [], [("tracestate", b"a=1")]])
 def test_no_traceparent_is_an_empty_context(headers: list[tuple[str, bytes]] | None) -> None:
     assert list(extract(headers)) == list(sdk_extract(list(headers or ()))) == []
