@@ -53,6 +53,9 @@ request's attempts share its trace, a bridge request's trace holds all four serv
 
 _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 _TENANT_ID = re.compile(TENANT_ID_PATTERN)
+_INT32 = range(-(2**31), 2**31)
+"""The ``attempt`` column's values: any other attempt is stored as none (-1), since one
+out of range would fail the insert of every span gathered with it, again and again."""
 
 
 def lookup_problem(request_id: str, tenant: str) -> str | None:
@@ -88,7 +91,7 @@ def span_rows(batch: SpanBatch | SpanBatchRecord) -> list[tuple[Any, ...]]:
                 max(span.end_ns - span.start_ns, 0) // 1000,
                 span.status,
                 str(attributes.get(ATTR_REQUEST, "")),
-                attempt if isinstance(attempt, int) else -1,
+                attempt if isinstance(attempt, int) and attempt in _INT32 else -1,
                 {k: str(v) for k, v in attributes.items()},
             )
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 
+import orjson
 import pytest
 
 from billing.storage import ClickHouseStore
@@ -95,6 +96,30 @@ def test_a_requests_trace_comes_back_as_one_tree(store: ClickHouseStore) -> None
     text = render(steps)
     assert text.splitlines()[0] == f"trace {steps[0].trace_id}"
     assert "      worker.generate" in text and "attempt 1" in text
+
+
+def test_an_attempt_outside_its_int32_column_is_stored_as_none(store: ClickHouseStore) -> None:
+    attempts = [2**31 - 1, 2**31, -(2**31) - 1, 2**40]
+    spans = [
+        {
+            "trace_id": "a" * 32,
+            "span_id": f"{n:016x}",
+            "name": "worker.generate",
+            "service": "tokenbus-worker",
+            "start_ns": 1_770_000_000_000_000_000,
+            "end_ns": 1_770_000_000_100_000_000,
+            "attributes": {"tokenbus.request_id": "r1", "tokenbus.attempt": attempt},
+        }
+        for n, attempt in enumerate(attempts)
+    ]
+    batch = decode(SpanBatch, orjson.dumps({"tenant_id": "acme", "spans": spans}))
+    store.insert_spans(span_rows(batch))  # one out of range failed the whole insert
+    found = store.query(TRACE_SQL, {"tenant": "acme", "request_id": "r1"})
+    assert sorted(s.attempt for s in timeline(found)) == [-1, -1, -1, 2**31 - 1]
+    # the attribute keeps what the span said
+    assert {dict(s.attributes)["tokenbus.attempt"] for s in timeline(found)} == set(
+        map(str, attempts)
+    )
 
 
 def test_another_tenant_reads_nothing_of_it(store: ClickHouseStore) -> None:
