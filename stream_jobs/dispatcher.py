@@ -99,7 +99,7 @@ from stream_jobs.routing import RoutingWeights
 from stream_jobs.seats import BATCH_CLASS, has_room
 from stream_jobs.tiers import Tier, TierPolicy, apply_tier, demand_ratio
 from stream_jobs.window import Limits, WindowState, release, reserve, settle, window_key
-from tokenbus.auth import Authenticator, AuthError, Principal
+from tokenbus.auth import TENANT_ID, Authenticator, AuthError, Principal
 from tokenbus.batch_yield import create_batch_yield, num_yielding
 from tokenbus.budget_config import BudgetConfig, parse_budget_id
 from tokenbus.chunks import Chunk
@@ -1145,34 +1145,19 @@ class Dispatcher:
         exc: AuthError,
         now: float,
     ) -> None:
-        """No credential proves who sent this. It is answered on its reply topic and
-        recorded as rejected under the tenant it claims, unless that tenant's request
-        id is one the job holds: then only the dead-letter topic hears of it."""
+        """No credential proves who sent this. It is dead-lettered, and answered on its
+        reply topic under the tenant it claims, unless that tenant's request id is one
+        the job holds. Nothing else: no usage row, no window, budget or ledger write, for
+        the tenant it names is only a claim (a rejected row under the victim's id would
+        settle the real request's reservation to nothing, and take its billing key)."""
+        reason = f"{exc.code}: {exc.message}"
         if self._known(claimed, request.request_id):
-            await self._dead_letter(
-                record,
-                f"{exc.code}: {exc.message} (not answered: the request id is in use)",
-            )
+            await self._dead_letter(record, f"{reason} (not answered: the request id is in use)")
             return
-        item = WorkItem(
-            request_id=request.request_id,
-            session_id=request.session_id or request.request_id,
-            tenant_id=claimed,
-            priority=request.priority,
-            model=request.model,
-            prompt=request.prompt,
-            messages=request.messages,
-            sampling=request.sampling,
-            reply_to=request.reply_to,
-            created_at=datetime.fromtimestamp(now, UTC),
-            admitted_at=datetime.fromtimestamp(now, UTC),
-            cache_salt=claimed,
-        )
-        error = ErrorInfo(code=exc.code, message=exc.message)
-        if self._topics.is_reply_topic(request.reply_to):
-            await self._answer(item, FinishReason.REJECTED, UsageStatus.REJECTED, error)
-        else:
-            await self._publish_rejected(item, exc.code)
+        await self._dead_letter(record, reason)
+        if TENANT_ID.fullmatch(claimed) and self._topics.is_reply_topic(request.reply_to):
+            error = ErrorInfo(code=exc.code, message=exc.message)
+            await self._reply_only(request.reply_to, claimed, request.request_id, 0, error)
 
     async def _publish_rejected(self, item: WorkItem, code: str) -> None:
         usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)

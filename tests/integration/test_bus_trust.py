@@ -163,38 +163,45 @@ def billing_rows(settings: Settings, request_id: str) -> list[dict[str, Any]]:
     )
 
 
-async def refused_on_the_bus(
-    settings: Settings,
+async def refused_unproven(
     client: TokenbusClient,
     dlq: Tap,
+    settings: Settings,
     value: dict[str, Any],
     *,
     key: str | None,
     headers: list[tuple[str, bytes]] | None,
     tenant: str,
-) -> tuple[Chunk, list[dict[str, Any]]]:
-    """Produces ``value``; returns the one chunk its producer got, and the billing rows."""
+) -> tuple[Chunk, list[DeadLetter]]:
+    """Produces ``value`` with no credential that proves its tenant; returns the one
+    chunk its producer got, and the dead letters about it."""
     client.watch(value["request_id"], tenant)
     await produce(settings, value, key=key, headers=headers)
     chunks = await asyncio.wait_for(answer(client, value["request_id"], tenant), 30)
     assert len(chunks) == 1, chunks
-    return chunks[0], await eventually(lambda: billing_rows(settings, value["request_id"]))
+    return chunks[0], await dead_letters(dlq, value["request_id"])
 
 
 # -- credentials -------------------------------------------------------------------------------
-async def test_another_tenant_s_id_without_a_credential_is_refused_and_not_billed_to_it(
+async def test_another_tenant_s_id_without_a_credential_leaves_its_real_request_whole(
     settings: Settings, listener: TokenbusClient, dlq: Tap
 ) -> None:
     value = body(listener.reply_topic, tenant_id=A)
-    chunk, rows = await refused_on_the_bus(
-        settings, listener, dlq, value, key=A, headers=None, tenant=A
+    chunk, letters = await refused_unproven(
+        listener, dlq, settings, value, key=A, headers=None, tenant=A
     )
     assert chunk.error is not None and chunk.error.code == "missing_credential"
-    assert [(r["status"], r["error_code"], float(r["billed_units"])) for r in rows] == [
-        ("rejected", "missing_credential", 0.0)
-    ]
-    await dlq.drain(1.0)
-    assert letters_about(dlq, value["request_id"]) == []  # a chunk and a row, nothing else
+    assert [letter.reason.split(":")[0] for letter in letters] == ["missing_credential"]
+
+    # The same id, then sent by the tenant itself: the refusal above wrote nothing of
+    # A's (no usage row to settle this run's reservation, nor take its billing key), so
+    # it runs and is billed once, as itself.
+    listener.watch(value["request_id"], A)
+    await produce(settings, value, key=A, headers=bearer(bus_key(A)))
+    chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 60)
+    assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 4
+    rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
+    assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 4)]
 
 
 async def test_a_tenant_nobody_configured_is_not_served_on_default_quota(
@@ -202,15 +209,17 @@ async def test_a_tenant_nobody_configured_is_not_served_on_default_quota(
 ) -> None:
     # No credential can prove "nobody-configured-this": no key exists for it.
     value = body(listener.reply_topic, tenant_id="nobody-configured-this")
-    client = listener
-    client.watch(value["request_id"], "nobody-configured-this")
-    await produce(settings, value, key="nobody-configured-this", headers=bearer("sk-guess"))
-    chunks = await asyncio.wait_for(
-        answer(client, value["request_id"], "nobody-configured-this"), 30
+    chunk, letters = await refused_unproven(
+        listener,
+        dlq,
+        settings,
+        value,
+        key="nobody-configured-this",
+        headers=bearer("sk-guess"),
+        tenant="nobody-configured-this",
     )
-    assert [c.error.code for c in chunks if c.error] == ["invalid_api_key"]
-    rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
-    assert [(r["status"], r["completion_tokens"]) for r in rows] == [("rejected", 0)]
+    assert chunk.error is not None and chunk.error.code == "invalid_api_key"
+    assert [letter.reason.split(":")[0] for letter in letters] == ["invalid_api_key"]
 
 
 @pytest.mark.parametrize(
@@ -233,11 +242,11 @@ async def test_forged_and_expired_tokens_are_refused(
         "other-audience": jwt.encode({**claims, "aud": "elsewhere"}, BUS_JWT_SECRET, "HS256"),
     }
     value = body(listener.reply_topic, tenant_id=A)
-    chunk, rows = await refused_on_the_bus(
-        settings, listener, dlq, value, key=A, headers=bearer(tokens[token]), tenant=A
+    chunk, letters = await refused_unproven(
+        listener, dlq, settings, value, key=A, headers=bearer(tokens[token]), tenant=A
     )
     assert chunk.error is not None and chunk.error.code == code
-    assert [(r["status"], r["error_code"]) for r in rows] == [("rejected", code)]
+    assert [letter.reason.split(":")[0] for letter in letters] == [code]
 
 
 async def test_a_valid_tenant_jwt_is_served(settings: Settings, listener: TokenbusClient) -> None:

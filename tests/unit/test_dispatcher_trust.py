@@ -163,16 +163,43 @@ def only(items: list[Any]) -> Any:
         (bearer("eyJhbGciOiJIUzI1NiJ9.eyJ0ZW5hbnQiOiJhY21lIn0.c2ln"), "invalid_credential"),
     ],
 )
-async def test_no_credential_is_answered_and_recorded_under_the_claimed_tenant(
+async def test_no_credential_is_answered_and_dead_lettered_but_records_nothing(
     bus: Bus, headers: list[tuple[str, bytes]] | None, code: str
 ) -> None:
     assert await bus.produce(body(), headers=headers) is Outcome.REFUSED
     chunk = only(bus.chunks(ACME))
     assert chunk.error.code == code and chunk.finish_reason == "rejected"
-    usage = only(bus.usage())
-    assert (usage.tenant_id, usage.status, usage.error_code) == ("acme", "rejected", code)
-    assert bus.topics() == {ACME, TOPICS.usage}  # not forwarded, not dead-lettered
+    assert only(bus.dead_letters()).reason.startswith(f"{code}: ")
+    # The tenant is only claimed: no usage row (nor window, budget or ledger entry).
+    assert bus.topics() == {ACME, TOPICS.dead_letters}
     assert bus.dispatcher.metrics.num_unauthenticated == 1
+
+
+@pytest.mark.parametrize("claim", ["tenant_id", "key"])
+async def test_an_unproven_refusal_under_a_victim_s_id_leaves_its_real_request_whole(
+    bus: Bus, claim: str
+) -> None:
+    forged = body("x1") if claim == "tenant_id" else body("x1", tenant=None)
+    key = b"acme" if claim == "tenant_id" else b"acme/batch"
+    assert await bus.produce(forged, headers=None, key=key) is Outcome.REFUSED
+    assert TOPICS.usage not in bus.topics()
+
+    real = body("x1", prompt="hello " * 50)
+    assert await bus.produce(real, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    _, reserved, settled = bus.dispatcher._store.load("acme").reservations["x1"]
+    assert reserved > 50 and not settled  # its prompt and max_tokens, until its own row
+    assert bus.dispatcher._store.load("acme").used() == (reserved, 1)
+    assert ("acme", "x1") in bus.dispatcher._in_flight
+    assert [u.request_id for u in bus.usage()] == []  # the run's own row is its only one
+
+
+@pytest.mark.parametrize("key", [b"../etc", b"a b", b"\xff"])
+async def test_an_unproven_record_claiming_no_tenant_shape_is_only_dead_lettered(
+    bus: Bus, key: bytes
+) -> None:
+    assert await bus.produce(body(tenant=None), headers=None, key=key) is Outcome.REFUSED
+    assert only(bus.dead_letters()).reason.startswith("missing_credential: ")
+    assert bus.topics() == {TOPICS.dead_letters}
 
 
 async def test_a_key_of_one_tenant_cannot_claim_another(bus: Bus) -> None:
