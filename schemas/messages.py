@@ -252,5 +252,11 @@ class DeadLetter(Message):
     reason: str
     key: str | None = None
     payload: str
-    """The original bytes, decoded as UTF-8 with replacement."""
+    """The original bytes, decoded as UTF-8 with replacement; their first
+    ``tokenbus.dlq.MAX_PAYLOAD_BYTES`` only, when ``payload_truncated``."""
+    payload_bytes: int | None = None
+    """The original value's length, in bytes."""
+    payload_sha256: str | None = None
+    """The original value's SHA-256 (hex): the record at ``offset`` is the whole of it."""
+    payload_truncated: bool = False
     failed_at: datetime = Field(default_factory=utc_now)

@@ -2,10 +2,17 @@
 
 It is never silently dropped and it never stops a consumer: the consumer sends the
 original bytes here, then carries on (and commits past it) as if it had been handled.
+
+A dead letter stays well under a record's 1 MB limit, whatever it reports: its payload
+is the first ``MAX_PAYLOAD_BYTES`` of the value (JSON may escape a byte into six), with
+the whole value's length and SHA-256; the source record at ``partition``/``offset`` is
+the whole of it. The key and the reason are cut likewise. A producer cannot make its
+record's dead letter too large to send, and so lost.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -14,6 +21,17 @@ from tokenbus.kafka import Publish
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+"""The most of a value a dead letter copies."""
+MAX_TEXT_CHARS = 4096
+"""The most of a key or a reason a dead letter copies."""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return f"{text[:MAX_TEXT_CHARS]}... ({len(text) - MAX_TEXT_CHARS} more characters)"
 
 
 async def dead_letter(
@@ -28,16 +46,21 @@ async def dead_letter(
     value: bytes | None,
     reason: str,
 ) -> None:
+    value = value or b""
+    reason = _cut(reason)
     letter = DeadLetter(
         source_topic=source_topic,
         partition=partition,
         offset=offset,
         consumer=consumer,
         reason=reason,
-        key=key.decode("utf-8", "replace") if key is not None else None,
-        payload=(value or b"").decode("utf-8", "replace"),
+        key=_cut(key.decode("utf-8", "replace")) if key is not None else None,
+        payload=value[:MAX_PAYLOAD_BYTES].decode("utf-8", "replace"),
+        payload_bytes=len(value),
+        payload_sha256=hashlib.sha256(value).hexdigest(),
+        payload_truncated=len(value) > MAX_PAYLOAD_BYTES,
     )
-    log.warning("dead letter from %s[%d]@%d: %s", source_topic, partition, offset, reason)
+    log.warning("dead letter from %s[%d]@%d: %s", source_topic, partition, offset, reason[:500])
     await publish(topics.dead_letters, (key or b""), encode(letter))
 
 
