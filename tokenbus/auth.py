@@ -20,9 +20,10 @@ reads it from the ``authorization`` header of every request record. Three kinds:
   never as a bare tenant id. It may also carry the bridge's screening flags.
 
 The algorithm is chosen by the key configured for it, never by the token alone; every
-other algorithm (``none`` included) is refused. A tenant the tenants file does not
-list is refused unless ``allow_unlisted_tenants`` (then a token's issuer vouches for
-it, and it gets the defaults). Replies: a credential may name only its own reply
+other algorithm (``none`` included) is refused, and so is a token with ``=`` padding
+(one token is one credential: its SHA-256 keys one balance). A tenant the tenants file
+does not list is refused unless ``allow_unlisted_tenants`` (then a token's issuer
+vouches for it, and it gets the defaults). Replies: a credential may name only its own reply
 topics, ``<prefix>.replies.<tenant>.`` and below, or the ``reply_prefix`` its token
 carries (the bridge's one reply topic, a multi-tenant client's).
 """
@@ -218,6 +219,10 @@ class Authenticator:
             # Re-read now and then, so a revoked key stops working.
             principal = Principal(tenant, credential_id, prefix, key_sha256=credential_id)
             return principal, self._clock() + 60.0
+        if "=" in token:
+            # RFC 7515's compact form has no padding. PyJWT accepts it after the signature,
+            # so ``tok`` and ``tok=`` would be two credentials, with two balances.
+            raise AuthError("Invalid token: its segments must be base64url without '=' padding.")
         claims, service = self._decode(token)
         tenant_id = claims["tenant"]
         if not isinstance(tenant_id, str) or not TENANT_ID.fullmatch(tenant_id):

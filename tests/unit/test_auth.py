@@ -346,6 +346,19 @@ def test_a_quota_balance_is_cost_units_and_the_token_is_its_own_key() -> None:
     assert (on_bus.quota_balance, on_bus.key_sha256) == (Decimal("1E-9"), caller.key_sha256)
 
 
+@pytest.mark.parametrize(("key", "alg"), [(TENANT_SECRET, "HS256"), (RSA_KEY, "RS256")])
+def test_a_padded_token_is_not_a_second_credential(key: Any, alg: str) -> None:
+    # PyJWT decodes a signature with base64 padding after it: as another credential id,
+    # the same token would have a second balance.
+    token = tenant_token({"tenant": "acme", "quota_balance": "0.5"}, key, alg)
+    authenticator().authenticate(f"Bearer {token}")
+    signature = token.rsplit(".", 1)[1]
+    padded = token + "=" * (-len(signature) % 4)
+    assert padded != token
+    assert "padding" in refused(padded).message
+    assert refused(token + "=").code == "invalid_credential"
+
+
 @pytest.mark.parametrize("balance", [-1, "0.0000000001", "lots", True, [1], "NaN", "1e40"])
 def test_a_quota_balance_that_is_not_exact_cost_units_is_refused(balance: object) -> None:
     error = refused(tenant_token({"tenant": "acme", "quota_balance": balance}))
