@@ -297,14 +297,23 @@ _DEDUP_SETTINGS: dict[str, Any] = {
     # The default, said out loud: the sink's retries rely on it.
     "insert_deduplicate": 1,
 }
+_ANY_PARTITIONS: dict[str, Any] = {
+    # A block whose rows fall in more than ``max_partitions_per_insert_block`` (100)
+    # partitions (usage by month, spans by day: old or far-future timestamps) is written,
+    # with a warning in ClickHouse's log, rather than refused: refused, the sink would
+    # retry the same block forever and every tenant's writes would stop behind it.
+    "throw_on_max_partitions_per_insert_block": 0,
+}
 _USAGE_INSERT_SETTINGS: dict[str, Any] = {
     **_DEDUP_SETTINGS,
+    **_ANY_PARTITIONS,
     # A block of the sink's holds each attempt once (``billing.dedup.keyed_first_copies``),
     # so the ReplacingMergeTree merge that ClickHouse runs on each inserted block by
     # default would find nothing to collapse: it was a third of the insert's CPU.
     "optimize_on_insert": 0,
 }
 _SPAN_INSERT_SETTINGS: dict[str, Any] = {
+    **_ANY_PARTITIONS,
     # Readers of ``spans`` use FINAL, so a span written twice is read once whether or not
     # the insert collapsed it; the collapse on insert was a tenth of the insert's CPU.
     "optimize_on_insert": 0,

@@ -6,12 +6,14 @@ module (and the integration test) may need the engine on a different path.
 
 import gc
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, cast
 
 import clickhouse_connect
+import orjson
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
 from clickhouse_connect.datatypes.temporal import DateTime64
@@ -33,7 +35,9 @@ from billing.storage import (
     StoredAttempts,
     chdb_path,
 )
-from schemas import UsageEvent, UsageStatus
+from billing.traces import span_rows
+from schemas import UsageEvent, UsageStatus, decode
+from schemas.spans import SpanBatch
 from tests.unit.usage_rows import insert_rows, ticks, usage_row
 from tokenbus.price_file import BUNDLED_PRICES, read_price_book
 from tokenbus.pricing import Price, PriceBook, Pricer
@@ -466,6 +470,36 @@ def test_a_block_is_not_merged_on_insert_so_each_attempt_must_come_once(
     # stay exact even so.
     assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 2}]
     assert store.query("SELECT count() AS n FROM usage_events FINAL") == [{"n": 1}]
+
+
+def test_a_block_over_many_partitions_is_written_once_not_refused(
+    store: ClickHouseStore,
+) -> None:
+    # usage is partitioned by month, spans by day; ClickHouse refuses a block over more
+    # than 100 partitions by default, and the sinks would retry it forever
+    months = [datetime(2000 + n // 12, n % 12 + 1, 1, tzinfo=UTC) for n in range(150)]
+    events = [_event("acme", "s", n, created_at=at, finished_at=at) for n, at in enumerate(months)]
+    plan = plan_keyed_columns([(usage_key(e), e) for e in events], set(), PRICER)
+    store.insert_columns(plan.columns, dedup_token=plan.dedup_token)
+    store.insert_columns(plan.columns, dedup_token=plan.dedup_token)  # a retry: dropped
+    assert store.query("SELECT count() AS n FROM usage_events") == [{"n": 150}]
+
+    day_ns = 86_400 * 10**9
+    start_ns = (time.time_ns() // day_ns) * day_ns  # from today: inside the spans' TTL
+    spans = [
+        {
+            "trace_id": "a" * 32,
+            "span_id": f"{day:016x}",
+            "name": "job.admit",
+            "service": "tokenbus-job",
+            "start_ns": start_ns + day * day_ns,
+            "end_ns": start_ns + day * day_ns + 1_000,
+        }
+        for day in range(101)
+    ]
+    batch = decode(SpanBatch, orjson.dumps({"tenant_id": "acme", "spans": spans}))
+    store.insert_spans(span_rows(batch))
+    assert store.query("SELECT count() AS n FROM spans") == [{"n": 101}]
 
 
 def test_columns_store_what_rows_store(store: ClickHouseStore) -> None:
