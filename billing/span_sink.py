@@ -25,7 +25,7 @@ from billing.traces import span_rows
 from schemas import SchemaError
 from tokenbus.config import Settings
 from tokenbus.dlq import dead_letter_record
-from tokenbus.kafka import make_consumer, make_producer, publisher
+from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 
@@ -67,9 +67,9 @@ class SpanSink:
                 records = [r for records in batch.values() for r in records]
                 if not records:
                     continue
-                rows = await self._rows(records, publisher(producer))
-                if not await self._write(rows, stop):
-                    continue
+                rows = await self._rows(records, publisher(producer), stop)
+                if rows is None or not await self._write(rows, stop):
+                    continue  # stopping mid-outage: uncommitted, so redelivered
                 offsets = {tp: rs[-1].offset + 1 for tp, rs in batch.items() if rs}
                 try:
                     await consumer.commit(offsets)
@@ -104,7 +104,11 @@ class SpanSink:
                 deadline = loop.time() + self._gather_s
         return gathered
 
-    async def _rows(self, records: list[Any], publish: Any) -> list[tuple[Any, ...]]:
+    async def _rows(
+        self, records: list[Any], publish: Publish, stop: asyncio.Event
+    ) -> list[tuple[Any, ...]] | None:
+        """The records' span rows, the unreadable ones dead-lettered (a failed send is
+        retried, as an insert is); None if ``stop`` was set while a send was failing."""
         rows: list[tuple[Any, ...]] = []
         for record in records:
             try:
@@ -112,13 +116,23 @@ class SpanSink:
                 if record.key != spans.tenant_id.encode():
                     raise SchemaError(f"a batch of tenant {spans.tenant_id!r} keyed {record.key!r}")
             except SchemaError as exc:
+                if not await self._dead_letter(publish, record, str(exc), stop):
+                    return None
                 self.num_refused += 1
-                await dead_letter_record(
-                    publish, self._topics, record, consumer=self.group_id, reason=str(exc)
-                )
                 continue
             rows.extend(span_rows(spans))
         return rows
+
+    async def _dead_letter(
+        self, publish: Publish, record: Any, reason: str, stop: asyncio.Event
+    ) -> bool:
+        async def send() -> None:
+            await dead_letter_record(
+                publish, self._topics, record, consumer=self.group_id, reason=reason
+            )
+
+        what = f"dead letter of span offset {record.offset}"
+        return await until_done(send, stop, self._backoff, what)
 
     async def _write(self, rows: list[tuple[Any, ...]], stop: asyncio.Event) -> bool:
         async def insert() -> None:

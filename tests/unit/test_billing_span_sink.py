@@ -2,14 +2,18 @@
 first span batch, on a fake consumer whose batches arrive on a schedule."""
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import TopicPartition
 
 from billing.span_sink import FETCH_WAIT_S, GATHER_RECORDS, SpanSink
 from tokenbus.config import Settings
+from tokenbus.retry import Backoff
 
 P0 = TopicPartition("t.spans", 0)
 P1 = TopicPartition("t.spans", 1)
@@ -84,3 +88,47 @@ async def test_stop_ends_a_long_gather_within_a_fetch_wait(tmp_path: Path) -> No
     stop.set()
     # seen at the next fetch (FETCH_WAIT_S), not at the window's end
     assert sizes(await asyncio.wait_for(gathering, timeout=2 * FETCH_WAIT_S)) == {P0: 2}
+
+
+class FlakyPublish:
+    """A dead-letter producer that fails its first ``num_failures`` sends."""
+
+    def __init__(self, num_failures: int) -> None:
+        self.num_failures = num_failures
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def __call__(
+        self, topic: str, key: bytes, value: bytes, headers: Sequence[Any] | None = None
+    ) -> None:
+        if self.num_failures:
+            self.num_failures -= 1
+            raise KafkaConnectionError("the broker is away")
+        self.sent.append((topic, value))
+
+
+def retrying_sink(tmp_path: Path, backoff: Backoff) -> SpanSink:
+    return SpanSink(Settings(home=tmp_path), store=None, backoff=backoff)  # type: ignore[arg-type]
+
+
+def unreadable(offset: int) -> SimpleNamespace:
+    return SimpleNamespace(topic="t.spans", partition=0, offset=offset, key=b"acme", value=b"{")
+
+
+async def test_a_failed_dead_letter_is_retried_not_raised(tmp_path: Path) -> None:
+    span_sink = retrying_sink(tmp_path, Backoff(initial_s=0.001, max_s=0.001))
+    publish, stop = FlakyPublish(num_failures=2), asyncio.Event()
+    # raised, the error ended the span sink and, through billing's gather, the usage sink
+    rows = await asyncio.wait_for(span_sink._rows([unreadable(7)], publish, stop), timeout=5)
+    assert rows == []
+    assert [topic for topic, _ in publish.sent] == ["tokenbus.dlq"]
+    assert span_sink.num_refused == 1
+
+
+async def test_a_stop_during_a_failing_dead_letter_writes_nothing(tmp_path: Path) -> None:
+    span_sink = retrying_sink(tmp_path, Backoff(initial_s=30.0))
+    publish, stop = FlakyPublish(num_failures=1), asyncio.Event()
+    rows = asyncio.create_task(span_sink._rows([unreadable(7)], publish, stop))
+    await asyncio.sleep(0.05)
+    stop.set()
+    assert await asyncio.wait_for(rows, timeout=5) is None  # uncommitted: redelivered
+    assert publish.sent == []
