@@ -2,7 +2,8 @@
 ``batches`` methods call them: thin handlers over ``tokenbus.batch.store`` and
 ``tokenbus.batch.submit``.
 
-# POST /v1/files (multipart: file, purpose=batch) --> store --> FileObject
+# POST /v1/files (multipart: file, purpose=batch; one deadline, 413 once past the limit)
+#   --> store --> FileObject
 # GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
 # POST /v1/batches --> tokenbus.batch.submit.create_batch (every line checked by the planner)
 #   --> BatchCommand create --> Batch
@@ -15,20 +16,22 @@ tenant's id is answered 404, exactly as an id that does not exist.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
-from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.datastructures import FormData, UploadFile
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message, Receive
 
 from bridge.admission import Planner
 from bridge.batch_lines import BodyChecker
-from bridge.errors import ApiError, invalid_request, too_large
-from bridge.gateway import Gateway, ids_of
+from bridge.errors import ApiError, invalid_request, request_timeout, too_large
+from bridge.gateway import ClientGone, Gateway, ids_of
 from schemas.batches import BatchDoc
 from tokenbus.batch.commands import send_command
 from tokenbus.batch.store import BatchStore, NotFound
@@ -37,6 +40,8 @@ from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 
 MAX_LIST = 100
+FRAMING = 65_536  # a form's bytes beyond its file: boundaries, part headers, purpose
+log = logging.getLogger(__name__)
 
 
 class BatchCreateBody(BaseModel):
@@ -80,11 +85,12 @@ class BatchApi:
         caller = self._gateway.authenticate(http)
         limit = self._settings.batch_max_file_bytes
         declared = http.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit + 65_536:
-            raise too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > limit + FRAMING:
+            raise file_too_large(limit)
         if not http.headers.get("content-type", "").startswith("multipart/form-data"):
             raise invalid_request("Send the file as multipart/form-data.", None, "invalid_body")
-        async with http.form(max_files=1, max_fields=8) as form:
+        form = await self._read_form(http, limit)
+        try:
             purpose = form.get("purpose")
             upload = form.get("file")
             if purpose != "batch":
@@ -97,11 +103,31 @@ class BatchApi:
                 )
             data = await upload.read(limit + 1)
             filename = upload.filename or "upload.jsonl"
+        finally:
+            await form.close()
         if len(data) > limit:
-            raise too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+            raise file_too_large(limit)
         doc = file_doc(caller.tenant_id, filename, data, time.time())
         await asyncio.to_thread(self._store.put_file, doc, data)
         return JSONResponse(doc.public(), headers=ids_of(http))
+
+    async def _read_form(self, http: Request, limit: int) -> FormData:
+        """The multipart body under the JSON bodies' rules: one deadline for all of it, so
+        a stalled upload is a 408, and a 413 as soon as it passes the file's ``limit``
+        and the form's framing, so a body with no Content-Length is not spooled whole
+        first."""
+        timeout_s = self._settings.batch_upload_timeout_s
+        capped = Request(http.scope, _capped(http.receive, limit))
+        request_id = ids_of(http).get("X-Request-ID", "-")
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await capped.form(max_files=1, max_fields=8)
+        except TimeoutError:
+            log.info("%s: the file did not arrive within %g s", request_id, timeout_s)
+            raise request_timeout(timeout_s) from None
+        except ClientDisconnect:
+            log.info("%s: the client closed while sending the file", request_id)
+            raise ClientGone(request_id) from None
 
     async def file(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)
@@ -203,6 +229,25 @@ class BatchApi:
                 type="invalid_request_error",
                 code="not_found",
             ) from None
+
+
+def file_too_large(limit: int) -> ApiError:
+    return too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """``receive``, refusing the body once it is more than a ``limit``-byte file's form."""
+    num_bytes = 0
+
+    async def capped() -> Message:
+        nonlocal num_bytes
+        message = await receive()
+        num_bytes += len(message.get("body", b""))
+        if num_bytes > limit + FRAMING:
+            raise file_too_large(limit)
+        return message
+
+    return capped
 
 
 def _public(doc: BatchDoc) -> dict[str, Any]:

@@ -514,7 +514,12 @@ class Settings(BaseSettings):
     batch_port: int = 18126
     """``python -m batches`` serves ``/healthz`` and ``/metrics`` (per-batch progress)."""
     batch_max_file_bytes: int = 200 * 1024 * 1024
-    """The largest input file ``POST /v1/files`` accepts (OpenAI's limit)."""
+    """The largest input file ``POST /v1/files`` accepts (OpenAI's limit). An upload is
+    answered 413 as soon as its body passes it (and the form's framing), read or not."""
+    batch_upload_timeout_s: float = 300.0
+    """A ``POST /v1/files`` body must arrive whole within this (408, connection closed),
+    as JSON bodies within ``bridge_body_read_timeout_s``: longer, since a file may be
+    ``batch_max_file_bytes``."""
     batch_max_lines: int = 50_000
     """The most lines one batch may hold (OpenAI's limit)."""
     batch_min_window_s: float = 10.0

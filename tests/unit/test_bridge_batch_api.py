@@ -3,7 +3,9 @@ with the real handlers, store and planner; the commands producer is a recorder."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.testclient import TestClient
+from starlette.types import Message
 
 from bridge.admission import Planner
 from bridge.auth import Authenticator
@@ -47,7 +50,10 @@ class Recorder:
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[tuple[Starlette, Recorder, Settings]]:
-    settings = Settings(home=tmp_path, batch_max_lines=100)
+    yield build(Settings(home=tmp_path, batch_max_lines=100))
+
+
+def build(settings: Settings) -> tuple[Starlette, Recorder, Settings]:
     tenants = {
         name: TenantConfig(
             tenant_id=name,
@@ -84,7 +90,7 @@ def app(tmp_path: Path) -> Iterator[tuple[Starlette, Recorder, Settings]]:
         assert isinstance(exc, ApiError)
         return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
-    yield (
+    return (
         Starlette(routes=api.routes(), exception_handlers={ApiError: api_error}),
         recorder,
         settings,
@@ -257,3 +263,51 @@ def test_uploads_other_than_batch_files_are_refused(app: Any) -> None:
     )
     with pytest.raises(openai.AuthenticationError):
         unauthenticated.batches.list()
+
+
+MULTIPART = [
+    (b"authorization", f"Bearer {KEYS['alice']}".encode()),
+    (b"content-type", b"multipart/form-data; boundary=XX"),  # no Content-Length: chunked
+]
+FORM_HEAD = (
+    b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    b'--XX\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+)
+
+
+async def post_file(app: Starlette, *parts: bytes) -> tuple[Message, int]:
+    """POSTs a body that arrives as ``parts``, then nothing: the answer's start and how
+    many of the parts the app read."""
+    pending = [{"type": "http.request", "body": p, "more_body": True} for p in parts]
+    answers: list[Message] = []
+
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        await asyncio.Event().wait()  # a client that keeps the connection open
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        answers.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/files", "headers": MULTIPART}
+    async with asyncio.timeout(5):
+        await app(scope, receive, send)
+    return answers[0], len(parts) - len(pending)
+
+
+async def test_a_chunked_upload_is_refused_once_past_the_limit_not_after(tmp_path: Path) -> None:
+    starlette_app, _, _ = build(Settings(home=tmp_path, batch_max_file_bytes=1000))
+    chunk = b"x" * 65_536
+    start, num_read = await post_file(starlette_app, FORM_HEAD, *[chunk] * 64)
+    assert start["status"] == 413
+    assert num_read == 3  # the head, and two chunks of a 4 MiB body
+
+
+async def test_a_stalled_upload_is_a_408_that_closes_the_connection(tmp_path: Path) -> None:
+    starlette_app, _, _ = build(Settings(home=tmp_path, batch_upload_timeout_s=0.2))
+    started = time.monotonic()
+    start, _ = await post_file(starlette_app, FORM_HEAD + b'{"custom_id"')
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
