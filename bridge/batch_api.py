@@ -6,7 +6,7 @@
 #   --> store --> FileObject
 # GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
 # POST /v1/batches --> tokenbus.batch.submit.create_batch (every line checked by the planner)
-#   --> BatchCommand create --> Batch
+#   --> BatchCommand create --> Batch ; one at a time per tenant (429 while one runs)
 # GET /v1/batches[/{id}] --> the status documents ; POST /v1/batches/{id}/cancel --> cancel
 
 Every path in the store starts with the tenant the caller authenticated as: another
@@ -29,8 +29,16 @@ from starlette.routing import Route
 from starlette.types import Message, Receive
 
 from bridge.admission import Planner
+from bridge.auth import Caller
 from bridge.batch_lines import BodyChecker
-from bridge.errors import ApiError, invalid_request, request_timeout, too_large
+from bridge.errors import (
+    ApiError,
+    invalid_request,
+    rate_limited,
+    request_timeout,
+    retry_after,
+    too_large,
+)
 from bridge.gateway import ClientGone, Gateway, ids_of
 from schemas.batches import BatchDoc
 from tokenbus.batch.commands import send_command
@@ -60,6 +68,9 @@ class BatchApi:
         self._planner = planner
         self._store = BatchStore(settings.batch_store)
         self._producer: AIOKafkaProducer | None = None
+        # Tenants with a create running: checking a file holds it, its lines and a thread,
+        # so a tenant gets one at a time and cannot take the bridge's memory or threads.
+        self._creating: set[str] = set()
 
     async def start(self) -> None:
         self._producer = make_producer(self._settings)
@@ -145,8 +156,32 @@ class BatchApi:
     async def create(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)
         body = await self._gateway.read_body(http, BatchCreateBody)
+        if caller.tenant_id in self._creating:
+            raise rate_limited(
+                "Another batch of your tenant is being created; retry when it is.",
+                "batch_create_in_progress",
+                retry_after(1.0),
+            )
+        self._creating.add(caller.tenant_id)
+        work = asyncio.ensure_future(self._create(caller, body))
+
+        def release(done: asyncio.Future[BatchDoc]) -> None:
+            # When the thread ends, not when the client leaves: a client that leaves
+            # cannot start another beside it. A refusal no one awaits any more is read.
+            self._creating.discard(caller.tenant_id)
+            if not done.cancelled():
+                done.exception()
+
+        work.add_done_callback(release)
+        doc = await asyncio.shield(work)
+        if not doc.is_terminal:
+            assert self._producer is not None
+            await send_command(self._producer, self._settings, "create", doc.tenant, doc.id)
+        return JSONResponse(_public(doc), headers=ids_of(http))
+
+    async def _create(self, caller: Caller, body: BatchCreateBody) -> BatchDoc:
         try:
-            doc = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 create_batch,
                 self._store,
                 self._settings,
@@ -163,10 +198,6 @@ class BatchApi:
             raise ApiError(
                 exc.status, exc.message, type=type_, code=exc.code, param=exc.param
             ) from None
-        if not doc.is_terminal:
-            assert self._producer is not None
-            await send_command(self._producer, self._settings, "create", doc.tenant, doc.id)
-        return JSONResponse(_public(doc), headers=ids_of(http))
 
     async def retrieve(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -18,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 from starlette.types import Message
 
+import bridge.batch_api
 from bridge.admission import Planner
 from bridge.auth import Authenticator
 from bridge.batch_api import BatchApi
@@ -30,11 +33,13 @@ from bridge.throttle import KeyThrottle
 from schemas import decode
 from schemas.batches import BatchCommand
 from tokenbus.batch.store import BatchStore
+from tokenbus.batch.submit import create_batch
 from tokenbus.config import Settings
 from tokenbus.prompt_tokens import PromptCounter
 from tokenbus.tenants import TenantConfig, TenantDirectory, hash_api_key
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+BATCH = {"purpose": "batch"}
 
 
 class Recorder:
@@ -311,3 +316,41 @@ async def test_a_stalled_upload_is_a_408_that_closes_the_connection(tmp_path: Pa
     assert 0.2 <= time.monotonic() - started < 1.0
     assert start["status"] == 408
     assert (b"connection", b"close") in start["headers"]
+
+
+async def test_a_tenant_creates_one_batch_at_a_time(
+    app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starlette_app, _, _ = app
+    checking, release = threading.Event(), threading.Event()
+
+    def slow_create(*args: Any, **kwargs: Any) -> Any:
+        checking.set()  # a big file's lines take a while to check
+        release.wait(5)
+        return create_batch(*args, **kwargs)
+
+    monkeypatch.setattr(bridge.batch_api, "create_batch", slow_create)
+    transport = httpx.ASGITransport(app=starlette_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver/v1") as http:
+
+        async def create(tenant: str) -> httpx.Response:
+            auth = {"Authorization": f"Bearer {KEYS[tenant]}"}
+            files = {"file": ("in.jsonl", lines(1))}
+            uploaded = await http.post("/files", headers=auth, files=files, data=BATCH)
+            body = {
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            }
+            return await http.post("/batches", headers=auth, json=body)
+
+        first = asyncio.create_task(create("alice"))
+        assert await asyncio.to_thread(checking.wait, 5)
+        second = await create("alice")
+        assert second.status_code == 429
+        assert second.json()["error"]["code"] == "batch_create_in_progress"
+        assert second.headers["retry-after"] == "1"
+        bob = asyncio.create_task(create("bob"))  # another tenant is not held up
+        release.set()
+        assert (await first).status_code == 200 and (await bob).status_code == 200
+        assert (await create("alice")).status_code == 200
