@@ -4,8 +4,9 @@
 file from ``billing/dashboards/*.sql``; a unit test keeps the two in step. Placeholders
 become Grafana's: ``since``/``until`` the time picker (``$__fromTime``/``$__toTime`` of
 grafana-clickhouse-datasource), text parameters ``${name:sqlstring}`` (quoted and
-escaped by Grafana), the rest ``${name:raw}``, each a dashboard variable with the query's
-default.
+escaped by Grafana), the rest a cast of the variable's text to the parameter's type, so
+a value that is not of the type fails the panel's query instead of becoming SQL; each is
+a dashboard variable with the query's default.
 """
 
 from __future__ import annotations
@@ -66,10 +67,22 @@ def grafana_sql(query: DashboardQuery) -> str:
         name, type_ = match[1], match[2].strip()
         if name in TIME_MACROS:
             return TIME_MACROS[name]
-        return f"${{{name}:sqlstring}}" if type_ == "String" else f"${{{name}:raw}}"
+        if type_ == "String":
+            return f"${{{name}:sqlstring}}"
+        return f"CAST({_literal(name)} AS {type_})"
 
     body = [line for line in query.sql.splitlines() if not line.startswith("--")]
     return _PLACEHOLDER.sub(replace, "\n".join(body)).strip()
+
+
+def _literal(name: str) -> str:
+    """Variable ``name``'s text as a ClickHouse string literal, whatever the text.
+
+    Percent-encoded (Grafana's ``percentencode``: RFC 3986, quotes and backslashes
+    included), the text holds neither, so it cannot end the literal; ``sqlstring`` only
+    doubles quotes, and ClickHouse reads a backslash before one as an escape.
+    """
+    return f"decodeURLComponent('${{{name}:percentencode}}')"
 
 
 def grafana_dashboard() -> dict[str, Any]:
