@@ -3,10 +3,10 @@
 ``python -m billing.grafana > billing/dashboards/grafana.json`` regenerates the checked-in
 file from ``billing/dashboards/*.sql``; a unit test keeps the two in step. Placeholders
 become Grafana's: ``since``/``until`` the time picker (``$__fromTime``/``$__toTime`` of
-grafana-clickhouse-datasource), text parameters ``${name:sqlstring}`` (quoted and
-escaped by Grafana), the rest a cast of the variable's text to the parameter's type, so
-a value that is not of the type fails the panel's query instead of becoming SQL; each is
-a dashboard variable with the query's default.
+grafana-clickhouse-datasource), text parameters the variable's text as a string literal
+that no text can end (``_literal``), the rest a cast of that text to the parameter's
+type, so a value that is not of the type fails the panel's query instead of becoming
+SQL; each is a dashboard variable with the query's default.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def grafana_sql(query: DashboardQuery) -> str:
         if name in TIME_MACROS:
             return TIME_MACROS[name]
         if type_ == "String":
-            return f"${{{name}:sqlstring}}"
+            return _literal(name)
         return f"CAST({_literal(name)} AS {type_})"
 
     body = [line for line in query.sql.splitlines() if not line.startswith("--")]

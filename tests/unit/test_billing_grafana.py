@@ -45,7 +45,7 @@ def test_one_clickhouse_panel_per_query_with_no_placeholder_left() -> None:
 def test_placeholders_become_the_time_picker_and_escaped_variables() -> None:
     sql = grafana_sql(dashboard_query("top_sessions_by_cost"))
 
-    assert "tenant_id = ${tenant:sqlstring}" in sql
+    assert "tenant_id = decodeURLComponent('${tenant:percentencode}')" in sql
     assert "first_created_at < $__toTime" in sql
     assert "last_finished_at >= $__fromTime" in sql
     assert "LIMIT CAST(decodeURLComponent('${limit:percentencode}') AS UInt32)" in sql
@@ -71,6 +71,17 @@ def as_grafana_would(sql: str, values: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+):(\w+)\}", replace, sql)
 
 
+def two_tenants() -> list[UsageEvent]:
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    return [
+        UsageEvent(
+            request_id=f"r_{tenant}", session_id="s", tenant_id=tenant, model="tiny",
+            status=UsageStatus.OK, num_prompt_tokens=10, created_at=at,
+        )
+        for tenant in ("acme", "globex")
+    ]  # fmt: skip
+
+
 UNION = (
     "20 UNION ALL SELECT tenant_id, session_id, sum(billed_units), sum(cost_units), count(),"
     " 0, sum(prompt_tokens), sum(completion_tokens), min(created_at), max(finished_at)"
@@ -81,15 +92,7 @@ UNION = (
 @pytest.mark.parametrize("limit", [UNION, "1) UNION ALL (SELECT 1", "\\' OR 1=1 --", "-1", "x"])
 def test_a_typed_variable_that_is_not_of_its_type_fails_the_query(limit: str) -> None:
     with ClickHouseStore("chdb://memory") as store:
-        at = datetime(2026, 3, 1, 12, tzinfo=UTC)
-        events = [
-            UsageEvent(
-                request_id=f"r_{tenant}", session_id="s", tenant_id=tenant, model="tiny",
-                status=UsageStatus.OK, num_prompt_tokens=10, created_at=at,
-            )
-            for tenant in ("acme", "globex")
-        ]  # fmt: skip
-        write_usage(store, events, Pricer(read_price_book(BUNDLED_PRICES)))
+        write_usage(store, two_tenants(), Pricer(read_price_book(BUNDLED_PRICES)))
         sql = grafana_sql(dashboard_query("top_sessions_by_cost"))
 
         [row] = store.query(as_grafana_would(sql, {"tenant": "acme", "limit": "20"}))
@@ -97,6 +100,18 @@ def test_a_typed_variable_that_is_not_of_its_type_fails_the_query(limit: str) ->
         with pytest.raises(DatabaseError, match=r"(?i)parse"):
             # pasted as typed, the other tenant's rows came back with acme's
             store.query(as_grafana_would(sql, {"tenant": "acme", "limit": limit}))
+
+
+def test_a_text_variable_cannot_end_its_string_literal() -> None:
+    # sqlstring doubles quotes only; ClickHouse reads \' as a quote inside the literal,
+    # so the quote after it ended the literal and the rest was SQL
+    escape = "\\' = '' ) OR 1=1 --"
+    sql = grafana_sql(dashboard_query("spend_by_tenant_per_day"))
+    with ClickHouseStore("chdb://memory") as store:
+        write_usage(store, two_tenants(), Pricer(read_price_book(BUNDLED_PRICES)))
+        for tenant in ("acme", escape, "o'brien"):
+            rows = store.query(as_grafana_would(sql, {"tenant": tenant}))
+            assert {row["tenant_id"] for row in rows} <= {"acme"}, tenant
 
 
 def test_a_decimal_variable_is_read_as_its_type() -> None:
