@@ -43,7 +43,11 @@ class SamplingParams(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
+    stop: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)] = Field(
+        default_factory=list
+    )
+    """At most 16 strings of at most 256 characters: the engine tests every one at each
+    step, and they are not counted as prompt tokens."""
     ignore_eos: bool = False
 
 

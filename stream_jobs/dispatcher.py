@@ -56,6 +56,7 @@ from enum import Enum
 from typing import Any, NamedTuple, Protocol
 
 import orjson
+from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry.context import Context
 from opentelemetry.trace import (
     NoOpTracer,
@@ -458,6 +459,16 @@ class Dispatcher:
 
     async def _admit(self, span: Span, record: Record) -> Outcome | Admitted:
         _, partition, _, key, value, headers = record
+        limit = self._settings.max_request_record_bytes
+        if value is not None and len(value) > limit:
+            # Its forward would not fit a record: refused here, not retried there.
+            self.metrics.num_rejected_invalid += 1
+            message = (
+                f"the request record is {len(value)} bytes; the job admits at most {limit} "
+                "(TOKENBUS_MAX_REQUEST_RECORD_BYTES)"
+            )
+            await self._refuse_unreadable(record, message, code="request_too_large")
+            return Outcome.REFUSED
         try:
             request = decode(InferenceRequest, value)
         except SchemaError as exc:
@@ -1116,10 +1127,14 @@ class Dispatcher:
             self._publish, self._topics, record, consumer=self._settings.faust_app_id, reason=reason
         )
 
-    async def _refuse_unreadable(self, record: Record, reason: str) -> None:
+    async def _refuse_unreadable(
+        self, record: Record, reason: str, *, code: str | None = None
+    ) -> None:
         """Dead-lettered; and told on its reply topic, when the record names one and an
         id (so its producer does not wait for its timeout), unless that id is taken."""
-        await self._dead_letter(record, reason)
+        await self._dead_letter(
+            record, f"{code}: {reason}" if code != "invalid_request" else reason
+        )
         try:
             data = orjson.loads(record.value or b"")
         except orjson.JSONDecodeError:
@@ -1134,7 +1149,9 @@ class Dispatcher:
             return
         if not self._topics.is_reply_topic(reply_to) or self._known(tenant_id, request_id):
             return
-        error = ErrorInfo(code="invalid_request", message=reason)
+        if not TENANT_ID.fullmatch(tenant_id):
+            return
+        error = ErrorInfo(code=code or "invalid_request", message=reason)
         await self._reply_only(reply_to, tenant_id, request_id, 0, error)
 
     async def _refuse_unproven(
@@ -1412,6 +1429,29 @@ class Dispatcher:
     async def _forward(self, waiting: _Waiting, picked: _Picked | None) -> None:
         try:
             outcome = await self._send(waiting, picked)
+        except MessageSizeTooLargeError as exc:
+            # Never fits, however often it is sent (a resumed request carries the tokens
+            # it streamed): answered, not retried for good with its event unacked.
+            request = waiting.request
+            self.metrics.num_rejected_invalid += 1
+            log.warning("%s/%s cannot be forwarded: %s", request.tenant_id, request.request_id, exc)
+            error = ErrorInfo(
+                code="request_too_large",
+                message="the request, as forwarded to its worker, is larger than a record "
+                "may be; send a shorter prompt or fewer stop strings",
+            )
+            try:
+                outcome = await self._turn_down(
+                    request, error, self._clock.time(), home=waiting.home
+                )
+            except Exception:
+                log.warning("refusing %s/%s failed", request.tenant_id, request.request_id)
+                await asyncio.sleep(FORWARD_RETRY_S)
+                if not waiting.done.done():
+                    self._queue_again(waiting)
+                return
+            if not waiting.done.done():
+                waiting.done.set_result(outcome)
         except Exception:
             # Not forwarded (nor answered): the broker refused the send or timed out.
             # It waits for a seat again, its event still unacked, rather than be acked

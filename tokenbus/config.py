@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     waited for the partition's batch to drain, and each produce request carried less. At
     256 KiB the job admitted 3,236 and 3,509 requests per core against 2,774 and 2,786
     (alternated pairs), the broker's CPU per request down by a third (BENCHMARKS.md)."""
+    max_request_record_bytes: int = Field(default=900_000, ge=4_096, le=1_000_000)
+    """The largest request record (its value) the job admits; a larger one is refused
+    with ``request_too_large``. The job's forward of a request is the request with the
+    fields it derives (a few hundred bytes), and must fit one record: the producers'
+    1 MB ``max_request_size``, Kafka's default message limit."""
     fetch_max_wait_ms: int | None = Field(default=None, ge=0)
     """How long the broker may hold a fetch of an idle partition: every consumer but the
     Faust job's (``consumer_fetch_wait_ms`` resolves it). Unset: 500 ms with the ``kafka``

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 
 from schemas.codec import decode, encode
 from schemas.fleet import WorkerStatus
@@ -588,3 +589,88 @@ async def test_a_tenant_s_cancel_of_a_running_request_goes_on_to_the_workers(bus
 
     assert decode(CancelRequest, sent).request_id == "r1"
     assert bus.dead_letters() == []
+
+
+# -- sizes: what would not fit a record is refused, never retried for good ------------------
+async def test_a_request_record_over_the_limit_is_refused_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    settings = Settings(
+        home=tmp_path, tenants_file=tenants, vip_reserve=0.0, max_request_record_bytes=4_096
+    )
+    recorder = Recorder()
+    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
+    dispatcher.observe_heartbeat(heartbeat())
+    bus = Bus(dispatcher, recorder)
+    small = body("r1", prompt="x" * 3_000)
+    large = body("r2", prompt="x" * 5_000)
+    assert await bus.produce(large, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    chunk = only(bus.chunks(ACME))
+    assert (chunk.request_id, chunk.error.code) == ("r2", "request_too_large")
+    assert "at most 4096" in chunk.error.message
+    letter = only(bus.dead_letters())
+    assert letter.reason.startswith("request_too_large: ") and letter.payload_bytes > 4_096
+    assert bus.topics() == {ACME, TOPICS.dead_letters}  # not read: no usage, no forward
+    loop = asyncio.create_task(dispatcher.run())
+    try:
+        assert await bus.produce(small, headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    "stop", [["s"] * 17, ["x" * 257]], ids=["17 strings", "a string of 257 characters"]
+)
+async def test_stop_strings_are_bounded(bus: Bus, stop: list[str]) -> None:
+    request = body("r1", sampling={"max_tokens": 8, "stop": stop})
+    assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    assert only(bus.chunks(ACME)).error.code == "invalid_request"
+    assert "stop" in only(bus.dead_letters()).reason
+    assert WORKER not in bus.topics()
+
+
+class RecordLimit(Recorder):
+    """A publisher that refuses records over ``limit`` bytes to the worker's topic, as
+    aiokafka's producer refuses those over its ``max_request_size``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.num_refused = 0
+
+    async def __call__(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> Any:
+        if topic == WORKER and len(value) > self.limit:
+            self.num_refused += 1
+            raise MessageSizeTooLargeError(f"{len(value)} bytes")
+        return await super().__call__(topic, key, value, headers)
+
+
+async def test_a_forward_too_large_to_send_is_answered_not_retried(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
+    recorder = RecordLimit(limit=2_000)
+    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
+    dispatcher.observe_heartbeat(heartbeat())
+    bus = Bus(dispatcher, recorder)
+    loop = asyncio.create_task(dispatcher.run())
+    try:
+        request = body("r1", prompt="x" * 1_900)  # under 2,000 bytes, its forward over
+        assert await bus.produce(request, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+        chunk = only(bus.chunks(ACME))
+        assert chunk.error.code == "request_too_large" and chunk.finish_reason == "rejected"
+        usage = only(bus.usage())
+        assert (usage.status, usage.error_code) == ("rejected", "request_too_large")
+        assert recorder.num_refused == 1
+        assert dispatcher.metrics.num_forward_retries == 0
+        assert ("acme", "r1") not in dispatcher._in_flight
+        # Refused: the window keeps none of its tokens, once its own row is read too.
+        assert dispatcher._store.load("acme").used()[0] == 0
+        dispatcher.observe_usage(encode(usage))
+        assert dispatcher._store.load("acme").used()[0] == 0
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
