@@ -379,46 +379,79 @@ def budget() -> None:
 @click.option("--tenant", help="The tenant's budget (with --model: tenant x model).")
 @click.option("--model", help="A model's (or adapter's) budget; with --tenant, that pair's.")
 @click.option("--key-sha256", help="An API key's budget, by the SHA-256 in the tenants file.")
-@click.option("--limit", required=True, help="Cost units per period (the price table's unit).")
+@click.option("--limit", help="Cost units per period (the price table's unit); not with --delete.")
 @click.option("--period", default="month", show_default=True, help="day|week|month|rolling:Nh")
 @click.option("--tz", help="Zone of a calendar period; default TOKENBUS_BUDGET_TZ.")
 @click.option("--soft", is_flag=True, help="Alert only; never refuse.")
-@click.option("--thresholds", default="50,80,95,100", show_default=True, help="Alert at these %.")
-@click.option("--delete", is_flag=True, help="Remove the budget these options name.")
+@click.option("--thresholds", help="Alert at these % (default 50,80,95,100).")
+@click.option(
+    "--delete",
+    is_flag=True,
+    help="Remove the budget that --tenant/--model/--key-sha256, --period and --tz name.",
+)
 def budget_set(
     tenant: str | None,
     model: str | None,
     key_sha256: str | None,
-    limit: str,
+    limit: str | None,
     period: str,
     tz: str | None,
     soft: bool,
-    thresholds: str,
+    thresholds: str | None,
     delete: bool,
 ) -> None:
-    """Write a budget to the budgets topic; every job instance applies it."""
+    """Write a budget to the budgets topic; every job instance applies it.
+
+    A budget is its entity, its period and, for a calendar period, its zone: --delete
+    removes the one that set with the same options wrote, and no other."""
+    import re
+
     from pydantic import ValidationError
 
+    from schemas import TENANT_ID_PATTERN
     from tokenbus.budget_admin import budget_record, publish_budget_change
-    from tokenbus.budget_config import BudgetConfig
+    from tokenbus.budget_config import DEFAULT_THRESHOLDS, BudgetConfig
 
+    if key_sha256 is not None and (tenant is not None or model is not None):
+        raise click.UsageError("--key-sha256 names a key's budget by itself: drop --tenant/--model")
+    if tenant is not None and re.fullmatch(TENANT_ID_PATTERN, tenant) is None:
+        raise click.BadParameter(f"{tenant!r} is not a tenant id", param_hint="--tenant")
+    if tz is not None and period.startswith("rolling:"):
+        raise click.BadParameter("a rolling period has no zone", param_hint="--tz")
+    if delete:
+        # what set writes into a budget, beyond naming it
+        values = (("--limit", limit), ("--soft", soft or None), ("--thresholds", thresholds))
+        setting = [name for name, value in values if value is not None]
+        if setting:
+            raise click.UsageError(f"--delete removes a budget: {', '.join(setting)} would set one")
+    elif limit is None:
+        raise click.UsageError("Missing option '--limit' (needed unless --delete).")
     settings = Settings()
     try:
         config = BudgetConfig(
             tenant=tenant,
             model=model,
             key_sha256=key_sha256,
-            limit=limit,  # type: ignore[arg-type]
+            limit=limit or "0",  # type: ignore[arg-type]
             period=period,
             tz=tz,
             enforce="soft" if soft else "hard",
-            thresholds=tuple(int(t) for t in thresholds.split(",") if t.strip()),
+            thresholds=DEFAULT_THRESHOLDS
+            if thresholds is None
+            else tuple(int(t) for t in thresholds.split(",") if t.strip()),
         )
         key, value = budget_record(config, settings.budget_tz)
     except (ValidationError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from None
     asyncio.run(publish_budget_change(settings, key, None if delete else value))
-    click.echo(f"{'removed' if delete else 'set'} {key.decode()}")
+    if not delete:
+        click.echo(f"set {key.decode()}")
+        return
+    zone = "" if period.startswith("rolling:") else f" in {tz or settings.budget_tz}"
+    click.echo(
+        f"removed {key.decode()}: the {period} budget{zone} of {config.entity}, as set with"
+        " these options; its budgets of other periods or zones stay"
+    )
 
 
 @budget.command("show")
