@@ -237,9 +237,9 @@ class CancelRequest(Message):
     The job drops it if still queued; the worker running it aborts it in vLLM.
     """
 
-    request_id: str
-    tenant_id: str
-    reason: str = "client_cancelled"
+    request_id: RequestId
+    tenant_id: TenantId
+    reason: Annotated[str, Field(max_length=256)] = "client_cancelled"
     """``client_cancelled``, ``timeout``, ... or ``reassigned`` (see ``REASSIGNED``)."""
     attempt: int | None = None
     """Only this attempt of the request; None: whichever attempt runs."""

@@ -610,7 +610,14 @@ def create_app(settings: Settings) -> faust.App:
     async def cancel_waiting(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            await dispatcher().handle_cancel(_record(message))
+            try:
+                await dispatcher().handle_cancel(_record(message))
+            except Exception:
+                # Logged and passed, as a request's failure is: one cancel must not end
+                # the agent, and with it every cancel after it.
+                log.exception(
+                    "cancel %s[%d]@%d failed", message.topic, message.partition, message.offset
+                )
 
     @app.task
     async def dispatch_loop() -> None:

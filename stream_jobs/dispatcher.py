@@ -1351,14 +1351,23 @@ class Dispatcher:
             await self._publish(self._topics.aborts, record.key or b"", encode(cancel))
             return
         self._queue.remove(_queue_key(ident))
+        try:
+            await self._answer(
+                waiting.request,
+                FinishReason.ABORT,
+                UsageStatus.CANCELLED,
+                ErrorInfo(code="cancelled", message=cancel.reason),
+            )
+        except Exception:
+            # Not answered: it waits again, as it was, rather than be neither served nor
+            # told. The cancel is logged by its agent; the producer may send it again.
+            if not waiting.done.done():
+                self._waiting[ident] = waiting
+                self._queue_again(waiting)
+            raise
         self.metrics.num_cancelled_waiting += 1
-        await self._answer(
-            waiting.request,
-            FinishReason.ABORT,
-            UsageStatus.CANCELLED,
-            ErrorInfo(code="cancelled", message=cancel.reason),
-        )
-        waiting.done.set_result(Outcome.CANCELLED)
+        if not waiting.done.done():
+            waiting.done.set_result(Outcome.CANCELLED)
         self._update_tier()
 
     def waiting_counts(self) -> dict[tuple[str, int], int]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.errors import KafkaError
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -311,6 +312,44 @@ async def test_over_the_request_rate_is_refused_naming_requests(
     assert (error.limit_kind, error.num_limit, error.num_remaining) == ("requests", 2, 0)
     assert error.retry_after_s is not None and 59 < error.retry_after_s <= 60
     loop.cancel()
+
+
+class FailingReplies(Recorder):
+    """A publisher whose next send to a reply topic fails, as a broker's refusal would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next = False
+
+    async def __call__(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> Any:
+        if self.fail_next and topic == REPLIES:
+            self.fail_next = False
+            raise KafkaError("the broker refused the record")
+        return await super().__call__(topic, key, value, headers)
+
+
+async def test_a_cancel_whose_answer_is_not_sent_leaves_its_request_waiting(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    recorder = FailingReplies()
+    settings = Settings(home=tmp_path, default_priority_class=0, vip_reserve=0.1)
+    dispatcher = dispatcher_for(settings, recorder, clock)
+    dispatcher.observe_heartbeat(heartbeat(capacity=1))
+    loop = asyncio.create_task(dispatcher.run())
+    try:
+        assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
+        waiting = await admit(dispatcher, request(2))
+        recorder.fail_next = True
+        with pytest.raises(KafkaError):
+            await cancel(dispatcher, "t", "r2")
+        # Neither served nor told would be lost: it waits again, as it was.
+        assert ("t", "r2") in dispatcher._waiting and not waiting.done()
+        assert dispatcher.metrics.num_cancelled_waiting == 0
+        await cancel(dispatcher, "t", "r2")  # sent again, it is cancelled
+        assert await asyncio.wait_for(waiting, 1) is Outcome.CANCELLED
+        assert recorder.chunks_on(REPLIES)[-1].error.code == "cancelled"
+    finally:
+        loop.cancel()
 
 
 async def test_a_cancelled_waiting_request_never_runs_and_is_refunded(

@@ -674,3 +674,22 @@ async def test_a_forward_too_large_to_send_is_answered_not_retried(tmp_path: Pat
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"reason": "x" * 500_000}, {"request_id": "r1/../x"}, {"tenant_id": "acme.eu"}],
+    ids=["a long reason", "a request id of no id's shape", "a tenant id of no tenant's shape"],
+)
+async def test_a_cancel_out_of_bounds_is_dead_lettered_whole(
+    bus: Bus, fields: dict[str, Any]
+) -> None:
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    value = orjson.dumps({"request_id": "r1", "tenant_id": "acme", **fields})
+    record = Record(TOPICS.cancels, 0, 9, b"acme", value, bearer(ACME_KEY))
+    await bus.dispatcher.handle_cancel(record)
+    (letter,) = bus.dead_letters()
+    assert letter.reason.startswith("cancel refused") and letter.payload_bytes == len(value)
+    assert len(bus.recorder.on(TOPICS.dead_letters)[0]) < 1_000_000
+    assert TOPICS.aborts not in bus.topics()
+    assert not bus.dispatcher._in_flight[("acme", "r1")].cancelled
