@@ -67,6 +67,12 @@ def submit(
     from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
     from tokenbus.prompt_tokens import PromptCounter
 
+    metadata: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--metadata")
+        metadata[key] = value
     settings = _settings()
     directory = settings.tenant_directory()
     if tenant not in directory and not settings.allow_unlisted_tenants:
@@ -74,7 +80,6 @@ def submit(
     data = path.read_bytes()
     if len(data) > settings.batch_max_file_bytes:
         raise click.ClickException(f"{path} exceeds {settings.batch_max_file_bytes} bytes")
-    metadata = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
     known = {settings.served_model_name, *settings.bridge_models}
     planner = Planner(
         PatternScreen.create(
