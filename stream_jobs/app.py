@@ -39,6 +39,7 @@ mark reached the changelog and the alert did not reach the topic.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -71,7 +72,7 @@ from tokenbus.clock import SYSTEM_CLOCK, Clock, OffsetClock
 from tokenbus.config import Settings
 from tokenbus.forwards import KafkaForwardLog
 from tokenbus.heap import freeze_startup_heap
-from tokenbus.kafka import make_consumer, track_reply_topics
+from tokenbus.kafka import key_partition, make_consumer, track_reply_topics
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
@@ -501,6 +502,7 @@ def create_app(settings: Settings) -> faust.App:
                 spend=spend,
                 tracer=tracing.tracer,
                 forwards=KafkaForwardLog(settings),
+                home_of=functools.partial(key_partition, num_partitions=settings.num_partitions),
             )
         return state["dispatcher"]
 

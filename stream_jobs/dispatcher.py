@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -345,8 +345,12 @@ class Dispatcher:
         pricer: Pricer | None = None,
         tracer: Tracer | None = None,
         forwards: ForwardLog | None = None,
+        home_of: Callable[[bytes], int] | None = None,
     ) -> None:
-        """``forwards``: reads back forwarded requests, for ``adopt``."""
+        """``forwards``: reads back forwarded requests, for ``adopt``. ``home_of``: the
+        partition a tenant's records belong on, given its key (the job's: Kafka's
+        default partitioner over ``num_partitions``); None checks no partition."""
+        self._home_of = home_of
         self._settings = settings
         self._publish = publish
         self._tracer = tracer or NoOpTracer()
@@ -497,12 +501,15 @@ class Dispatcher:
             trace_id=f"{span.get_span_context().trace_id:032x}",
         )
         owns_reply_topic = principal.owns_reply_topic(item.reply_to)
-        if key != principal.tenant_id.encode():
+        misplaced = self._partition_problem(principal.tenant_id, partition)
+        if key != principal.tenant_id.encode() or misplaced is not None:
             # On another tenant's partition: nothing of this tenant's (its window, its
             # ledger) may be written from here, nor a usage row its id could not match
-            # later. The producer hears of it, and may send it again keyed right.
+            # later. The producer hears of it, and may send it again keyed right. (On
+            # a partition its key does not hash to, another job instance may hold its
+            # tenant: admitted there and here, it could run twice, and on two quotas.)
             self.metrics.num_forbidden += 1
-            error = self._identity_problem(request, principal, key)
+            error = self._identity_problem(request, principal, key) or misplaced
             assert error is not None
             await self._dead_letter(record, f"{error.code}: {error.message}")
             if owns_reply_topic and not self._known(*ident):
@@ -972,6 +979,18 @@ class Dispatcher:
                 f"({principal.tenant_id!r}); this one's key is {key!r}",
             )
         return None
+
+    def _partition_problem(self, tenant_id: str, partition: int) -> ErrorInfo | None:
+        if self._home_of is None:
+            return None
+        home = self._home_of(tenant_id.encode())
+        if partition == home:
+            return None
+        return ErrorInfo(
+            code="invalid_partition",
+            message=f"tenant {tenant_id!r}'s records belong on partition {home} (Kafka's "
+            f"default partitioner, murmur2 of the key); this one is on {partition}",
+        )
 
     async def _turn_down(
         self,

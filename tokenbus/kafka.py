@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any, Protocol
@@ -47,6 +48,15 @@ def partition_by_key(key: bytes | None, all_partitions: list[int], available: li
     if len(all_partitions) == 1:
         return all_partitions[0]
     return int(_murmur2(key, all_partitions, available))
+
+
+@functools.lru_cache(maxsize=4096)
+def key_partition(key: bytes, num_partitions: int) -> int:
+    """The partition Kafka's default partitioner gives a record keyed ``key`` (murmur2,
+    as the Java client, aiokafka and librdkafka's ``murmur2_random`` hash it). Cached:
+    the keys are tenant ids, few, and the hash is pure Python."""
+    every = list(range(num_partitions))
+    return partition_by_key(key, every, every)
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:

@@ -35,7 +35,7 @@ from tests.integration.conftest import BUS_JWT_SECRET, bus_key, eventually
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
-from tokenbus.kafka import make_consumer, make_producer
+from tokenbus.kafka import key_partition, make_consumer, make_producer
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
@@ -71,6 +71,7 @@ async def produce(
     headers: list[tuple[str, bytes]] | None = None,
     priority: int = 1,
     times: int = 1,
+    partition: int | None = None,
 ) -> None:
     raw = value if isinstance(value, bytes) else orjson.dumps(value)
     producer = make_producer(settings)
@@ -82,6 +83,7 @@ async def produce(
                 raw,
                 key=key.encode() if key is not None else None,
                 headers=headers or [],
+                partition=partition,
             )
     finally:
         await producer.stop()
@@ -286,6 +288,30 @@ async def test_a_record_keyed_by_another_tenant_is_refused_and_may_be_sent_again
     # Nothing was kept of it: keyed right, the same request runs, and is billed once.
     listener.watch(value["request_id"], A)
     await produce(settings, value, key=A, headers=bearer(bus_key(A)))
+    chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 60)
+    assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 4
+    rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
+    assert [(r["tenant_id"], r["status"]) for r in rows] == [(A, "ok")]
+
+
+async def test_a_record_off_its_key_s_partition_is_refused_and_may_be_sent_again(
+    settings: Settings, listener: TokenbusClient, dlq: Tap
+) -> None:
+    # With several job instances, another may hold that partition: admitted on both, the
+    # id would run twice, on two quotas. A producer may name any partition; the job
+    # refuses one its key does not hash to.
+    home = key_partition(A.encode(), settings.num_partitions)
+    value = body(listener.reply_topic)
+    listener.watch(value["request_id"], A)
+    elsewhere = (home + 1) % settings.num_partitions
+    await produce(settings, value, key=A, headers=bearer(bus_key(A)), partition=elsewhere)
+    (chunk,) = await asyncio.wait_for(answer(listener, value["request_id"], A), 30)
+    assert chunk.error is not None and chunk.error.code == "invalid_partition"
+    assert f"belong on partition {home} " in chunk.error.message
+    (letter,) = await dead_letters(dlq, value["request_id"])
+    assert letter.reason.startswith("invalid_partition") and letter.partition == elsewhere
+    listener.watch(value["request_id"], A)
+    await produce(settings, value, key=A, headers=bearer(bus_key(A)), partition=home)
     chunks = await asyncio.wait_for(answer(listener, value["request_id"], A), 60)
     assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 4
     rows = await eventually(lambda: billing_rows(settings, value["request_id"]))

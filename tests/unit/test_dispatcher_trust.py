@@ -6,6 +6,7 @@ keys from a tenants file, service tokens) checked by ``tokenbus.auth``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.codec import decode, encode
 from schemas.fleet import WorkerStatus
@@ -33,6 +35,7 @@ from tests.unit.fakes import (
     service_headers,
 )
 from tokenbus.config import Settings
+from tokenbus.kafka import key_partition
 from tokenbus.tenants import hash_api_key
 
 NOW = float(int(datetime(2026, 3, 2, 10, 0, tzinfo=UTC).timestamp()))
@@ -693,3 +696,48 @@ async def test_a_cancel_out_of_bounds_is_dead_lettered_whole(
     assert len(bus.recorder.on(TOPICS.dead_letters)[0]) < 1_000_000
     assert TOPICS.aborts not in bus.topics()
     assert not bus.dispatcher._in_flight[("acme", "r1")].cancelled
+
+
+# -- partitions: a tenant's records belong on its key's partition ----------------------------
+@pytest.mark.parametrize("partition", [1, 2, 3])
+async def test_a_record_off_its_key_s_partition_is_refused_and_writes_nothing(
+    tmp_path: Path, partition: int
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
+    recorder = Recorder()
+    home_of = functools.partial(key_partition, num_partitions=4)
+    assert home_of(b"acme") == 0
+    dispatcher = memory_dispatcher(
+        settings, recorder, allow_unlisted=False, clock=ManualClock(NOW), home_of=home_of
+    )
+    dispatcher.observe_heartbeat(heartbeat())
+    loop = asyncio.create_task(dispatcher.run())
+    try:
+        request = orjson.dumps(body("r1"))
+        # Another job instance may hold partition ``partition``: admitted there too, the
+        # id would run twice, on two quotas.
+        off = Record("p", partition, 0, b"acme", request, bearer(ACME_KEY))
+        assert await dispatcher.handle_request(off) is Outcome.REFUSED
+        chunk = only(recorder.chunks_on(ACME))
+        assert chunk.error.code == "invalid_partition"
+        assert "partition 0 (Kafka's default partitioner" in chunk.error.message
+        letter = only([decode(DeadLetter, v) for v in recorder.on(TOPICS.dead_letters)])
+        assert letter.reason.startswith("invalid_partition: ") and letter.partition == partition
+        assert {topic for topic, _, _ in recorder.sent} == {ACME, TOPICS.dead_letters}
+        assert dispatcher._store.load("acme").used() == (0, 0)
+        # The same record where its key puts it is served: the id was left free.
+        home = Record("p", 0, 1, b"acme", request, bearer(ACME_KEY))
+        assert await asyncio.wait_for(dispatcher.handle_request(home), 2) is Outcome.FORWARDED
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+@pytest.mark.parametrize("num_partitions", [1, 4, 12, 64])
+def test_a_key_s_partition_is_the_default_partitioner_s(num_partitions: int) -> None:
+    every = list(range(num_partitions))
+    for n in range(200):
+        key = f"tenant-{n}".encode()
+        assert key_partition(key, num_partitions) == DefaultPartitioner()(key, every, every)
