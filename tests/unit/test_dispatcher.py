@@ -347,7 +347,8 @@ async def test_a_cancel_whose_answer_is_not_sent_leaves_its_request_waiting(
         assert dispatcher.metrics.num_cancelled_waiting == 0
         await cancel(dispatcher, "t", "r2")  # sent again, it is cancelled
         assert await asyncio.wait_for(waiting, 1) is Outcome.CANCELLED
-        assert recorder.chunks_on(REPLIES)[-1].error.code == "cancelled"
+        error = recorder.chunks_on(REPLIES)[-1].error
+        assert error is not None and error.code == "cancelled"
     finally:
         loop.cancel()
 
