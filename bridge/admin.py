@@ -5,7 +5,8 @@
     GET    /admin/budgets              the job's spend per budget (its /budgets)
 
 A tenant's key or token is never an admin credential: only the admin key, compared in
-constant time. With no admin key configured the routes answer 404, as if absent.
+constant time. With no admin key configured the routes answer 404, as if absent. The
+bridge's ``/metrics`` (every tenant's name and model) is the operator's the same way.
 """
 
 from __future__ import annotations
@@ -27,15 +28,20 @@ from tokenbus.config import Settings
 PublishChange = Callable[[Settings, bytes, bytes | None], Awaitable[None]]
 
 
+def check_admin_key(settings: Settings, http: Request, what: str = "The admin API") -> None:
+    """404 with no admin key configured, 401 unless the bearer is the admin key."""
+    if not settings.admin_key:
+        raise ApiError(404, "Not found.", type="invalid_request_error", code="not_found")
+    scheme, _, given = http.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), settings.admin_key.encode()
+    ):
+        raise unauthorized(f"{what} takes the admin key only.")
+
+
 def admin_routes(settings: Settings, publish: PublishChange = publish_budget_change) -> list[Route]:
     def check(http: Request) -> None:
-        if not settings.admin_key:
-            raise ApiError(404, "Not found.", type="invalid_request_error", code="not_found")
-        scheme, _, given = http.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), settings.admin_key.encode()
-        ):
-            raise unauthorized("The admin API takes the admin key only.")
+        check_admin_key(settings, http)
 
     async def put_budget(http: Request) -> Response:
         check(http)

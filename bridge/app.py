@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bridge.admin import admin_routes
+from bridge.admin import admin_routes, check_admin_key
 from bridge.admission import Planner
 from bridge.auth import Authenticator
 from bridge.batch_api import BatchApi
@@ -167,6 +167,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> Starlette:
         return JSONResponse(health.model_dump(mode="json"))
 
     async def prometheus(http: Request) -> Response:
+        # Every tenant's name and model, adapters included: the operator's, not a caller's.
+        check_admin_key(settings, http, "/metrics")
         return Response(metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def openapi(http: Request) -> Response:

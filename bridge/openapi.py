@@ -178,13 +178,16 @@ def build_spec(model_example: str = "tiny-llama") -> dict[str, Any]:
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics",
+                    "summary": "Prometheus metrics, for the operator: the admin key as bearer",
+                    "security": [{"bearer": []}],
                     "responses": {
                         "200": {
                             "description": "Prometheus text format.",
                             "headers": _ID_HEADERS,
                             "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
+                        },
+                        "401": _error("Any credential but the admin key.", "401"),
+                        "404": _error("No admin key is configured.", "404"),
                     },
                 }
             },

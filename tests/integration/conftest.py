@@ -67,6 +67,9 @@ TENANTS: dict[str, dict[str, object]] = {
 }
 BUS_KEYED = ("tenant-raw", "trust-a", "trust-b", "trust-small", "scale-bridge")
 BUS_JWT_SECRET = "bus-test-hs256-secret-0123456789abcdef"
+# The operator's key: the bridges' /metrics and admin API take it (ADMIN_AUTH).
+ADMIN_KEY = "adm-test-0123456789abcdef"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 # Spend budgets (test_budgets.py), on the session's stack: its job's clock is moved by
 # ``<home>/clock-offset`` and its alerts go to ``webhook``.
 BUDGET_TEAM_KEY = "sk-bud-team-0123456789abcdef"
@@ -211,6 +214,7 @@ def stack(
         # The tests' clients hold the stack's service secret and name tenants freely.
         allow_unlisted_tenants=True,
         jwt_hs256_secret=BUS_JWT_SECRET,
+        admin_key=ADMIN_KEY,
         clock_offset_file=home / "clock-offset",
         budget_webhook_url=webhook,
         budget_webhook_secret=WEBHOOK_SECRET,

@@ -26,7 +26,13 @@ from schemas import (
     decode,
     encode,
 )
-from tests.integration.conftest import BridgeProcess, bridge_key, engine_busy, eventually
+from tests.integration.conftest import (
+    ADMIN_AUTH,
+    BridgeProcess,
+    bridge_key,
+    engine_busy,
+    eventually,
+)
 from tokenbus.chunks import Chunk
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer, make_producer
@@ -55,7 +61,7 @@ def usage_row(settings: Settings, tenant: str, request_id: str) -> list[dict[str
 
 
 def relayed_tokens(bridge: BridgeProcess, tenant: str) -> float:
-    text = httpx.get(f"{bridge.url}/metrics").text
+    text = httpx.get(f"{bridge.url}/metrics", headers=ADMIN_AUTH).text
     match = re.search(
         rf'^tokenbus_bridge_tokens_relayed_total{{tenant="{re.escape(tenant)}"}} (\S+)$',
         text,

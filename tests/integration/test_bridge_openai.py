@@ -17,6 +17,7 @@ import pytest
 
 from billing.reader import open_reader
 from tests.integration.conftest import (
+    ADMIN_AUTH,
     BRIDGE_JWT_SECRET,
     BridgeProcess,
     bridge_key,
@@ -255,10 +256,12 @@ async def test_the_stack_starts_a_bridge(settings: Settings) -> None:
         health = await http.get("/healthz")
         spec = await http.get("/openapi.json")
         anonymous = await http.get("/v1/models")
-        metrics = await http.get("/metrics")
+        anonymous_metrics = await http.get("/metrics")
+        metrics = await http.get("/metrics", headers=ADMIN_AUTH)
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["reply_topic"].startswith(f"{settings.topic_prefix}.replies.")
     assert spec.json()["openapi"] == "3.1.0"
     assert anonymous.status_code == 401
     assert is_session_id(anonymous.headers["x-session-id"])
+    assert anonymous_metrics.status_code == 401  # every tenant's name: the operator's
     assert "tokenbus_bridge_requests_total" in metrics.text

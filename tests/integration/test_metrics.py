@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.integration.conftest import BridgeProcess, bridge_key, eventually
+from tests.integration.conftest import ADMIN_AUTH, BridgeProcess, bridge_key, eventually
 from tokenbus.config import Settings
 from tokenbus_cli.stack import Stack
 
@@ -23,7 +23,8 @@ MODEL = "tiny-llama"
 
 
 def scrape(url: str) -> list[Sample]:
-    response = httpx.get(url, timeout=10)
+    # The bridge's takes the admin key; the other services' listen on loopback only.
+    response = httpx.get(url, headers=ADMIN_AUTH, timeout=10)
     assert response.status_code == 200, (url, response.text[:500])
     return [
         sample

@@ -27,6 +27,10 @@ class NoBus:
 
 @pytest.fixture
 def app(tmp_path: Path) -> Starlette:
+    return build(tmp_path)
+
+
+def build(tmp_path: Path, **overrides: Any) -> Starlette:
     tenants = {"alice": {"api_key_sha256": [hash_api_key(KEY)], "models": ["tiny-llama"]}}
     tenants_file = tmp_path / "tenants.json"
     tenants_file.write_text(json.dumps({"tenants": tenants}))
@@ -35,6 +39,7 @@ def app(tmp_path: Path) -> Starlette:
         tenants_file=tenants_file,
         model_path=tmp_path / "no-model",
         bus_service_secret="unit-test-bus-service-secret-0123456789",
+        **overrides,
     )
     bus: Any = NoBus()
     return create_app(settings, bus=bus)
@@ -68,3 +73,16 @@ def test_starlette_s_own_refusals_answer_in_openai_s_error_shape(app: Starlette)
     )
     error = assert_openai_error(nameless_part, 400, "invalid_body")
     assert "name" in error["message"]
+
+
+def test_metrics_are_the_operator_s_not_a_caller_s(tmp_path: Path) -> None:
+    # They name every tenant and the models it used, its adapters included.
+    client = TestClient(build(tmp_path, admin_key="adm-0123456789"))
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=AUTH).status_code == 401
+    scraped = client.get("/metrics", headers={"Authorization": "Bearer adm-0123456789"})
+    assert scraped.status_code == 200
+    assert "tokenbus_bridge_requests_total" in scraped.text
+
+    no_admin_key = TestClient(build(tmp_path))
+    assert no_admin_key.get("/metrics", headers=AUTH).status_code == 404

@@ -14,6 +14,12 @@ def test_every_completion_operation_documents_every_error_status_and_id_headers(
         assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
 
 
+def test_metrics_are_documented_as_the_admin_key_s() -> None:
+    operation = build_spec()["paths"]["/metrics"]["get"]
+    assert operation["security"] == [{"bearer": []}]
+    assert set(operation["responses"]) == {"200", "401", "404"}
+
+
 def test_request_schemas_are_closed_and_refs_resolve() -> None:
     spec = build_spec("served-model")
     schemas = spec["components"]["schemas"]
