@@ -38,6 +38,7 @@ from batches.progress import BatchLog, LineResult, Retry, line_request_id
 from producers import TokenbusClient
 from schemas import FinishReason, InferenceRequest, SchemaError
 from schemas.batches import BatchDoc, FileDoc, LineError, OutputLine, PreparedLine
+from tokenbus.auth import ServiceTokens
 from tokenbus.batch.store import BatchStore
 from tokenbus.chunks import decode_batch
 from tokenbus.config import Settings
@@ -77,6 +78,8 @@ class BatchRun:
         self.cancel_requested = doc.status == "cancelling"
         self._in_flight: dict[int, InferenceRequest] = {}
         self._pace = Pace()
+        secret = settings.bus_service_secret
+        self._tokens = ServiceTokens(secret) if secret else None
 
     def cancel(self) -> None:
         self.cancel_requested = True
@@ -154,6 +157,7 @@ class BatchRun:
                     if line_no is None:
                         break
                     self._in_flight[line_no] = await client.submit(
+                        credential=self._credential(by_no[line_no], client.reply_prefix),
                         tenant_id=self.doc.tenant,
                         prompt=by_no[line_no].prompt,
                         messages=by_no[line_no].messages,
@@ -171,6 +175,21 @@ class BatchRun:
             if now - saved_at >= self._settings.batch_status_interval_s:
                 saved_at = now
                 await self._save(fold, submit_errors)
+
+    def _credential(self, line: PreparedLine, reply_prefix: str) -> str | None:
+        """The token a line goes out with: bound as the creating credential's own requests
+        are (its key's budgets and usage, its token's balance) and with the line's
+        screening flags; None, the client's own token, when there is nothing to bind."""
+        bound = self.doc.credential
+        if self._tokens is None or (bound is None and not line.flags):
+            return None
+        return self._tokens.token(
+            self.doc.tenant,
+            reply_prefix,
+            quota_balance=bound.quota_balance if bound else None,
+            flags=tuple(line.flags),
+            key_sha256=bound.key_sha256 if bound else None,
+        )
 
     async def _finalize(
         self,

@@ -40,7 +40,7 @@ from bridge.errors import (
     too_large,
 )
 from bridge.gateway import ClientGone, Gateway, ids_of
-from schemas.batches import BatchDoc
+from schemas.batches import BatchCredential, BatchDoc
 from tokenbus.batch.commands import send_command
 from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
@@ -192,6 +192,9 @@ class BatchApi:
                 metadata=body.metadata,
                 check_body=BodyChecker(self._planner, caller),
                 now=time.time(),
+                credential=BatchCredential(
+                    key_sha256=caller.key_sha256, quota_balance=caller.quota_balance
+                ),
             )
         except BatchRefused as exc:
             type_ = "invalid_request_error"
@@ -282,4 +285,4 @@ def _capped(receive: Receive, limit: int) -> Receive:
 
 
 def _public(doc: BatchDoc) -> dict[str, Any]:
-    return doc.model_dump(mode="json")
+    return doc.model_dump(mode="json", exclude={"credential"})

@@ -47,6 +47,7 @@ class BodyChecker:
             prompt=plan.prompt,
             messages=plan.messages,
             sampling=plan.sampling,
+            flags=list(plan.flags),
         )
 
 

@@ -10,6 +10,7 @@ ignores what it does not know).
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,6 +57,20 @@ class PreparedLine(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams
+    flags: list[str] = Field(default_factory=list)
+    """What the bridge's screening raised for this line (``injection_suspected``, ...),
+    as it would for the same request sent alone: the job and billing see them alike."""
+
+
+class BatchCredential(BaseModel):
+    """What the credential that created a batch binds its lines to, as the same credential's
+    own requests are bound: its key's budgets and usage (``key_sha256``), and its token's
+    ``quota_balance``. Kept with the batch, never shown by the API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_sha256: str | None = None
+    quota_balance: Decimal | None = None
 
 
 class LineError(BaseModel):
@@ -149,6 +164,8 @@ class BatchDoc(BaseModel):
     model: str | None = None
     # -- tokenbus's own -------------------------------------------------------------------
     tenant: str
+    credential: BatchCredential | None = None
+    """The creating credential's bounds (None: an operator's batch, the tenant's own)."""
     in_flight: int = 0
     eta_s: float | None = None
     """Seconds to completion at the recent pace; None until there is a pace."""

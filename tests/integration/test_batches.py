@@ -5,6 +5,7 @@ cancel, expiry, and the runner and the job killed mid-batch."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jwt
 import openai
 import pytest
 from aiokafka import TopicPartition
@@ -218,6 +220,36 @@ async def test_500_lines_through_the_openai_client_complete_each_custom_id_once(
         prompt,
         completion,
     )
+
+
+async def test_a_batch_is_bound_as_the_credential_that_created_it(
+    bridge: BridgeProcess, settings: Settings, bridge_rsa_key: Any
+) -> None:
+    # A token with nothing left to spend: its batch's lines are refused as its own
+    # requests would be, not run on the tenant's service token.
+    now = int(time.time())
+    claims = {"tenant": TENANT, "aud": "tokenbus", "exp": now + 300, "nbf": now - 1}
+    token = jwt.encode({**claims, "quota_balance": "0"}, bridge_rsa_key, algorithm="RS256")
+    by_token = openai.OpenAI(api_key=token, base_url=f"{bridge.url}/v1", max_retries=2, timeout=60)
+    tag = f"bd{now}"
+    batch = await poll(by_token, submit(by_token, batch_input(tag, 3, max_tokens=2)).id, ended)
+    good, bad = results_of(by_token, batch)
+    assert good == [] and len(bad) == 3
+    assert {line["error"]["code"] for line in bad} == {"insufficient_quota"}
+    # An API key's batch: each line's usage is filed under that key, as its requests'.
+    client = openai_client(bridge)
+    batch = await poll(client, submit(client, batch_input(f"{tag}k", 2, max_tokens=2)).id, ended)
+    assert batch.status == "completed"
+
+    def keys() -> list[str | None]:
+        rows = open_reader(settings).query(
+            "SELECT key_sha256 FROM usage_events WHERE tenant_id = %(t)s AND batch_id = %(b)s",
+            {"t": TENANT, "b": batch.id},
+        )
+        return [row["key_sha256"] for row in rows]
+
+    key_sha256 = hashlib.sha256(bridge_key(TENANT).encode()).hexdigest()
+    assert await eventually(keys, until=lambda k: len(k) == 2) == [key_sha256, key_sha256]
 
 
 async def test_batch_lines_stream_their_tokens_at_the_batch_interval(

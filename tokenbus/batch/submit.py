@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from schemas.batches import (
+    BatchCredential,
     BatchDoc,
     BatchEndpoint,
     BatchErrorItem,
@@ -107,6 +108,7 @@ def create_batch(
     metadata: object,
     check_body: BodyCheck,
     now: float,
+    credential: BatchCredential | None = None,
 ) -> BatchDoc:
     """Checks and records a batch (blocking I/O: call it in a thread)."""
     if endpoint not in ("/v1/chat/completions", "/v1/completions"):
@@ -160,6 +162,7 @@ def create_batch(
         errors=_doc_errors(errors),
         model=prepared[0].model if prepared else None,
         tenant=tenant,
+        credential=credential,
     )
     store.put_lines(tenant, doc.id, prepared, errors)
     store.put_batch(doc)
