@@ -140,6 +140,8 @@ def rejection(error: ErrorInfo | ChunkError, *, tokens_per_minute: int) -> ApiEr
         return model_refused(error.message)
     if error.code == "prompt_too_long":
         return too_large(error.message, None, "context_length_exceeded")
+    if error.code == "request_too_large":
+        return too_large(error.message, None, "request_too_large")
     if error.code == "invalid_request":
         return invalid_request(error.message, None)
     if error.code in ("no_worker", "overloaded"):

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol, TypeVar, Unpack
 
+from aiokafka.errors import MessageSizeTooLargeError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
@@ -276,6 +277,13 @@ class Gateway:
                 )
             finally:
                 otel_context.detach(submitting)
+        except MessageSizeTooLargeError:
+            path.end(waiting)
+            raise too_large(
+                "The request is larger than a bus record may be; send a shorter prompt.",
+                None,
+                "request_too_large",
+            ) from None
         except BaseException:
             path.end(waiting)
             raise

@@ -86,3 +86,30 @@ def test_metrics_are_the_operator_s_not_a_caller_s(tmp_path: Path) -> None:
 
     no_admin_key = TestClient(build(tmp_path))
     assert no_admin_key.get("/metrics", headers=AUTH).status_code == 404
+
+
+class RecordTooLarge(NoBus):
+    """A bus whose producer refuses the request's record, as aiokafka does past its
+    ``max_request_size``."""
+
+    async def submit(self, **fields: Any) -> Any:
+        from aiokafka.errors import MessageSizeTooLargeError
+
+        raise MessageSizeTooLargeError("the record is larger than max_request_size")
+
+
+def test_a_request_too_large_for_a_record_is_a_413_not_a_500(tmp_path: Path) -> None:
+    bus: Any = RecordTooLarge()
+    tenants = {"alice": {"api_key_sha256": [hash_api_key(KEY)], "models": ["tiny-llama"]}}
+    (tmp_path / "tenants.json").write_text(json.dumps({"tenants": tenants}))
+    settings = Settings(
+        home=tmp_path,
+        tenants_file=tmp_path / "tenants.json",
+        model_path=tmp_path / "no-model",
+        bus_service_secret="unit-test-bus-service-secret-0123456789",
+    )
+    client = TestClient(create_app(settings, bus=bus))
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+    answer = client.post("/v1/chat/completions", headers=AUTH, json=body)
+    error = assert_openai_error(answer, 413, "request_too_large")
+    assert "larger than a bus record" in error["message"]

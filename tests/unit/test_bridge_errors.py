@@ -14,6 +14,7 @@ from schemas import ErrorInfo
         ("overloaded", 503),
         ("model_not_allowed", 403),
         ("prompt_too_long", 413),
+        ("request_too_large", 413),
         ("invalid_request", 400),
         ("timeout", 504),
         ("engine_error", 502),
