@@ -73,6 +73,7 @@ from tokenbus.config import Settings
 from tokenbus.forwards import KafkaForwardLog
 from tokenbus.heap import freeze_startup_heap
 from tokenbus.kafka import key_partition, make_consumer, track_reply_topics
+from tokenbus.metadata import ExistingTopics
 from tokenbus.replies import KafkaReplyLog
 from tokenbus.topics import Topics
 from tokenbus.tracing import Tracing
@@ -488,6 +489,8 @@ def create_app(settings: Settings) -> faust.App:
             headers=list(headers) if headers else None,
         )
 
+    knows_topic = ExistingTopics(lambda: cast(Any, app.producer)._ensure_producer().client)
+
     tracing = Tracing(settings, "job")
 
     def dispatcher() -> Dispatcher:
@@ -503,6 +506,7 @@ def create_app(settings: Settings) -> faust.App:
                 tracer=tracing.tracer,
                 forwards=KafkaForwardLog(settings),
                 home_of=functools.partial(key_partition, num_partitions=settings.num_partitions),
+                knows_topic=knows_topic,
             )
         return state["dispatcher"]
 

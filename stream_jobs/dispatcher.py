@@ -346,11 +346,16 @@ class Dispatcher:
         tracer: Tracer | None = None,
         forwards: ForwardLog | None = None,
         home_of: Callable[[bytes], int] | None = None,
+        knows_topic: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         """``forwards``: reads back forwarded requests, for ``adopt``. ``home_of``: the
         partition a tenant's records belong on, given its key (the job's: Kafka's
-        default partitioner over ``num_partitions``); None checks no partition."""
+        default partitioner over ``num_partitions``); None checks no partition.
+        ``knows_topic``: whether a topic exists, found out without making it
+        (``tokenbus.metadata.ExistingTopics``): a refusal of a producer nobody
+        identified goes only to one that does; None: every topic does."""
         self._home_of = home_of
+        self._knows_topic = knows_topic
         self._settings = settings
         self._publish = publish
         self._tracer = tracer or NoOpTracer()
@@ -1150,28 +1155,28 @@ class Dispatcher:
         self, record: Record, reason: str, *, code: str | None = None
     ) -> None:
         """Dead-lettered; and told on its reply topic, when the record names one and an
-        id (so its producer does not wait for its timeout), unless that id is taken."""
-        await self._dead_letter(
-            record, f"{code}: {reason}" if code != "invalid_request" else reason
-        )
+        id (so its producer does not wait for its timeout), unless that id is taken or
+        the topic is not one the job knows (``_answerable``)."""
+        letter = reason if code is None else f"{code}: {reason}"
         try:
             data = orjson.loads(record.value or b"")
         except orjson.JSONDecodeError:
-            return
+            data = None
         if not isinstance(data, dict):
+            await self._dead_letter(record, letter)
             return
         request_id, reply_to = data.get("request_id"), data.get("reply_to")
         tenant_id = data.get("tenant_id")
         if not isinstance(tenant_id, str):
             tenant_id = (record.key or b"").decode("utf-8", "replace")
         if not (isinstance(request_id, str) and isinstance(reply_to, str)):
+            await self._dead_letter(record, letter)
             return
-        if not self._topics.is_reply_topic(reply_to) or self._known(tenant_id, request_id):
-            return
-        if not TENANT_ID.fullmatch(tenant_id):
-            return
-        error = ErrorInfo(code=code or "invalid_request", message=reason)
-        await self._reply_only(reply_to, tenant_id, request_id, 0, error)
+        unanswered = await self._unanswerable(tenant_id, request_id, reply_to)
+        await self._dead_letter(record, letter if unanswered is None else f"{letter} {unanswered}")
+        if unanswered is None:
+            error = ErrorInfo(code=code or "invalid_request", message=reason)
+            await self._reply_only(reply_to, tenant_id, request_id, 0, error)
 
     async def _refuse_unproven(
         self,
@@ -1182,18 +1187,33 @@ class Dispatcher:
         now: float,
     ) -> None:
         """No credential proves who sent this. It is dead-lettered, and answered on its
-        reply topic under the tenant it claims, unless that tenant's request id is one
-        the job holds. Nothing else: no usage row, no window, budget or ledger write, for
-        the tenant it names is only a claim (a rejected row under the victim's id would
-        settle the real request's reservation to nothing, and take its billing key)."""
+        reply topic under the tenant it claims, when ``_answerable``. Nothing else: no
+        usage row, no window, budget or ledger write, for the tenant it names is only a
+        claim (a rejected row under the victim's id would settle the real request's
+        reservation to nothing, and take its billing key)."""
         reason = f"{exc.code}: {exc.message}"
-        if self._known(claimed, request.request_id):
-            await self._dead_letter(record, f"{reason} (not answered: the request id is in use)")
-            return
-        await self._dead_letter(record, reason)
-        if TENANT_ID.fullmatch(claimed) and self._topics.is_reply_topic(request.reply_to):
+        unanswered = await self._unanswerable(claimed, request.request_id, request.reply_to)
+        await self._dead_letter(record, reason if unanswered is None else f"{reason} {unanswered}")
+        if unanswered is None:
             error = ErrorInfo(code=exc.code, message=exc.message)
             await self._reply_only(request.reply_to, claimed, request.request_id, 0, error)
+
+    async def _unanswerable(self, tenant_id: str, request_id: str, reply_to: str) -> str | None:
+        """Why a record nobody proved is not answered (None: it is): its claimed tenant
+        must have a tenant's shape, and its request id must not be one the job holds
+        (nobody may answer it). Its reply topic must exist: sending to one that does not
+        would make it, on a broker that makes topics on demand (Kafka's default), or
+        wait for it, on one that does not, holding an admission slot; neither for a
+        producer nobody identified."""
+        if not TENANT_ID.fullmatch(tenant_id):
+            return "(not answered: no tenant id)"
+        if not self._topics.is_reply_topic(reply_to):
+            return "(not answered: not a reply topic)"
+        if self._known(tenant_id, request_id):
+            return "(not answered: the request id is in use)"
+        if self._knows_topic is not None and not await self._knows_topic(reply_to):
+            return "(not answered: no such topic)"
+        return None
 
     async def _publish_rejected(self, item: WorkItem, code: str) -> None:
         usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)

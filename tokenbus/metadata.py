@@ -33,8 +33,12 @@ good.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
+
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import KafkaError
 
 
 class SentTopics:
@@ -112,3 +116,59 @@ class ProducerTopics:
     def _schedule(self) -> None:
         loop = asyncio.get_running_loop()
         self._round = loop.call_later(self._forget_after_s, self._run_round)
+
+
+class ExistingTopics:
+    """Whether a topic exists, found out without making it: from the metadata a client
+    holds, else from an answer about every topic (a metadata request that names no topic
+    makes none), asked at most once per ``refresh_s`` (so a flood of names costs the
+    broker ten such answers a second at most, by default), lookups meanwhile sharing it.
+
+    A producer's send to a topic it holds no metadata of names the topic to the broker,
+    and a broker that makes topics on demand (Kafka's default) makes it; one that does
+    not keeps the send waiting for it. A service that answers on a topic an outsider
+    named, such as the job refusing a record nobody proved, asks here first."""
+
+    def __init__(
+        self,
+        client: Callable[[], Any],
+        *,
+        refresh_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``client``: the ``aiokafka`` client to ask with (called on each look, since
+        a producer may make its client late)."""
+        self._client = client
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._every: frozenset[str] = frozenset()
+        self._asked_at = -float("inf")
+        self._asking: asyncio.Future[frozenset[str]] | None = None
+
+    async def __call__(self, topic: str) -> bool:
+        client = self._client()
+        # ClusterMetadata's own lookup: a producer's is patched to start tracking the
+        # topic (``ProducerTopics``), which would name it to the broker.
+        if ClusterMetadata.partitions_for_topic(client.cluster, topic) is not None:
+            return True
+        if topic in self._every:
+            return True
+        if self._asking is None and self._clock() - self._asked_at >= self._refresh_s:
+            self._asked_at = self._clock()
+            self._asking = asyncio.ensure_future(self._ask(client))
+        if self._asking is None:
+            return False  # asked lately: not there then
+        asking = self._asking
+        try:
+            self._every = await asyncio.shield(asking)
+        finally:
+            if self._asking is asking and asking.done():
+                self._asking = None
+        return topic in self._every
+
+    async def _ask(self, client: Any) -> frozenset[str]:
+        try:
+            metadata = await client.fetch_all_metadata()
+        except KafkaError:
+            return self._every
+        return frozenset(metadata.topics())

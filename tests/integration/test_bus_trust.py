@@ -35,7 +35,7 @@ from tests.integration.conftest import BUS_JWT_SECRET, bus_key, eventually
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
-from tokenbus.kafka import key_partition, make_consumer, make_producer
+from tokenbus.kafka import key_partition, make_consumer, make_producer, topic_names
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
@@ -204,6 +204,22 @@ async def test_another_tenant_s_id_without_a_credential_leaves_its_real_request_
     assert chunks[-1].error is None and sum(c.num_tokens for c in chunks) == 4
     rows = await eventually(lambda: billing_rows(settings, value["request_id"]))
     assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 4)]
+
+
+async def test_a_producer_nobody_proved_cannot_make_the_job_create_topics(
+    settings: Settings, dlq: Tap
+) -> None:
+    # A send to a missing topic makes it on a broker that makes topics on demand (the
+    # bundled one; Kafka's default), and waits for it on one that does not.
+    topics = Topics(settings.topic_prefix)
+    ghosts = [topics.replies(f"{A}.ghost-{new_request_id().lower()}") for _ in range(20)]
+    values = [body(ghost, tenant_id=A) for ghost in ghosts]
+    for value in values:
+        await produce(settings, value, key=A)
+    for value in values:
+        (letter,) = await dead_letters(dlq, value["request_id"])
+        assert letter.reason.endswith("(not answered: no such topic)")
+    assert not set(ghosts) & await topic_names(settings)
 
 
 async def test_a_tenant_nobody_configured_is_not_served_on_default_quota(

@@ -741,3 +741,35 @@ def test_a_key_s_partition_is_the_default_partitioner_s(num_partitions: int) -> 
     for n in range(200):
         key = f"tenant-{n}".encode()
         assert key_partition(key, num_partitions) == DefaultPartitioner()(key, every, every)
+
+
+# -- reply topics a refusal nobody proved may go to ------------------------------------------
+@pytest.mark.parametrize("record", ["no credential", "unreadable"])
+async def test_a_refusal_nobody_proved_goes_only_to_a_reply_topic_the_job_knows(
+    tmp_path: Path, record: str
+) -> None:
+    # Asking the broker about a new topic would make it (Kafka's default) or wait for it,
+    # holding an admission slot: neither for a producer nobody identified.
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
+    recorder = Recorder()
+
+    async def knows_topic(topic: str) -> bool:
+        return topic == ACME
+
+    dispatcher = memory_dispatcher(
+        settings, recorder, allow_unlisted=False, clock=ManualClock(NOW), knows_topic=knows_topic
+    )
+    bus = Bus(dispatcher, recorder)
+    ghost = reply_topic("acme").replace("acme.", "acme.ghost-")
+    for n, reply_to in enumerate([ghost, ACME]):
+        value = body(f"r{n}", reply_to=reply_to)
+        if record == "unreadable":
+            value["sampling"] = {"max_tokens": -1}
+        assert await bus.produce(value, headers=None) is Outcome.REFUSED
+    assert {topic for topic, _, _ in recorder.sent} == {ACME, TOPICS.dead_letters}
+    assert only(bus.chunks(ACME)).request_id == "r1"
+    ghostly, answered = bus.dead_letters()
+    assert ghostly.reason.endswith("(not answered: no such topic)")
+    assert not answered.reason.endswith(")") and not answered.reason.startswith("None")

@@ -15,7 +15,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.protocol.metadata import MetadataResponse_v0
 from aiokafka.structs import TopicPartition
 
-from tokenbus.metadata import ProducerTopics, SentTopics
+from tokenbus.metadata import ExistingTopics, ProducerTopics, SentTopics
 
 ROUND_S = 0.05
 
@@ -211,3 +211,54 @@ def test_it_patches_aiokafka_s_own_producer() -> None:
 
 def _tp(topic: str) -> Any:
     return TopicPartition(topic, 0)
+
+
+# -- ExistingTopics: whether a topic exists, found out without making it ---------------------
+class AllTopics:
+    """What ``ExistingTopics`` uses of aiokafka's client: the metadata it holds (a real
+    ``ClusterMetadata``, with a producer's lookup patched to fail, as ``ProducerTopics``'s
+    would name the topic to the broker) and an answer about every topic."""
+
+    def __init__(self, held: list[str], on_broker: list[str]) -> None:
+        self.cluster = ClusterMetadata()
+        self.cluster.update_metadata(answer(*held))
+        self.cluster.partitions_for_topic = self._named  # type: ignore[method-assign]
+        self.on_broker = on_broker
+        self.num_asked = 0
+        self.gate: asyncio.Event | None = None
+
+    def _named(self, topic: str) -> Any:
+        raise AssertionError(f"{topic} was named to the broker")
+
+    async def fetch_all_metadata(self) -> ClusterMetadata:
+        self.num_asked += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        every = ClusterMetadata()
+        every.update_metadata(answer(*self.on_broker))
+        return every
+
+
+async def test_a_held_topic_exists_without_asking_and_a_new_one_is_asked_about_once() -> None:
+    client = AllTopics(held=["replies.a"], on_broker=["replies.a", "replies.b"])
+    now = [0.0]
+    exists = ExistingTopics(lambda: client, refresh_s=5.0, clock=lambda: now[0])
+    assert await exists("replies.a") and client.num_asked == 0
+    assert await exists("replies.b") and client.num_asked == 1
+    assert not await exists("replies.ghost-1")  # asked lately: not there then
+    assert not await exists("replies.ghost-2")
+    assert await exists("replies.b") and client.num_asked == 1
+    client.on_broker.append("replies.ghost-2")
+    now[0] = 5.0
+    assert await exists("replies.ghost-2") and client.num_asked == 2
+
+
+async def test_lookups_meanwhile_share_one_question() -> None:
+    client = AllTopics(held=[], on_broker=["replies.b"])
+    client.gate = asyncio.Event()
+    exists = ExistingTopics(lambda: client, refresh_s=5.0)
+    looks = [asyncio.create_task(exists(t)) for t in ("replies.b", "replies.c", "replies.b")]
+    await asyncio.sleep(0)
+    client.gate.set()
+    assert await asyncio.gather(*looks) == [True, False, True]
+    assert client.num_asked == 1
