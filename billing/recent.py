@@ -10,7 +10,12 @@ and only two kinds of attempts are *unsure*, to be looked up in ClickHouse as be
 
 - a hash it holds: a copy of a stored attempt (a redelivery, a replay, a re-served
   request), or, about once in 2^64, another attempt with the same hash;
-- an attempt created before the horizon: a late copy of an old attempt, or a replay.
+- an attempt created before the horizon: a late copy of an old attempt, or a replay;
+- an attempt created less than ``margin_s`` after the horizon. The copies of one attempt
+  may have been created apart: a request the Faust job admitted again after a crash
+  (its ledger entry lost with it) runs again under the same key, created at its second
+  admission. A copy created ``margin_s`` or more after the horizon has any other copy
+  created within ``margin_s`` of it, so at or after the horizon, and in the index.
 
 A first attempt reported after a later attempt of its request (a worker presumed lost
 that was only slow: ``billing.dedup.later_runs``) must be unsure too, though it is not
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import compress
 from typing import Protocol
 
@@ -46,44 +51,64 @@ class HasCreatedAt(Protocol):
 class RecentAttempts:
     """Hashes of the stored attempts created at or after ``horizon``, by minute."""
 
-    def __init__(self, capacity: int, horizon: datetime | None = None) -> None:
+    def __init__(
+        self, capacity: int, horizon: datetime | None = None, *, margin_s: float = 0.0
+    ) -> None:
         """An index of nothing, complete from ``horizon`` (None: from the beginning of
-        time, which is right for an empty table)."""
+        time, which is right for an empty table); copies of one attempt are created at
+        most ``margin_s`` apart."""
         self.capacity = max(1, capacity)
+        self.margin_s = margin_s
         self._horizon_s = -math.inf if horizon is None else _seconds(horizon)
         self._horizon = None if horizon is None else _aware(horizon)
+        self._sure_from = self._sure_from_of(self._horizon)
         self._minute_of: dict[int, int] = {}
         """Hash --> the newest minute (of ``created_at``) an attempt with it was added in."""
         self._by_minute: dict[int, list[int]] = {}
 
     @classmethod
     def from_stored(
-        cls, stored: Iterable[Attempt], complete_from: datetime | None, capacity: int
+        cls,
+        stored: Iterable[Attempt],
+        complete_from: datetime | None,
+        capacity: int,
+        *,
+        margin_s: float = 0.0,
     ) -> RecentAttempts:
         """The index of ``stored``: every stored attempt created at or after
         ``complete_from`` (None: every stored attempt)."""
-        index = cls(capacity, complete_from)
+        index = cls(capacity, complete_from, margin_s=margin_s)
         index.add(stored)
         return index
 
     @property
     def horizon(self) -> datetime | None:
-        """Attempts created before this instant are always unsure; None: none are."""
+        """The index holds every stored attempt created from this instant on; None: every
+        stored attempt."""
         return self._horizon
+
+    @property
+    def sure_from(self) -> datetime | None:
+        """Attempts created before this instant (the horizon and ``margin_s``) are always
+        unsure; None: none are."""
+        return self._sure_from
+
+    def _sure_from_of(self, horizon: datetime | None) -> datetime | None:
+        return None if horizon is None else horizon + timedelta(seconds=self.margin_s)
 
     def __len__(self) -> int:
         return len(self._minute_of)
 
     def is_unsure(self, key: UsageKey, created_at: datetime) -> bool:
         """True if ClickHouse may hold ``key``; False only if it certainly does not."""
-        if self._horizon is not None and _aware(created_at) < self._horizon:
+        if self._sure_from is not None and _aware(created_at) < self._sure_from:
             return True
         return hash(key) in self._minute_of
 
     def unsure_keys(self, keyed: Iterable[tuple[UsageKey, HasCreatedAt]]) -> list[UsageKey]:
         """The keys of ``keyed`` (keys with their events) that ``is_unsure``, in order."""
         minute_of = self._minute_of
-        horizon = self._horizon
+        horizon = self._sure_from
         keyed = list(keyed)
         # Almost always no key is unsure: said by C loops, without a Python step per key.
         if (
@@ -167,6 +192,7 @@ class RecentAttempts:
         if (oldest + 1) * 60.0 > self._horizon_s:
             self._horizon_s = (oldest + 1) * 60.0
             self._horizon = datetime.fromtimestamp(self._horizon_s, UTC)
+            self._sure_from = self._sure_from_of(self._horizon)
 
 
 _MAX_MINUTES_AT_ONCE = 16

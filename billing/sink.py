@@ -40,8 +40,9 @@ last insert (each member's revoke waits for its batch in hand, and every revoke 
 before any assignment); from then on only this sink writes these partitions' attempts
 (copies of an attempt share its tenant, the records' key, so its partition), and it adds
 each insert once acknowledged. Records a revoke took away while a batch was being
-gathered are dropped, uncommitted, for their new owner. Anything older than the horizon,
-or whose hash it holds, is looked up as before.
+gathered are dropped, uncommitted, for their new owner. Anything created before the
+horizon or less than ``billing_copy_skew_s`` after it (copies of one attempt run twice
+were created that far apart at most), or whose hash it holds, is looked up as before.
 
 Loses nothing: offsets are committed only for records already in ClickHouse or in the
 dead-letter topic, so a crash anywhere before step 4 redelivers the batch, and step 2
@@ -218,6 +219,7 @@ class BillingSink:
         """Partitions revoked since the batch being gathered was fetched."""
         self._recent_capacity = settings.billing_recent_attempts
         self._recent_window_s = settings.billing_recent_window_s
+        self._copy_skew_s = settings.billing_copy_skew_s
         self._recent: RecentAttempts | None = None
         """None until read back from ClickHouse: at the first batch and after assignments."""
         self.num_batches = 0
@@ -451,7 +453,10 @@ class BillingSink:
             self._store.recent_attempts, self._recent_capacity, self._recent_window_s
         )
         self._recent = RecentAttempts.from_stored(
-            stored.attempts, stored.complete_from, self._recent_capacity
+            stored.attempts,
+            stored.complete_from,
+            self._recent_capacity,
+            margin_s=self._copy_skew_s,
         )
         log.info(
             "recent attempts: %d read back, complete from %s",

@@ -432,9 +432,16 @@ class Settings(BaseSettings):
     """Under a backlog a batch takes what is already fetched, up to this many rows."""
     billing_recent_attempts: int = 500_000
     """Attempts the sink remembers (as hashes) to skip asking ClickHouse about new ones."""
-    billing_recent_window_s: float = 120.0
+    billing_recent_window_s: float = Field(default=900.0, gt=0)
     """At an assignment the sink reads back the attempts created this long before the
-    newest stored one; older ones it looks up in ClickHouse when they come again."""
+    newest stored one; older ones it looks up in ClickHouse when they come again. Above
+    ``billing_copy_skew_s``, so that new attempts need no lookup once the sink starts."""
+    billing_copy_skew_s: float = Field(default=600.0, ge=0)
+    """How far apart the copies of one attempt may have been created: a request the Faust
+    job admits again after a crash that lost its ledger entry runs again under the same
+    key, created at its second admission. The sink looks up in ClickHouse every attempt
+    created less than this after the oldest it remembers (``billing.recent``), so such a
+    pair is billed once if their admissions are at most this far apart."""
     billing_prices_file: Path | None = None
     """TOML price table (see ``tokenbus/prices.toml``); unset: that bundled file."""
     billing_heap_reserve_mb: int = Field(default=128, ge=0)

@@ -16,6 +16,7 @@ this module is that freezing sink.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -372,3 +373,56 @@ def _freeze_after_insert(num_inserts: int, marker: Path) -> None:
 
 if __name__ == "__main__":
     _freeze_after_insert(int(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize(("copy_skew_s", "num_rows"), [(600.0, 1), (0.0, 2)])
+async def test_a_request_run_twice_after_a_job_crash_is_billed_once_across_a_sink_restart(
+    settings: Settings, tmp_path: Path, copy_skew_s: float, num_rows: int
+) -> None:
+    # A Faust job killed before its ledger entry reached the changelog admits the request
+    # again, under the same key, created at its second admission (4 minutes later here).
+    # Meanwhile the sink restarted, and reads back only the last 60 s of attempts: the
+    # first copy is older than its index. With no skew allowed, it is billed twice.
+    settings = settings.model_copy(
+        update={"billing_recent_window_s": 60.0, "billing_copy_skew_s": copy_skew_s}
+    )
+    now = datetime.now(UTC).replace(microsecond=0)
+    first = UsageEvent(
+        request_id="run-twice",
+        session_id="s",
+        tenant_id="tenant-0",
+        model="tiny",
+        status=UsageStatus.OK,
+        finish_reason=FinishReason.STOP,
+        num_prompt_tokens=10,
+        num_completion_tokens=5,
+        created_at=now - timedelta(minutes=5),
+        finished_at=now - timedelta(minutes=5),
+    )
+    newest = first.model_copy(update={"request_id": "another", "created_at": now})
+    again = first.model_copy(update={"created_at": now - timedelta(minutes=1)})
+    log_path = tmp_path / "sinks.log"
+    for batch in ([first, newest], [again]):
+        ends = await produce_usage(settings, [(e.tenant_id.encode(), encode(e)) for e in batch])
+        sink = Sink(settings, ["-m", "billing"], log_path)
+        try:
+            await _until(functools.partial(_commits_reach, settings, ends), "the commits", sink)
+        finally:
+            sink.terminate()
+
+    def rows() -> int:
+        reader = open_reader(settings)
+        try:
+            [row] = reader.query(
+                "SELECT count() AS n FROM usage_events WHERE request_id = 'run-twice'"
+            )
+            return int(row["n"])
+        finally:
+            reader.close()
+
+    assert await asyncio.to_thread(rows) == num_rows
+
+
+async def _commits_reach(settings: Settings, ends: dict[int, int]) -> bool:
+    committed = await _committed(settings, ends)
+    return all((committed.get(p) or 0) >= end for p, end in ends.items())

@@ -192,3 +192,34 @@ def test_a_stored_later_attempt_makes_its_request_first_attempt_unsure() -> None
 
     assert index.is_unsure((*_key(1)[:3], 0), T0)
     assert not index.is_unsure(_key(2), T0)
+
+
+def test_a_copy_created_apart_from_its_stored_attempt_is_looked_up() -> None:
+    # A request admitted again after the job lost its ledger entry runs again under the
+    # same key, created at its second admission: the stored copy may be older than the
+    # horizon of an index read back after a restart, the new one newer.
+    stored_at, horizon = T0, T0 + timedelta(minutes=2)
+    index = RecentAttempts.from_stored(
+        [(_key(1), T0 + timedelta(minutes=3))], horizon, capacity=10, margin_s=600
+    )
+    assert index.sure_from == horizon + timedelta(minutes=10)
+    copy_created = stored_at + timedelta(minutes=5)  # after the horizon, _key(0) not held
+    assert index.is_unsure(_key(0), copy_created)
+    assert index.unsure_keys([(_key(0), _Event(copy_created))]) == [_key(0)]
+    # Created the margin after the horizon, any copy of it is at or after the horizon:
+    # held if stored, so one not held is new.
+    late = horizon + timedelta(minutes=10)
+    assert not index.is_unsure(_key(0), late)
+    assert index.unsure_keys([(_key(0), _Event(late))]) == []
+    assert index.unsure_keys([(_key(1), _Event(late))]) == [_key(1)]
+
+
+def test_the_margin_follows_the_horizon_when_the_index_forgets() -> None:
+    index = RecentAttempts(capacity=1, margin_s=60)
+    index.add([(_key(0), T0)])
+    assert index.sure_from is None  # an empty table's index holds every attempt
+    index.add([(_key(1), T0 + timedelta(minutes=5))])
+    assert index.horizon == T0 + timedelta(minutes=1)
+    assert index.sure_from == T0 + timedelta(minutes=2)
+    assert index.is_unsure(_key(7), T0 + timedelta(minutes=1, seconds=59))
+    assert not index.is_unsure(_key(7), T0 + timedelta(minutes=2))
