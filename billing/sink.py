@@ -89,7 +89,7 @@ from billing.storage import UsageStore
 from billing.usage_codec import Usage, decode_usage, decode_usages
 from schemas import SchemaError
 from tokenbus.config import Settings
-from tokenbus.dlq import dead_letter_record
+from tokenbus.dlq import dead_letter_until_sent
 from tokenbus.finished_span import end_span
 from tokenbus.heap_reserve import reserve_heap
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
@@ -482,12 +482,16 @@ class BillingSink:
     async def _dead_letter(
         self, publish: Publish, record: Any, reason: str, stop: asyncio.Event
     ) -> bool:
-        async def send() -> None:
-            await dead_letter_record(
-                publish, self._topics, record, consumer=self.group_id, reason=reason
-            )
-
-        sent = await self._until_done(send, stop, f"dead letter of offset {record.offset}")
+        sent = await dead_letter_until_sent(
+            publish,
+            self._topics,
+            record,
+            consumer=self.group_id,
+            reason=reason,
+            stop=stop,
+            backoff=self._backoff,
+            on_failure=self._failed,
+        )
         if sent:
             self.num_dead_letters += 1
         return sent
@@ -496,11 +500,10 @@ class BillingSink:
         self, attempt: Callable[[], Awaitable[None]], stop: asyncio.Event, what: str
     ) -> bool:
         """Retries ``attempt`` with backoff; False if ``stop`` was set while waiting."""
+        return await until_done(attempt, stop, self._backoff, what, self._failed)
 
-        def failed() -> None:
-            self.num_write_failures += 1
-
-        return await until_done(attempt, stop, self._backoff, what, failed)
+    def _failed(self) -> None:
+        self.num_write_failures += 1
 
     async def _commit(self, consumer: UsageConsumer, offsets: dict[Any, int]) -> None:
         # After a rebalance some partitions may be someone else's; their new owner

@@ -24,7 +24,7 @@ from billing.span_codec import decode_spans
 from billing.traces import span_rows
 from schemas import SchemaError
 from tokenbus.config import Settings
-from tokenbus.dlq import dead_letter_record
+from tokenbus.dlq import dead_letter_until_sent
 from tokenbus.kafka import Publish, make_consumer, make_producer, publisher
 from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
@@ -116,23 +116,21 @@ class SpanSink:
                 if record.key != spans.tenant_id.encode():
                     raise SchemaError(f"a batch of tenant {spans.tenant_id!r} keyed {record.key!r}")
             except SchemaError as exc:
-                if not await self._dead_letter(publish, record, str(exc), stop):
+                sent = await dead_letter_until_sent(
+                    publish,
+                    self._topics,
+                    record,
+                    consumer=self.group_id,
+                    reason=str(exc),
+                    stop=stop,
+                    backoff=self._backoff,
+                )
+                if not sent:
                     return None
                 self.num_refused += 1
                 continue
             rows.extend(span_rows(spans))
         return rows
-
-    async def _dead_letter(
-        self, publish: Publish, record: Any, reason: str, stop: asyncio.Event
-    ) -> bool:
-        async def send() -> None:
-            await dead_letter_record(
-                publish, self._topics, record, consumer=self.group_id, reason=reason
-            )
-
-        what = f"dead letter of span offset {record.offset}"
-        return await until_done(send, stop, self._backoff, what)
 
     async def _write(self, rows: list[tuple[Any, ...]], stop: asyncio.Event) -> bool:
         async def insert() -> None:

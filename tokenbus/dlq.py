@@ -12,12 +12,15 @@ record's dead letter too large to send, and so lost.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from schemas import DeadLetter, encode
 from tokenbus.kafka import Publish
+from tokenbus.retry import Backoff, until_done
 from tokenbus.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -79,3 +82,25 @@ async def dead_letter_record(
         value=record.value,
         reason=reason,
     )
+
+
+async def dead_letter_until_sent(
+    publish: Publish,
+    topics: Topics,
+    record: Any,
+    *,
+    consumer: str,
+    reason: str,
+    stop: asyncio.Event,
+    backoff: Backoff,
+    on_failure: Callable[[], None] | None = None,
+) -> bool:
+    """``dead_letter_record``, retried with ``backoff`` until the broker has it; False if
+    ``stop`` was set meanwhile (the caller then commits nothing, so the record comes
+    again, and is dead-lettered then)."""
+
+    async def send() -> None:
+        await dead_letter_record(publish, topics, record, consumer=consumer, reason=reason)
+
+    what = f"dead letter of {record.topic}[{record.partition}]@{record.offset}"
+    return await until_done(send, stop, backoff, what, on_failure)
