@@ -23,7 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
@@ -35,11 +35,10 @@ from bridge.errors import (
     ApiError,
     invalid_request,
     rate_limited,
-    request_timeout,
     retry_after,
     too_large,
 )
-from bridge.gateway import ClientGone, Gateway, ids_of
+from bridge.gateway import Gateway, ids_of, read_within
 from schemas.batches import BatchCredential, BatchDoc
 from tokenbus.batch.commands import send_command
 from tokenbus.batch.store import BatchStore, NotFound
@@ -129,16 +128,8 @@ class BatchApi:
         first."""
         timeout_s = self._settings.batch_upload_timeout_s
         capped = Request(http.scope, _capped(http.receive, limit))
-        request_id = ids_of(http).get("X-Request-ID", "-")
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await capped.form(max_files=1, max_fields=8)
-        except TimeoutError:
-            log.info("%s: the file did not arrive within %g s", request_id, timeout_s)
-            raise request_timeout(timeout_s) from None
-        except ClientDisconnect:
-            log.info("%s: the client closed while sending the file", request_id)
-            raise ClientGone(request_id) from None
+        form = capped.form(max_files=1, max_fields=8)
+        return await read_within(http, form, timeout_s, "the file")
 
     async def file(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)

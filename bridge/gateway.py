@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, Protocol, TypeVar, Unpack
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -58,6 +58,7 @@ from tokenbus.tracing import ATTR_TENANT, extract_http, span_attributes, with_pa
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
+T = TypeVar("T")
 _MAX_EVENTS_PER_WRITE = 256
 """The most SSE events the bridge joins into one write (what a stream holds at once)."""
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -154,17 +155,7 @@ class Gateway:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large(f"The body exceeds {limit} bytes.", None, "body_too_large")
         timeout_s = self._settings.bridge_body_read_timeout_s
-        request_id = ids_of(http).get("X-Request-ID", "-")
-        try:
-            # One deadline for the whole body: a byte now and then does not extend it.
-            async with asyncio.timeout(timeout_s):
-                raw = await _read_raw(http, limit)
-        except TimeoutError:
-            log.info("%s: the body did not arrive within %g s", request_id, timeout_s)
-            raise request_timeout(timeout_s) from None
-        except ClientDisconnect:
-            log.info("%s: the client closed while sending the body", request_id)
-            raise ClientGone(request_id) from None
+        raw = await read_within(http, _read_raw(http, limit), timeout_s, "the body")
         try:
             return model.model_validate_json(raw)
         except ValidationError as exc:
@@ -559,3 +550,19 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
         elif part.isidentifier() and part.lower() not in _TYPE_TAGS:
             path += f".{part}" if path else part
     return path or None
+
+
+async def read_within(http: Request, read: Awaitable[T], timeout_s: float, what: str) -> T:
+    """``read`` of a request's body under one deadline for all of it (a byte now and then
+    does not extend it): 408 with ``Connection: close`` past it, ``ClientGone`` if the
+    client leaves meanwhile. ``what`` names the body in the log."""
+    request_id = ids_of(http).get("X-Request-ID", "-")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await read
+    except TimeoutError:
+        log.info("%s: %s did not arrive within %g s", request_id, what, timeout_s)
+        raise request_timeout(timeout_s) from None
+    except ClientDisconnect:
+        log.info("%s: the client closed while sending %s", request_id, what)
+        raise ClientGone(request_id) from None
