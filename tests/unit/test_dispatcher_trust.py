@@ -136,18 +136,30 @@ def heartbeat() -> bytes:
     )
 
 
-@pytest.fixture
-async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
+def make_bus(
+    tmp_path: Path,
+    settings: dict[str, Any] | None = None,
+    recorder: Recorder | None = None,
+    **options: Any,
+) -> Bus:
+    """A dispatcher for ``TENANTS`` (no others), with one live worker; ``settings`` and
+    ``options`` (for ``Dispatcher``) on top of the defaults."""
     tenants = tmp_path / "tenants.toml"
     tenants.write_text(TENANTS)
-    settings = Settings(
-        home=tmp_path, tenants_file=tenants, worker_dead_after_s=0.3, vip_reserve=0.0
+    merged = {"home": tmp_path, "tenants_file": tenants, "vip_reserve": 0.0, **(settings or {})}
+    recorder = recorder or Recorder()
+    dispatcher = memory_dispatcher(
+        Settings(**merged), recorder, allow_unlisted=False, clock=ManualClock(NOW), **options
     )
-    recorder = Recorder()
-    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
     dispatcher.observe_heartbeat(heartbeat())
-    loop = asyncio.create_task(dispatcher.run())
-    yield Bus(dispatcher, recorder)
+    return Bus(dispatcher, recorder)
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
+    made = make_bus(tmp_path, {"worker_dead_after_s": 0.3})
+    loop = asyncio.create_task(made.dispatcher.run())
+    yield made
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
 
@@ -598,15 +610,8 @@ async def test_a_tenant_s_cancel_of_a_running_request_goes_on_to_the_workers(bus
 async def test_a_request_record_over_the_limit_is_refused_before_it_is_read(
     tmp_path: Path,
 ) -> None:
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text(TENANTS)
-    settings = Settings(
-        home=tmp_path, tenants_file=tenants, vip_reserve=0.0, max_request_record_bytes=4_096
-    )
-    recorder = Recorder()
-    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
-    dispatcher.observe_heartbeat(heartbeat())
-    bus = Bus(dispatcher, recorder)
+    bus = make_bus(tmp_path, {"max_request_record_bytes": 4_096})
+    dispatcher = bus.dispatcher
     small = body("r1", prompt="x" * 3_000)
     large = body("r2", prompt="x" * 5_000)
     assert await bus.produce(large, headers=bearer(ACME_KEY)) is Outcome.REFUSED
@@ -652,13 +657,9 @@ class RecordLimit(Recorder):
 
 
 async def test_a_forward_too_large_to_send_is_answered_not_retried(tmp_path: Path) -> None:
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text(TENANTS)
-    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
     recorder = RecordLimit(limit=2_000)
-    dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False, clock=ManualClock(NOW))
-    dispatcher.observe_heartbeat(heartbeat())
-    bus = Bus(dispatcher, recorder)
+    bus = make_bus(tmp_path, recorder=recorder)
+    dispatcher = bus.dispatcher
     loop = asyncio.create_task(dispatcher.run())
     try:
         request = body("r1", prompt="x" * 1_900)  # under 2,000 bytes, its forward over
@@ -703,16 +704,10 @@ async def test_a_cancel_out_of_bounds_is_dead_lettered_whole(
 async def test_a_record_off_its_key_s_partition_is_refused_and_writes_nothing(
     tmp_path: Path, partition: int
 ) -> None:
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text(TENANTS)
-    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
-    recorder = Recorder()
     home_of = functools.partial(key_partition, num_partitions=4)
     assert home_of(b"acme") == 0
-    dispatcher = memory_dispatcher(
-        settings, recorder, allow_unlisted=False, clock=ManualClock(NOW), home_of=home_of
-    )
-    dispatcher.observe_heartbeat(heartbeat())
+    bus = make_bus(tmp_path, home_of=home_of)
+    dispatcher, recorder = bus.dispatcher, bus.recorder
     loop = asyncio.create_task(dispatcher.run())
     try:
         request = orjson.dumps(body("r1"))
@@ -750,18 +745,11 @@ async def test_a_refusal_nobody_proved_goes_only_to_a_reply_topic_the_job_knows(
 ) -> None:
     # Asking the broker about a new topic would make it (Kafka's default) or wait for it,
     # holding an admission slot: neither for a producer nobody identified.
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text(TENANTS)
-    settings = Settings(home=tmp_path, tenants_file=tenants, vip_reserve=0.0)
-    recorder = Recorder()
-
     async def knows_topic(topic: str) -> bool:
         return topic == ACME
 
-    dispatcher = memory_dispatcher(
-        settings, recorder, allow_unlisted=False, clock=ManualClock(NOW), knows_topic=knows_topic
-    )
-    bus = Bus(dispatcher, recorder)
+    bus = make_bus(tmp_path, knows_topic=knows_topic)
+    recorder = bus.recorder
     ghost = reply_topic("acme").replace("acme.", "acme.ghost-")
     for n, reply_to in enumerate([ghost, ACME]):
         value = body(f"r{n}", reply_to=reply_to)
