@@ -17,19 +17,19 @@ class WorkerStatus(Message):
     worker_id: str
     model: str
     request_topic: str
-    num_running: int = 0
-    num_waiting: int = 0
-    max_num_seqs: int = 1
-    kv_cache_usage: float = 0.0
-    tokens_per_s: float = 0.0
+    num_running: Annotated[int, Field(ge=0)] = 0
+    num_waiting: Annotated[int, Field(ge=0)] = 0
+    max_num_seqs: Annotated[int, Field(ge=1)] = 1
+    kv_cache_usage: Annotated[float, Field(ge=0.0)] = 0.0
+    tokens_per_s: Annotated[float, Field(ge=0.0)] = 0.0
     draining: bool = False
     incarnation: str = ""
     """Unique to one run of the worker: a new value means the previous run is gone."""
-    max_loras: int = 0
+    max_loras: Annotated[int, Field(ge=0)] = 0
     """LoRA adapters one engine step may use; 0: the worker serves no adapters."""
     adapters: list[str] = Field(default_factory=list)
     """Adapters the engine holds now (loaded, up to its ``max_cpu_loras``)."""
-    num_adapter_loads: int = 0
+    num_adapter_loads: Annotated[int, Field(ge=0)] = 0
     """Adapters this run has loaded (a first use, or again after eviction)."""
     last_adapter_load_ms: float | None = None
     """How long the latest of those loads took."""

@@ -1350,6 +1350,16 @@ class Dispatcher:
         except SchemaError as exc:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
+        if status.request_topic != self._topics.worker(status.worker_id):
+            # The job forwards prompts to the topic a heartbeat names: only the worker's
+            # own, named after it, never one a tenant can read (a reply topic, say).
+            log.warning(
+                "ignoring a heartbeat of worker %r naming %r, not its topic %r",
+                status.worker_id,
+                status.request_topic,
+                self._topics.worker(status.worker_id),
+            )
+            return
         self.note_lag("heartbeats", status.sent_at.timestamp())
         # Judged on arrival (the monotonic reading), never by comparing the worker's wall
         # stamp with the job's: hosts' clocks differ, and a job whose wall reading is
@@ -1387,7 +1397,7 @@ class Dispatcher:
             if flight is not None:
                 flight.cancelled = True  # its worker aborts it; if that worker is lost, so do we
             # Running (or held by an earlier run of this job): its worker aborts it.
-            await self._publish(self._topics.aborts, record.key or b"", encode(cancel))
+            await self._publish(self._topics.aborts, cancel.tenant_id.encode(), encode(cancel))
             return
         self._queue.remove(_queue_key(ident))
         try:

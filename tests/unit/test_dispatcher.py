@@ -97,7 +97,7 @@ def heartbeat(
     status = WorkerStatus(
         worker_id=worker_id,
         model="m",
-        request_topic=f"{worker_id}-topic",
+        request_topic=f"tokenbus.worker.{worker_id}",
         max_num_seqs=capacity,
         num_running=running,
         incarnation=incarnation,
@@ -128,7 +128,7 @@ async def test_forwards_to_a_live_worker_and_refuses_without_one(
 
     dispatcher.observe_heartbeat(heartbeat())
     assert await (await admit(dispatcher, request(2))) is Outcome.FORWARDED
-    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("tokenbus.worker.w")]
     assert forwarded.worker_id == "w" and forwarded.request_id == "r2"
     loop.cancel()
 
@@ -177,7 +177,7 @@ async def test_waits_when_saturated_but_class_zero_has_reserved_seats(
     assert not standard.done()
     finish(2)
     assert await asyncio.wait_for(standard, 1) is Outcome.FORWARDED
-    order = [decode(WorkItem, v).request_id for v in recorder.on("w-topic")]
+    order = [decode(WorkItem, v).request_id for v in recorder.on("tokenbus.worker.w")]
     assert order == [f"r{n}" for n in range(9)] + ["r11", "r12", "r10"]
     loop.cancel()
 
@@ -227,7 +227,7 @@ class GatedRecorder(Recorder):
         self.forwards_acknowledged = asyncio.Event()
 
     async def __call__(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> Any:
-        if topic == "w-topic":
+        if topic == "tokenbus.worker.w":
             await self.forwards_acknowledged.wait()
         return await super().__call__(topic, key, value, headers)
 
@@ -295,7 +295,7 @@ async def test_a_refusal_goes_out_only_once_the_ledger_holds_it(
     again = dispatcher_for(settings, recorder, clock, ledger)
     again.observe_heartbeat(heartbeat())
     assert await (await admit(again, refused)) is Outcome.DUPLICATE
-    assert recorder.on("w-topic") == []
+    assert recorder.on("tokenbus.worker.w") == []
 
 
 async def test_over_the_request_rate_is_refused_naming_requests(
@@ -365,7 +365,7 @@ async def test_a_cancelled_waiting_request_never_runs_and_is_refunded(
     waiting = await admit(dispatcher, request(2, tenant="small", max_tokens=10))
     await cancel(dispatcher, "small", "r2")
     assert await waiting is Outcome.CANCELLED
-    assert [decode(WorkItem, v).request_id for v in recorder.on("w-topic")] == ["r1"]
+    assert [decode(WorkItem, v).request_id for v in recorder.on("tokenbus.worker.w")] == ["r1"]
     # Refunded: another request of the same size fits in the 40-token window again.
     dispatcher.observe_heartbeat(heartbeat(capacity=4))
     assert (
@@ -431,7 +431,7 @@ async def test_a_session_returns_to_its_worker_while_it_scores_within_the_margin
     loop = asyncio.create_task(dispatcher.run())
     first = request(1).model_copy(update={"session_id": "chat"})
     assert await (await admit(dispatcher, first)) is Outcome.FORWARDED
-    (home,) = [t for t, _, _ in recorder.sent if t.endswith("-topic")]
+    (home,) = [t for t, _, _ in recorder.sent if t.startswith("tokenbus.worker.")]
     for n in range(2, 5):  # other sessions spread; they load the session's worker too
         other = request(n).model_copy(update={"session_id": f"s{n}"})
         assert await (await admit(dispatcher, other)) is Outcome.FORWARDED
@@ -473,8 +473,8 @@ async def test_a_lost_run_s_request_resumes_elsewhere_from_what_was_delivered(
     await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
     await recorder(REPLIES, b"t", chunk(1, 1, [13]))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    await until(lambda: len(recorder.on("w-topic")) == 2)
-    first, again = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    await until(lambda: len(recorder.on("tokenbus.worker.w")) == 2)
+    first, again = [decode(WorkItem, v) for v in recorder.on("tokenbus.worker.w")]
     assert first.worker_incarnation == "run-1" and first.attempt == 0
     assert again.worker_incarnation == "run-2" and again.attempt == 1
     assert again.resume_token_ids == [11, 12, 13] and again.resume_seq == 2
@@ -498,7 +498,7 @@ async def test_a_run_presumed_lost_that_finishes_after_all_drops_the_attempt_sen
     assert await (await admit(dispatcher, request(1))) is Outcome.FORWARDED
     await recorder(REPLIES, b"t", chunk(1, 0, [11, 12]))
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    await until(lambda: len(recorder.on("w-topic")) == 2)  # attempt 1, on run-2
+    await until(lambda: len(recorder.on("tokenbus.worker.w")) == 2)  # attempt 1, on run-2
     # Run-1 was only slow: attempt 0 ends, its usage reported after its last chunk.
     dispatcher.observe_usage(encode(attempt_usage(1, attempt=0)))
     await dispatcher.publish_raised()
@@ -524,7 +524,7 @@ async def test_a_lost_run_s_finished_request_gets_its_usage_not_a_rerun(
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert usage.status == "ok" and usage.num_completion_tokens == 3
     assert usage.num_prompt_tokens == 3 and "usage_from_replies" in usage.flags
-    assert len(recorder.on("w-topic")) == 1  # not run again
+    assert len(recorder.on("tokenbus.worker.w")) == 1  # not run again
     loop.cancel()
 
 
@@ -542,7 +542,7 @@ async def test_a_cancelled_request_of_a_lost_run_ends_instead_of_running_again(
     assert last.seq == 1 and last.finish_reason == "abort"
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert usage.status == "cancelled" and usage.num_completion_tokens == 2
-    assert len(recorder.on("w-topic")) == 1
+    assert len(recorder.on("tokenbus.worker.w")) == 1
     loop.cancel()
 
 
@@ -555,7 +555,7 @@ async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
 
     async def slow_publish(topic: str, key: bytes, value: bytes, headers: object = None) -> None:
         recorder.sent.append((topic, key, value))
-        if topic == "w-topic":
+        if topic == "tokenbus.worker.w":
             await acked.wait()
 
     dispatcher._publish = slow_publish
@@ -564,7 +564,7 @@ async def test_forwards_never_exceed_the_seats_while_acks_are_pending(
     tasks = [await admit(dispatcher, request(n, priority=0)) for n in range(10)]
     for _ in range(20):
         await asyncio.sleep(0)
-    assert len(recorder.on("w-topic")) == 4
+    assert len(recorder.on("tokenbus.worker.w")) == 4
     assert dispatcher.metrics.num_in_flight == 4 and dispatcher.metrics.num_waiting == 6
     acked.set()
     await asyncio.sleep(0.01)
@@ -581,7 +581,7 @@ async def test_a_forward_the_broker_refuses_waits_and_goes_again_rather_than_fai
     refusals = [KafkaTimeoutLike("the broker did not answer")]
 
     async def flaky_publish(topic: str, key: bytes, value: bytes, headers: object = None) -> None:
-        if topic == "w-topic" and refusals:
+        if topic == "tokenbus.worker.w" and refusals:
             raise refusals.pop()
         recorder.sent.append((topic, key, value))
 
@@ -590,7 +590,7 @@ async def test_a_forward_the_broker_refuses_waits_and_goes_again_rather_than_fai
     loop = asyncio.create_task(dispatcher.run())
     outcome = await asyncio.wait_for(await admit(dispatcher, request(1)), timeout=2)
     assert outcome is Outcome.FORWARDED
-    (forwarded,) = recorder.on("w-topic")
+    (forwarded,) = recorder.on("tokenbus.worker.w")
     assert decode(WorkItem, forwarded).request_id == "r1"
     assert dispatcher.metrics.num_forward_retries == 1
     assert dispatcher.metrics.num_in_flight == 1
@@ -702,11 +702,11 @@ async def test_a_lost_batch_request_waits_for_a_worker_and_resumes_there(
     found = answered()
     assert set(found) == {"r2"} and found["r2"].error is not None
     assert found["r2"].error.code == "no_worker"
-    assert len(recorder.on("w-topic")) == 2
+    assert len(recorder.on("tokenbus.worker.w")) == 2
     # A worker comes back: the batch request resumes there, after what was delivered.
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
-    await until(lambda: len(recorder.on("w-topic")) == 3)
-    again = decode(WorkItem, recorder.on("w-topic")[-1])
+    await until(lambda: len(recorder.on("tokenbus.worker.w")) == 3)
+    again = decode(WorkItem, recorder.on("tokenbus.worker.w")[-1])
     assert again.request_id == "r1" and again.attempt == 1
     assert again.worker_incarnation == "run-2"
     assert again.resume_token_ids == [11, 12] and again.resume_seq == 1
@@ -727,5 +727,5 @@ async def test_a_lost_batch_request_waiting_to_resume_is_dropped_if_its_run_fini
     assert ("t", "r1") not in dispatcher._waiting and dispatcher.metrics.num_superseded == 1
     dispatcher.observe_heartbeat(heartbeat(capacity=4, incarnation="run-2"))
     await asyncio.sleep(0.1)  # turns of the dispatch loop: nothing goes out again
-    assert len(recorder.on("w-topic")) == 1
+    assert len(recorder.on("tokenbus.worker.w")) == 1
     loop.cancel()

@@ -56,7 +56,7 @@ def heartbeat(worker_id: str, max_loras: int, *adapters: str) -> bytes:
         WorkerStatus(
             worker_id=worker_id,
             model="m",
-            request_topic=f"topic-{worker_id}",
+            request_topic=f"tokenbus.worker.{worker_id}",
             max_num_seqs=8,
             max_loras=max_loras,
             adapters=list(adapters),
@@ -103,7 +103,7 @@ async def test_the_adapter_comes_from_the_tenants_file(
     dispatcher, recorder = job
     assert await produce(dispatcher, "acme", ACME_KEY, "m:acme-support") is Outcome.FORWARDED
 
-    (raw,) = recorder.on("topic-lora")  # never the worker without LoRA
+    (raw,) = recorder.on("tokenbus.worker.lora")  # never the worker without LoRA
     item = decode(WorkItem, raw)
     assert item.model == "m" and item.requested_model == "m:acme-support"
     assert item.adapter is not None
@@ -133,13 +133,13 @@ async def test_an_adapter_the_tenant_may_not_use_is_refused(
     assert chunk.error is not None and chunk.error.code == "model_not_allowed"
     (usage,) = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert (usage.status, usage.error_code) == ("rejected", "model_not_allowed")
-    assert not recorder.on("topic-lora") and not recorder.on("topic-base")
+    assert not recorder.on("tokenbus.worker.lora") and not recorder.on("tokenbus.worker.base")
 
 
 async def test_the_group_uses_what_is_shared(job: tuple[Dispatcher, Recorder]) -> None:
     dispatcher, recorder = job
     assert await produce(dispatcher, "gamma", GAMMA_KEY, "m:acme-shared") is Outcome.FORWARDED
-    (raw,) = recorder.on("topic-lora")
+    (raw,) = recorder.on("tokenbus.worker.lora")
     assert decode(WorkItem, raw).tenant_id == "gamma"
 
 

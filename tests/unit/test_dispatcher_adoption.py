@@ -47,7 +47,7 @@ class Restart:
     second: Dispatcher
 
     def forwarded(self) -> list[WorkItem]:
-        return [decode(WorkItem, v) for v in self.recorder.on("w-topic")]
+        return [decode(WorkItem, v) for v in self.recorder.on("tokenbus.worker.w")]
 
 
 async def restart_after(settings: Settings, clock: ManualClock, n: int) -> Restart:
@@ -80,7 +80,7 @@ async def test_the_ledger_says_where_each_forwarded_request_runs(
         assert entry is not None and entry.state is State.FORWARDED
         assert entry.forward is not None and entry.forward.home == 0
         topic, key, value = restart.recorder.sent[entry.forward.offset]
-        assert (topic, key) == ("w-topic", b"t")
+        assert (topic, key) == ("tokenbus.worker.w", b"t")
         assert decode(WorkItem, value).request_id == f"r{n}"
 
 
@@ -165,7 +165,7 @@ async def test_a_forwarded_copy_that_cannot_be_read_back_is_reported(
     assert entry is not None and entry.forward is not None
     sent = restart.recorder.sent
     other = orjson.loads(sent[entry.forward.offset][2]) | {"request_id": "r9"}
-    sent[entry.forward.offset] = ("w-topic", b"t", orjson.dumps(other))
+    sent[entry.forward.offset] = ("tokenbus.worker.w", b"t", orjson.dumps(other))
     assert await restart.second.adopt({0}) == 0
     assert restart.second.metrics.num_adoptions_failed == 1 and not restart.second._in_flight
 

@@ -119,7 +119,7 @@ async def test_a_batch_id_below_class_2_is_refused_and_never_runs(
         "b1.1": "invalid_request",
     }
     assert "batch_id is for batch lines, which run at priority 2" in found["b1.0"][1]
-    [forwarded] = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    [forwarded] = [decode(WorkItem, v) for v in recorder.on("tokenbus.worker.w")]
     assert (forwarded.request_id, forwarded.batch_id, forwarded.priority) == ("b1.2", "b1", 2)
     usage = [decode(UsageEvent, v) for v in recorder.on(TOPICS.usage)]
     assert {(u.request_id, u.status, u.batch_id) for u in usage} == {
@@ -141,7 +141,7 @@ async def test_a_tenant_whose_class_is_2_may_send_lines_at_any_priority(
 
     # Its class is 2 whatever it asks: the line runs as batch work.
     assert await outcomes(dispatcher, [line(0, "bulk", priority=1)]) == [Outcome.FORWARDED]
-    [forwarded] = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    [forwarded] = [decode(WorkItem, v) for v in recorder.on("tokenbus.worker.w")]
     assert forwarded.priority == 2
     loop.cancel()
 
@@ -344,7 +344,7 @@ async def test_the_first_interactive_request_seats_at_once_and_holds_class_2_to_
         )
     )
     assert await asyncio.wait_for(held, 1) is Outcome.FORWARDED
-    order = [decode(WorkItem, v).request_id for v in recorder.on("w-topic")]
+    order = [decode(WorkItem, v).request_id for v in recorder.on("tokenbus.worker.w")]
     assert order == [f"b1.{n}" for n in range(7)] + ["i0", "b1.7"]
     loop.cancel()
 

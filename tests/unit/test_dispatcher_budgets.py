@@ -104,7 +104,7 @@ async def test_a_key_s_own_budget_binds_inside_its_tenant_s(settings: Settings) 
 
     assert await by_key(1) is Outcome.FORWARDED
     # The key travels with the work to its UsageEvent, so ClickHouse can sum it.
-    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("w-topic")]
+    (forwarded,) = [decode(WorkItem, v) for v in recorder.on("tokenbus.worker.w")]
     assert forwarded.key_sha256 == hash_api_key(KEY)
     assert await by_key(2) is Outcome.REFUSED  # the key's 20,000: smaller than the tenant's
     refusal = recorder.chunks_on(reply_topic("team"))[-1]

@@ -54,7 +54,7 @@ async def job(tmp_path: Path) -> AsyncIterator[tuple[Dispatcher, Recorder]]:
     recorder = Recorder()
     dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False)
     status = WorkerStatus(
-        worker_id="w", model="m", request_topic="w-topic", max_num_seqs=8, incarnation="run-1"
+        worker_id="w", model="m", request_topic="tokenbus.worker.w", max_num_seqs=8, incarnation="run-1"
     )
     dispatcher.observe_heartbeat(orjson.dumps(status.model_dump(mode="json")))
     loop = asyncio.create_task(dispatcher.run())
@@ -98,7 +98,7 @@ async def test_the_bridge_s_vouched_count_is_the_count(job: tuple[Dispatcher, Re
     headers = [*service_headers("acme"), (HEADER, vouch(SERVICE_SECRET, value, 9))]
     outcome, refused = await produce(job, value, headers)
     assert (outcome, refused) == (Outcome.FORWARDED, None)
-    assert [item.request_id for item in map(forwarded, job[1].on("w-topic"))] == ["r1"]
+    assert [item.request_id for item in map(forwarded, job[1].on("tokenbus.worker.w"))] == ["r1"]
     # It is believed both ways: a count above the tenant's limit is refused by it.
     value = request("r2")
     headers = [*service_headers("acme"), (HEADER, vouch(SERVICE_SECRET, value, 11))]
@@ -128,7 +128,7 @@ async def test_any_other_count_on_a_record_is_not_believed(
     outcome, refused = await produce(job, value, forge(value))
     assert outcome is Outcome.REFUSED
     assert "prompt has 43 tokens" in too_long(refused)  # the job's own count
-    assert job[1].on("w-topic") == [] and job[1].on(TOPICS.dead_letters) == []
+    assert job[1].on("tokenbus.worker.w") == [] and job[1].on(TOPICS.dead_letters) == []
     assert job[0].metrics.num_prompt_counts_vouched == 0
     assert job[0].metrics.num_prompt_vouches_refused == 1
 

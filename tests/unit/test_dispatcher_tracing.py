@@ -66,7 +66,7 @@ async def test_a_forwarded_request_is_traced_from_the_producers_span(tmp_path: P
     (forwarded,) = [
         (decode(WorkItem, value), headers)
         for (topic, _, value), headers in zip(recorder.sent, recorder.headers, strict=True)
-        if topic == "w-topic"
+        if topic == "tokenbus.worker.w"
     ]
     (traceparent,) = [v.decode() for k, v in forwarded[1] if k == "traceparent"]
     assert traceparent.split("-")[1:3] == [trace_id, queued["span_id"]]

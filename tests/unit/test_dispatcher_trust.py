@@ -17,7 +17,7 @@ import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
-from schemas.codec import decode, encode
+from schemas.codec import SchemaError, decode, encode
 from schemas.fleet import WorkerStatus
 from schemas.messages import DeadLetter, WorkItem
 from schemas.replies import TokenChunk, TokenChunkBatch
@@ -42,7 +42,7 @@ NOW = float(int(datetime(2026, 3, 2, 10, 0, tzinfo=UTC).timestamp()))
 ADMITTED = datetime.fromtimestamp(NOW, UTC)
 ACME_KEY, BETA_KEY, SOLO_KEY = "sk-acme-key", "sk-beta-key", "sk-solo-key"
 ACME, BETA = reply_topic("acme"), reply_topic("beta")
-WORKER = "w-topic"
+WORKER = "tokenbus.worker.w"
 TENANTS = f"""
 [tenants.acme]
 priority_class = 1
@@ -761,3 +761,37 @@ async def test_a_refusal_nobody_proved_goes_only_to_a_reply_topic_the_job_knows(
     ghostly, answered = bus.dead_letters()
     assert ghostly.reason.endswith("(not answered: no such topic)")
     assert not answered.reason.endswith(")") and not answered.reason.startswith("None")
+
+
+# -- what the fleet and the cancels may say ---------------------------------------------------
+@pytest.mark.parametrize(
+    "topic", [ACME, "tokenbus.usage", "tokenbus.worker.other"], ids=["reply", "usage", "another"]
+)
+async def test_a_heartbeat_naming_a_topic_not_its_worker_s_is_ignored(bus: Bus, topic: str) -> None:
+    # The job forwards prompts where a heartbeat says: only ever to the worker's own topic.
+    rogue = WorkerStatus(
+        worker_id="w2", model="m", request_topic=topic, max_num_seqs=64, incarnation="x"
+    )
+    bus.dispatcher.observe_heartbeat(encode(rogue))
+    for n in range(3):  # a worker with 64 free seats would be chosen over one with 8
+        assert await bus.produce(body(f"r{n}"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    assert {i.worker_id for i in bus.forwarded()} == {"w"}
+    assert topic not in bus.topics()
+
+
+async def test_an_abort_is_keyed_by_its_tenant_not_by_the_cancel_s_key(bus: Bus) -> None:
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    value = orjson.dumps({"request_id": "r1", "tenant_id": "acme"})
+    await bus.dispatcher.handle_cancel(
+        Record(TOPICS.cancels, 0, 1, b"acme" * 1000, value, bearer(ACME_KEY))
+    )
+    [(key, _)] = [(k, v) for t, k, v in bus.recorder.sent if t == TOPICS.aborts]
+    assert key == b"acme"
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "num_running", "num_waiting", "max_loras"])
+def test_a_heartbeat_with_a_negative_count_is_ignored(field: str) -> None:
+    good = WorkerStatus(worker_id="w2", model="m", request_topic="tokenbus.worker.w2")
+    raw = orjson.loads(encode(good)) | {field: -1}
+    with pytest.raises(SchemaError, match=field):
+        decode(WorkerStatus, orjson.dumps(raw))

@@ -10,7 +10,7 @@ def worker(worker_id: str, *, running: int, waiting: int, seats: int, kv: float)
     return WorkerStatus(
         worker_id=worker_id,
         model="m",
-        request_topic=f"{worker_id}-topic",
+        request_topic=f"tokenbus.worker.{worker_id}",
         num_running=running,
         num_waiting=waiting,
         max_num_seqs=seats,
