@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import fcntl
 import itertools
+import logging
 import os
 import random
 import re
@@ -39,6 +40,8 @@ from tokenbus.config import Settings
 from tokenbus.kafka import ensure_topics, wait_for_broker
 from tokenbus.topics import Topics
 from tokenbus_cli.stack_state import ServiceRecord, StackState
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +70,20 @@ def worker_python(settings: Settings) -> Path:
             f"no worker environment at {path}: run `make setup` (or set TOKENBUS_WORKER_PYTHON)"
         )
     return path
+
+
+def make_home(home: Path) -> None:
+    """Makes the stack's home, the operator's alone (0700): it holds prompts (batch files,
+    logs), usage and the job's tables. One that exists and others can read is left as
+    it is, with a warning: it may be a directory the operator keeps more in."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if home.stat().st_mode & 0o077:
+        log.warning(
+            "%s (TOKENBUS_HOME) can be read by other users, and holds prompts, usage and "
+            "tables: chmod 700 %s",
+            home,
+            home,
+        )
 
 
 def settings_env(settings: Settings, **overrides: Any) -> dict[str, str]:
@@ -251,7 +268,7 @@ class Stack:
 
     # -- start ---------------------------------------------------------------------
     async def start(self) -> None:
-        self.settings.home.mkdir(parents=True, exist_ok=True)
+        make_home(self.settings.home)
         self.logs.mkdir(exist_ok=True)
         self._take_lock()
         try:

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,7 @@ from tokenbus_cli.stack import (
     StackError,
     StackLeftBehind,
     free_port,
+    make_home,
     settings_env,
     stop_services,
 )
@@ -182,6 +184,22 @@ def test_a_refused_start_leaves_the_earlier_stacks_record_for_down(tmp_path: Pat
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_the_stack_s_home_is_made_the_operator_s_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    new, chosen = tmp_path / "a" / "home", tmp_path / "chosen"
+    chosen.mkdir()
+    chosen.chmod(0o755)  # a directory the operator keeps more in: told, not changed
+    make_home(new)
+    make_home(chosen)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o700
+    assert stat.S_IMODE(chosen.stat().st_mode) == 0o755
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{chosen} (TOKENBUS_HOME) can be read by other users, and holds prompts, usage and "
+        f"tables: chmod 700 {chosen}"
+    ]
 
 
 def test_free_ports_are_below_the_range_outgoing_connections_are_given(tmp_path: Path) -> None:
