@@ -32,7 +32,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas import TENANT_ID_PATTERN
+
 PERIOD_PATTERN = r"^(day|week|month|rolling:[1-9][0-9]{0,3}h)$"
+MODEL_NAME_PATTERN = r"^[^|@\s\x00-\x1f\x7f]{1,256}$"
 SCOPES = ("tenant", "key", "model", "tenant_model")
 DEFAULT_THRESHOLDS = (50, 80, 95, 100)
 
@@ -47,8 +50,10 @@ class BudgetConfig(BaseModel):
     tz: str | None = None
     enforce: Literal["hard", "soft"] = "hard"
     thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS
-    tenant: str | None = None
-    model: str | None = None
+    tenant: Annotated[str, Field(pattern=TENANT_ID_PATTERN)] | None = None
+    model: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)] | None = None
+    """No ``|``, ``@``, whitespace or control character: the budget's id joins its parts
+    with them (``budget_id``), and the job's spend keys with a tab."""
     key_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
     @field_validator("thresholds")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -49,3 +50,26 @@ def test_only_the_admin_key_sets_and_removes_budgets(tmp_path: Path) -> None:
 def test_no_admin_key_no_admin_api(tmp_path: Path) -> None:
     client = client_for(Settings(home=tmp_path), [])
     assert client.get("/admin/budgets", headers={"Authorization": "Bearer x"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tenant": "a|b"},  # the id joins its parts with "|": undeletable, unparseable
+        {"tenant": "a\tb"},  # the job's spend keys join theirs with a tab
+        {"tenant": "acme", "model": "m|x"},
+        {"tenant": "acme", "model": "m@UTC"},
+        {"model": "m\tx"},
+        {"model": "m\nx"},
+    ],
+)
+def test_a_budget_whose_names_would_break_its_id_or_keys_is_a_400(
+    tmp_path: Path, fields: dict[str, str]
+) -> None:
+    sent: list[tuple[bytes, bytes | None]] = []
+    client = client_for(Settings(home=tmp_path, admin_key="adm"), sent)
+    answer = client.put(
+        "/admin/budgets", json={"limit": "5", **fields}, headers={"Authorization": "Bearer adm"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert sent == []
