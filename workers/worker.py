@@ -464,7 +464,10 @@ class Worker:
             return
         if cancelled is not None:
             # Cancelled while queued or waiting for a slot: it never reaches the engine.
-            await replies.add(request.reply_to, chunk("", [], FinishReason.ABORT))
+            try:
+                await replies.add(request.reply_to, chunk("", [], FinishReason.ABORT))
+            except Exception as exc:  # its UsageEvent goes all the same
+                log.warning("%s: its last chunk did not reach %s: %s", request_id, reply_to, exc)
             await self._report(request, FinishReason.ABORT, started, None, 0, 0, 0, None)
             return
         engine_id = request.engine_request_id
@@ -599,7 +602,18 @@ class Worker:
         if first_token_at is not None and num_completion > num_at_first:
             decode_s = (datetime.now(UTC) - first_token_at).total_seconds()
             itl_s = decode_s / (num_completion - num_at_first)
-        await deliveries.wait()
+        try:
+            await deliveries.wait()
+        except Exception as exc:
+            # Its client cannot have had every chunk (its reply topic gone, say), but the
+            # engine did the work: the request ends as failed, and its one UsageEvent
+            # still goes, so it is billed and the job frees its seat.
+            log.warning("%s: not every chunk reached %s: %s", request_id, reply_to, exc)
+            finish = FinishReason.ERROR
+            error = ErrorInfo(
+                code="reply_undeliverable",
+                message=f"the reply topic did not take every chunk: {type(exc).__name__}",
+            )
         first_sent_ns = None
         if first_reply is not None and first_reply.done() and not first_reply.cancelled():
             first_sent_ns = None if first_reply.exception() else first_reply.result()

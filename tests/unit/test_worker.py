@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import ConsumerRecord
+from aiokafka.errors import UnknownTopicOrPartitionError
 from opentelemetry.trace import Span
 
 from bench.fake_engine import FakeEngine
@@ -512,3 +513,38 @@ async def test_the_workers_aborts_poll_at_the_background_wait_its_requests_at_th
             await follow()
     assert waits == [settings.background_fetch_wait_ms, settings.consumer_fetch_wait_ms]
     assert waits == [100, 20]
+
+
+class GoneReplyTopic(RecordingProducer):
+    """A broker that refuses every record for the reply topic (its client deleted it, on a
+    broker that does not make topics on demand), and takes the rest."""
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any]:
+        if topic != REPLY_TO:
+            return await super().send(topic, value, key, headers)
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        refused.set_exception(UnknownTopicOrPartitionError(topic))
+        return refused
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["served", "cancelled before it ran"])
+async def test_a_request_whose_chunks_cannot_be_delivered_is_still_reported_once(
+    tmp_path: Path, cancelled: bool
+) -> None:
+    # The engine did the work: it is billed, and the job frees its seat on this event.
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
+    if cancelled:
+        worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="gone")
+    producer = GoneReplyTopic()
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    await worker._engine.start()
+    await worker._serve(work_item(max_tokens=5))
+    (event,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
+    if cancelled:
+        assert event.status is UsageStatus.CANCELLED and event.num_completion_tokens == 0
+    else:
+        assert event.status is UsageStatus.FAILED and event.error_code == "reply_undeliverable"
+        assert (event.num_prompt_tokens, event.num_completion_tokens) == (6, 5)
