@@ -13,9 +13,12 @@ same iteration; the flush scheduled with ``call_soon`` by the first ``add`` runs
 next one, after them, and adds no wait. (The handler yields between slices of
 ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` requests, so a very large step may take a few records.)
 
-Order: records go to the producer one at a time, in the order of their flushes, and a
-record holds its chunks in the order they were added. One request's chunks thus reach
-its topic in ``seq`` order, which the client's gap rule relies on.
+Order: a topic's records go to the producer one at a time, in the order of their
+flushes, and a record holds its chunks in the order they were added. One request's
+chunks thus reach its topic in ``seq`` order, which the client's gap rule relies on.
+Each topic has a sender of its own: a send may wait (for the metadata of a topic that is
+gone, on a broker that does not make topics on demand, up to the producer's request
+timeout), and one topic's wait must not hold up the replies of every other tenant.
 
 Delivery: a chunk's future resolves when the broker acknowledged the record carrying
 it, and fails with the send's error otherwise, so the worker can report usage only
@@ -92,8 +95,10 @@ class ReplyBatcher:
         self._max_chunks = max_chunks
         self._pending: dict[tuple[str, str], _Record] = {}
         self._flush_scheduled = False
-        self._outbox: deque[_Record] = deque()
-        self._sender: asyncio.Task[None] | None = None
+        self._full: list[_Record] = []
+        """Records that filled up before the flush, in order: they go before the rest."""
+        self._outboxes: dict[str, deque[_Record]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
 
     def add(self, topic: str, chunk: Chunk) -> asyncio.Future[int]:
         """Queues ``chunk`` for ``topic``; the future resolves once it was delivered
@@ -103,7 +108,7 @@ class ReplyBatcher:
         record = self._pending.get(group)
         if record is None or len(record.chunks) >= self._max_chunks:
             if record is not None:
-                self._outbox.append(record)  # full: goes first, the order is kept
+                self._full.append(record)  # goes first: the order is kept
             loop = asyncio.get_running_loop()
             record = self._pending[group] = _Record(topic, chunk.tenant_id, loop.create_future())
             if not self._flush_scheduled:
@@ -115,21 +120,38 @@ class ReplyBatcher:
     async def drain(self) -> None:
         """Hands everything added so far to the producer; call before stopping it."""
         self._flush()
-        if self._sender is not None:
-            await asyncio.wait([self._sender])
+        while self._senders:
+            await asyncio.wait(list(self._senders.values()))
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        self._outbox.extend(self._pending.values())
+        records = [*self._full, *self._pending.values()]
+        self._full.clear()
         self._pending.clear()
-        if self._outbox and (self._sender is None or self._sender.done()):
-            self._sender = asyncio.get_running_loop().create_task(self._send_outbox())
+        for record in records:
+            outbox = self._outboxes.get(record.topic)
+            if outbox is None:
+                outbox = self._outboxes[record.topic] = deque()
+            outbox.append(record)
+            if record.topic not in self._senders:
+                sender = asyncio.get_running_loop().create_task(self._send_outbox(record.topic))
+                self._senders[record.topic] = sender
 
-    async def _send_outbox(self) -> None:
-        # One sender, one record at a time: a send may wait (metadata, a full batch),
-        # and no later record may overtake it.
-        while self._outbox:
-            record = self._outbox.popleft()
+    async def _send_outbox(self, topic: str) -> None:
+        # One sender a topic, one record at a time: a send may wait (metadata, a full
+        # batch), and no later record of its topic may overtake it.
+        outbox = self._outboxes[topic]
+        try:
+            await self._send_all(outbox)
+        finally:
+            del self._outboxes[topic]
+            del self._senders[topic]
+            for record in outbox:  # cancelled: their waiters must not hang
+                record.fail(asyncio.CancelledError())
+
+    async def _send_all(self, outbox: deque[_Record]) -> None:
+        while outbox:
+            record = outbox.popleft()
             record.sent_ns = time.time_ns()
             try:
                 sent = await self._producer.send(

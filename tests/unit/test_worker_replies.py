@@ -118,6 +118,49 @@ async def test_a_later_record_never_overtakes_one_whose_send_waits() -> None:
     assert producer.layout() == [("c1", b"t", [("r1", 0)]), ("c1", b"t", [("r1", 1)])]
 
 
+class OneTopicWaits(FakeProducer):
+    """A send to ``waiting`` waits (for the metadata of a topic that is gone, on a broker
+    that does not make topics on demand) until ``gate`` is set; the others go at once."""
+
+    def __init__(self, waiting: str) -> None:
+        super().__init__()
+        self.waiting = waiting
+        self.gate.clear()
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any]:
+        if topic != self.waiting:
+            self.sent.append((topic, key, decode(TokenChunkBatch, value)))
+            ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            ack.set_result(None)
+            return ack
+        return await super().send(topic, value, key, headers)
+
+
+async def test_a_topic_whose_send_waits_holds_up_no_other_topic() -> None:
+    producer = OneTopicWaits("gone")
+    batcher = ReplyBatcher(producer)
+    stuck = batcher.add("gone", chunk("r1", 0, tenant="eve"))
+    batcher.add("gone", chunk("r1", 1, tenant="eve"))
+    await next_iterations()
+    others = [batcher.add("c1", chunk("r2", n, tenant="alice")) for n in range(2)]
+    await next_iterations()
+    later = batcher.add("c1", chunk("r2", 2, tenant="alice"))
+    await next_iterations()
+    assert producer.layout() == [
+        ("c1", b"alice", [("r2", 0), ("r2", 1)]),
+        ("c1", b"alice", [("r2", 2)]),
+    ]
+    assert all(f.done() for f in [*others, later]) and not stuck.done()
+    producer.gate.set()
+    await batcher.drain()
+    producer.ack_all()
+    await next_iterations()
+    assert producer.layout()[-1] == ("gone", b"eve", [("r1", 0), ("r1", 1)])
+    assert stuck.done()
+
+
 async def test_futures_resolve_when_their_record_is_acknowledged() -> None:
     producer = FakeProducer()
     batcher = ReplyBatcher(producer)
