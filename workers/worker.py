@@ -73,6 +73,7 @@ from tokenbus.lean_span import start_span
 from tokenbus.logs import request_context
 from tokenbus.metadata import ProducerTopics
 from tokenbus.metrics import create_tenant_labels, metrics_app, start_metrics_server
+from tokenbus.retry import Backoff, until_done
 from tokenbus.span_path import hop_span, path_ns
 from tokenbus.tansu.fetch_wait import LoneRequests, expect_records
 from tokenbus.topics import Topics
@@ -222,6 +223,10 @@ def create_batch_gate(settings: Settings, engine: Engine) -> BatchGate | None:
     return BatchGate(policy, "engine", engine.abort, learner=learner)
 
 
+RETRY_WHILE_DRAINING_S = 60.0
+"""How long a stopping worker still retries a UsageEvent the broker refuses."""
+
+
 class Worker:
     """Feeds one engine from one topic and reports every request exactly once."""
 
@@ -237,6 +242,9 @@ class Worker:
         self.request_topic = self._topics.worker(self.worker_id)
         self.incarnation = uuid.uuid4().hex
         self._slots = asyncio.Semaphore(2 * engine.max_num_seqs)
+        self._stopped = asyncio.Event()
+        """Set once the worker has drained: what still fails to send is given up then."""
+        self._backoff = Backoff()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self._producer: AIOKafkaProducer | None = None
@@ -296,7 +304,15 @@ class Worker:
             await self._send_heartbeat()
             if self._tasks:
                 log.info("draining %d requests", len(self._tasks))
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                draining = asyncio.gather(*self._tasks, return_exceptions=True)
+                try:
+                    await asyncio.wait_for(asyncio.shield(draining), RETRY_WHILE_DRAINING_S)
+                except TimeoutError:
+                    # Sends that still fail are given up now (the rest runs to its end):
+                    # a broker that stays down must not keep the worker from stopping.
+                    self._stopped.set()
+                    await draining
+            self._stopped.set()
             heartbeats.cancel()
             cancels.cancel()
             await asyncio.gather(cancels, return_exceptions=True)
@@ -779,9 +795,18 @@ class Worker:
         )
         headers: list[tuple[str, bytes]] = []
         inject(headers)  # billing's row of this attempt joins the request's trace
-        await self._producer.send_and_wait(
-            self._topics.usage, encode(usage), key=request.tenant_id.encode(), headers=headers
-        )
+        producer, value, key = self._producer, encode(usage), request.tenant_id.encode()
+
+        async def send() -> None:
+            await producer.send_and_wait(self._topics.usage, value, key=key, headers=headers)
+
+        # Retried while the broker refuses it: the job frees the request's seat, and
+        # billing charges its work, on this event alone. Given up only once the worker
+        # stops; the job then sends the request again as its run is lost.
+        what = f"the usage of {request.request_id} (attempt {request.attempt})"
+        if not await until_done(send, self._stopped, self._backoff, what):
+            log.error("%s was not sent; the worker stops", what)
+            return
         log.debug(
             "reported: %s",
             usage.status.value,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import ConsumerRecord
-from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 from opentelemetry.trace import Span
 
 from bench.fake_engine import FakeEngine
@@ -31,6 +31,7 @@ from tests.unit.fakes import SpanRow, taken_spans
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.kafka import make_consumer
+from tokenbus.retry import Backoff
 from tokenbus.tracing import Tracing, inject, with_path
 from workers import worker as worker_module
 from workers.interface import EngineDelta, EngineTimings, GenerateParams
@@ -548,3 +549,34 @@ async def test_a_request_whose_chunks_cannot_be_delivered_is_still_reported_once
     else:
         assert event.status is UsageStatus.FAILED and event.error_code == "reply_undeliverable"
         assert (event.num_prompt_tokens, event.num_completion_tokens) == (6, 5)
+
+
+class UsageRefusedTwice(RecordingProducer):
+    """A broker that refuses the first two UsageEvents sent to it, as while it fails over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_refused = 0
+
+    async def send_and_wait(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> Sent:
+        if topic.endswith(".usage") and self.num_refused < 2:
+            self.num_refused += 1
+            raise KafkaTimeoutError()
+        return await super().send_and_wait(topic, value, key, headers)
+
+
+async def test_a_usage_event_the_broker_refuses_is_sent_again_until_it_takes_it(
+    tmp_path: Path,
+) -> None:
+    # The job frees the request's seat, and billing charges it, on this event alone.
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
+    worker._backoff = Backoff(initial_s=0.01)
+    producer = UsageRefusedTwice()
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    await worker._engine.start()
+    await worker._serve(work_item(max_tokens=3))
+    (event,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
+    assert producer.num_refused == 2 and event.num_completion_tokens == 3
