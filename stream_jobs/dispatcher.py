@@ -490,7 +490,7 @@ class Dispatcher:
         except AuthError as exc:
             self.metrics.num_unauthenticated += 1
             claimed = request.tenant_id or (key or b"").decode("utf-8", "replace")
-            await self._refuse_unproven(record, request, claimed, exc, now)
+            await self._refuse_unproven(record, request, claimed, exc)
             return Outcome.REFUSED
         item = self._work_item(request, principal, now)
         ident = (item.tenant_id, item.request_id)
@@ -1156,7 +1156,7 @@ class Dispatcher:
     ) -> None:
         """Dead-lettered; and told on its reply topic, when the record names one and an
         id (so its producer does not wait for its timeout), unless that id is taken or
-        the topic is not one the job knows (``_answerable``)."""
+        the topic does not exist (``_unanswerable``)."""
         letter = reason if code is None else f"{code}: {reason}"
         try:
             data = orjson.loads(record.value or b"")
@@ -1184,10 +1184,9 @@ class Dispatcher:
         request: InferenceRequest,
         claimed: str,
         exc: AuthError,
-        now: float,
     ) -> None:
         """No credential proves who sent this. It is dead-lettered, and answered on its
-        reply topic under the tenant it claims, when ``_answerable``. Nothing else: no
+        reply topic under the tenant it claims, unless ``_unanswerable``. Nothing else: no
         usage row, no window, budget or ledger write, for the tenant it names is only a
         claim (a rejected row under the victim's id would settle the real request's
         reservation to nothing, and take its billing key)."""
