@@ -516,6 +516,15 @@ async def test_the_workers_aborts_poll_at_the_background_wait_its_requests_at_th
     assert waits == [100, 20]
 
 
+async def worker_on(tmp_path: Path, producer: RecordingProducer) -> Worker:
+    """A worker on the pretend engine, started, that sends through ``producer``."""
+    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
+    worker._producer = producer
+    worker._replies = ReplyBatcher(producer)
+    await worker._engine.start()
+    return worker
+
+
 class GoneReplyTopic(RecordingProducer):
     """A broker that refuses every record for the reply topic (its client deleted it, on a
     broker that does not make topics on demand), and takes the rest."""
@@ -535,13 +544,10 @@ async def test_a_request_whose_chunks_cannot_be_delivered_is_still_reported_once
     tmp_path: Path, cancelled: bool
 ) -> None:
     # The engine did the work: it is billed, and the job frees its seat on this event.
-    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
+    producer = GoneReplyTopic()
+    worker = await worker_on(tmp_path, producer)
     if cancelled:
         worker._cancels.note("acme", "r1", time.monotonic(), attempt=None, reason="gone")
-    producer = GoneReplyTopic()
-    worker._producer = producer
-    worker._replies = ReplyBatcher(producer)
-    await worker._engine.start()
     await worker._serve(work_item(max_tokens=5))
     (event,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
     if cancelled:
@@ -571,12 +577,9 @@ async def test_a_usage_event_the_broker_refuses_is_sent_again_until_it_takes_it(
     tmp_path: Path,
 ) -> None:
     # The job frees the request's seat, and billing charges it, on this event alone.
-    worker = Worker(Settings(home=tmp_path, worker_id="w1"), FakeEngine("tiny", 4))
-    worker._backoff = Backoff(initial_s=0.01)
     producer = UsageRefusedTwice()
-    worker._producer = producer
-    worker._replies = ReplyBatcher(producer)
-    await worker._engine.start()
+    worker = await worker_on(tmp_path, producer)
+    worker._backoff = Backoff(initial_s=0.01)
     await worker._serve(work_item(max_tokens=3))
     (event,) = [decode(UsageEvent, raw) for raw in producer.on(worker._topics.usage)]
     assert producer.num_refused == 2 and event.num_completion_tokens == 3
