@@ -54,7 +54,11 @@ async def job(tmp_path: Path) -> AsyncIterator[tuple[Dispatcher, Recorder]]:
     recorder = Recorder()
     dispatcher = memory_dispatcher(settings, recorder, allow_unlisted=False)
     status = WorkerStatus(
-        worker_id="w", model="m", request_topic="tokenbus.worker.w", max_num_seqs=8, incarnation="run-1"
+        worker_id="w",
+        model="m",
+        request_topic="tokenbus.worker.w",
+        max_num_seqs=8,
+        incarnation="run-1",
     )
     dispatcher.observe_heartbeat(orjson.dumps(status.model_dump(mode="json")))
     loop = asyncio.create_task(dispatcher.run())
