@@ -89,16 +89,8 @@ def usage_columns(events: Sequence[Usage], charges: Sequence[NanoCharge]) -> lis
     prompt = [e.num_prompt_tokens for e in events]
     completion = [e.num_completion_tokens for e in events]
     cached = [e.num_cached_tokens for e in events]
-    if (
-        min(attempt) < 0
-        or min(prompt) < 0
-        or min(completion) < 0
-        or min(cached) < 0
-        or max(attempt) > MAX_COUNT
-        or max(prompt) > MAX_COUNT
-        or max(completion) > MAX_COUNT
-        or max(cached) > MAX_COUNT
-    ):
+    counts = (attempt, prompt, completion, cached)
+    if any(min(column) < 0 or max(column) > MAX_COUNT for column in counts):
         for event in events:
             check_storable(event)  # raises, naming the field
     values = _VALUES

@@ -1155,8 +1155,8 @@ class Dispatcher:
         self, record: Record, reason: str, *, code: str | None = None
     ) -> None:
         """Dead-lettered; and told on its reply topic, when the record names one and an
-        id (so its producer does not wait for its timeout), unless that id is taken or
-        the topic does not exist (``_unanswerable``)."""
+        id (so its producer does not wait for its timeout), as ``_refuse_unidentified``
+        does."""
         letter = reason if code is None else f"{code}: {reason}"
         try:
             data = orjson.loads(record.value or b"")
@@ -1172,11 +1172,8 @@ class Dispatcher:
         if not (isinstance(request_id, str) and isinstance(reply_to, str)):
             await self._dead_letter(record, letter)
             return
-        unanswered = await self._unanswerable(tenant_id, request_id, reply_to)
-        await self._dead_letter(record, letter if unanswered is None else f"{letter} {unanswered}")
-        if unanswered is None:
-            error = ErrorInfo(code=code or "invalid_request", message=reason)
-            await self._reply_only(reply_to, tenant_id, request_id, 0, error)
+        error = ErrorInfo(code=code or "invalid_request", message=reason)
+        await self._refuse_unidentified(record, letter, tenant_id, request_id, reply_to, error)
 
     async def _refuse_unproven(
         self,
@@ -1185,17 +1182,35 @@ class Dispatcher:
         claimed: str,
         exc: AuthError,
     ) -> None:
-        """No credential proves who sent this. It is dead-lettered, and answered on its
-        reply topic under the tenant it claims, unless ``_unanswerable``. Nothing else: no
-        usage row, no window, budget or ledger write, for the tenant it names is only a
-        claim (a rejected row under the victim's id would settle the real request's
-        reservation to nothing, and take its billing key)."""
-        reason = f"{exc.code}: {exc.message}"
-        unanswered = await self._unanswerable(claimed, request.request_id, request.reply_to)
-        await self._dead_letter(record, reason if unanswered is None else f"{reason} {unanswered}")
+        """No credential proves who sent this: ``_refuse_unidentified``, under the tenant
+        it claims."""
+        await self._refuse_unidentified(
+            record,
+            f"{exc.code}: {exc.message}",
+            claimed,
+            request.request_id,
+            request.reply_to,
+            ErrorInfo(code=exc.code, message=exc.message),
+        )
+
+    async def _refuse_unidentified(
+        self,
+        record: Record,
+        letter: str,
+        tenant_id: str,
+        request_id: str,
+        reply_to: str,
+        error: ErrorInfo,
+    ) -> None:
+        """A record nobody proved is dead-lettered, and answered on its reply topic under
+        the tenant it names unless ``_unanswerable``. Nothing else: no usage row, no
+        window, budget or ledger write, for that tenant is only a claim (a rejected row
+        under the victim's id would settle the real request's reservation to nothing,
+        and take its billing key)."""
+        unanswered = await self._unanswerable(tenant_id, request_id, reply_to)
+        await self._dead_letter(record, letter if unanswered is None else f"{letter} {unanswered}")
         if unanswered is None:
-            error = ErrorInfo(code=exc.code, message=exc.message)
-            await self._reply_only(request.reply_to, claimed, request.request_id, 0, error)
+            await self._reply_only(reply_to, tenant_id, request_id, 0, error)
 
     async def _unanswerable(self, tenant_id: str, request_id: str, reply_to: str) -> str | None:
         """Why a record nobody proved is not answered (None: it is): its claimed tenant
@@ -1349,14 +1364,15 @@ class Dispatcher:
         except SchemaError as exc:
             log.warning("ignoring a malformed heartbeat: %s", exc)
             return
-        if status.request_topic != self._topics.worker(status.worker_id):
+        own_topic = self._topics.worker(status.worker_id)
+        if status.request_topic != own_topic:
             # The job forwards prompts to the topic a heartbeat names: only the worker's
             # own, named after it, never one a tenant can read (a reply topic, say).
             log.warning(
                 "ignoring a heartbeat of worker %r naming %r, not its topic %r",
                 status.worker_id,
                 status.request_topic,
-                self._topics.worker(status.worker_id),
+                own_topic,
             )
             return
         self.note_lag("heartbeats", status.sent_at.timestamp())
@@ -1485,30 +1501,13 @@ class Dispatcher:
 
     async def _forward(self, waiting: _Waiting, picked: _Picked | None) -> None:
         try:
-            outcome = await self._send(waiting, picked)
-        except MessageSizeTooLargeError as exc:
-            # Never fits, however often it is sent (a resumed request carries the tokens
-            # it streamed): answered, not retried for good with its event unacked.
-            request = waiting.request
-            self.metrics.num_rejected_invalid += 1
-            log.warning("%s/%s cannot be forwarded: %s", request.tenant_id, request.request_id, exc)
-            error = ErrorInfo(
-                code="request_too_large",
-                message="the request, as forwarded to its worker, is larger than a record "
-                "may be; send a shorter prompt or fewer stop strings",
-            )
             try:
-                outcome = await self._turn_down(
-                    request, error, self._clock.time(), home=waiting.home
-                )
-            except Exception:
-                log.warning("refusing %s/%s failed", request.tenant_id, request.request_id)
-                await asyncio.sleep(FORWARD_RETRY_S)
-                if not waiting.done.done():
-                    self._queue_again(waiting)
-                return
-            if not waiting.done.done():
-                waiting.done.set_result(outcome)
+                outcome = await self._send(waiting, picked)
+            except MessageSizeTooLargeError as exc:
+                # Never fits, however often it is sent (a resumed request carries the
+                # tokens it streamed): answered, not retried for good with its event
+                # unacked. (Should the answer fail, it is retried below, and refused again.)
+                outcome = await self._refuse_too_large(waiting, exc)
         except Exception:
             # Not forwarded (nor answered): the broker refused the send or timed out.
             # It waits for a seat again, its event still unacked, rather than be acked
@@ -1528,6 +1527,17 @@ class Dispatcher:
         else:
             if not waiting.done.done():
                 waiting.done.set_result(outcome)
+
+    async def _refuse_too_large(self, waiting: _Waiting, exc: Exception) -> Outcome:
+        request = waiting.request
+        self.metrics.num_rejected_invalid += 1
+        log.warning("%s/%s cannot be forwarded: %s", request.tenant_id, request.request_id, exc)
+        error = ErrorInfo(
+            code="request_too_large",
+            message="the request, as forwarded to its worker, is larger than a record "
+            "may be; send a shorter prompt or fewer stop strings",
+        )
+        return await self._turn_down(request, error, self._clock.time(), home=waiting.home)
 
     def _capacity(self) -> int:
         return self._registry.capacity(self._clock.monotonic())
