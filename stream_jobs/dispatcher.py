@@ -153,6 +153,14 @@ STALL_WARN_S = 10.0
 """Requests waiting with nothing forwarded this long is logged (then every as long)."""
 
 
+class TopicLookup(Protocol):
+    """Whether a topic exists, found out without making it, as of an answer asked after
+    the lookup began (``tokenbus.metadata.ExistingTopics``); ``assume_on_failure``: the
+    answer when the broker gives none."""
+
+    async def __call__(self, topic: str, *, assume_on_failure: bool = False) -> bool: ...
+
+
 class WindowStore(Protocol):
     """Quota windows, by ``window.window_key``: each tenant's, and its batch lines'
     (``<tenant>/batch``). A state loaded is changed in place, from the tenant's
@@ -272,6 +280,8 @@ class DispatchMetrics:
     num_forbidden: int = 0
     """Requests whose credential may not do what they ask: another tenant, another's
     reply topic, a key that is not their tenant."""
+    num_reply_topic_missing: int = 0
+    """Requests whose reply topic does not exist: dead-lettered, never run."""
     num_shed: int = 0
     num_capped: int = 0
     num_no_worker: int = 0
@@ -346,14 +356,15 @@ class Dispatcher:
         tracer: Tracer | None = None,
         forwards: ForwardLog | None = None,
         home_of: Callable[[bytes], int] | None = None,
-        knows_topic: Callable[[str], Awaitable[bool]] | None = None,
+        knows_topic: TopicLookup | None = None,
     ) -> None:
         """``forwards``: reads back forwarded requests, for ``adopt``. ``home_of``: the
         partition a tenant's records belong on, given its key (the job's: Kafka's
         default partitioner over ``num_partitions``); None checks no partition.
         ``knows_topic``: whether a topic exists, found out without making it
         (``tokenbus.metadata.ExistingTopics``): a refusal of a producer nobody
-        identified goes only to one that does; None: every topic does."""
+        identified goes only to one that does, and a tenant's request is admitted only
+        with a reply topic that does; None: every topic does."""
         self._home_of = home_of
         self._knows_topic = knows_topic
         self._settings = settings
@@ -517,8 +528,26 @@ class Dispatcher:
             error = self._identity_problem(request, principal, key) or misplaced
             assert error is not None
             await self._dead_letter(record, f"{error.code}: {error.message}")
-            if owns_reply_topic and not self._known(*ident):
+            if (
+                owns_reply_topic
+                and not self._known(*ident)
+                and await self._reply_topic_exists(item.reply_to)
+            ):
                 await self._reply_only(item.reply_to, item.tenant_id, item.request_id, 0, error)
+            return Outcome.REFUSED
+        if owns_reply_topic and not await self._reply_topic_exists(item.reply_to):
+            # Its tokens, or any answer, would make the topic (a broker that makes topics
+            # on demand) or wait for it (one that does not): a topic a request, or
+            # every fresh name a tenant sends, on the broker; or a run nobody can read.
+            # Refused before anything of the tenant's is written: no window, budget,
+            # ledger entry or usage row (this id may be a run's), so once the producer
+            # has made its topic it may send the request again as it was.
+            self.metrics.num_reply_topic_missing += 1
+            await self._dead_letter(
+                record,
+                f"reply_topic_missing: the reply topic {item.reply_to!r} does not exist; "
+                "create it before sending requests that name it",
+            )
             return Outcome.REFUSED
         self._ledger.sweep(item.tenant_id, now)
         entry = self._ledger.get(*ident) or self._held_entry(item, now)
@@ -1228,6 +1257,11 @@ class Dispatcher:
         if self._knows_topic is not None and not await self._knows_topic(reply_to):
             return "(not answered: no such topic)"
         return None
+
+    async def _reply_topic_exists(self, topic: str) -> bool:
+        """A proven tenant's reply topic: found in the answer the job holds (no await),
+        else asked about; not refused when the broker does not answer."""
+        return self._knows_topic is None or await self._knows_topic(topic, assume_on_failure=True)
 
     async def _publish_rejected(self, item: WorkItem, code: str) -> None:
         usage = usage_of(item, FinishReason.REJECTED, status=UsageStatus.REJECTED, error_code=code)

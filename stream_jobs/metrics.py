@@ -44,6 +44,7 @@ _COUNTERS = {
     "num_rejected_invalid": "requests refused by the tenant's rules",
     "num_unauthenticated": "requests refused for their credential",
     "num_forbidden": "requests whose credential may not do what they ask",
+    "num_reply_topic_missing": "requests whose reply topic does not exist (dead-lettered)",
     "num_shed": "class 2 requests shed under overload",
     "num_capped": "requests whose max_tokens the overload tier capped",
     "num_no_worker": "requests answered no_worker",

@@ -122,12 +122,14 @@ class ExistingTopics:
     """Whether a topic exists, found out without making it: from the metadata a client
     holds, else from an answer about every topic (a metadata request that names no topic
     makes none), asked at most once per ``refresh_s`` (so a flood of names costs the
-    broker ten such answers a second at most, by default), lookups meanwhile sharing it.
+    broker ten such answers a second at most, by default, and a lookup waits that long
+    at most, plus the answer), lookups meanwhile sharing it.
 
     A producer's send to a topic it holds no metadata of names the topic to the broker,
     and a broker that makes topics on demand (Kafka's default) makes it; one that does
-    not keeps the send waiting for it. A service that answers on a topic an outsider
-    named, such as the job refusing a record nobody proved, asks here first."""
+    not keeps the send waiting for it. A service that sends to a topic an outsider named
+    asks here first: the job, before it answers a record nobody proved, and before it
+    admits a tenant's request (whose worker would send its tokens there)."""
 
     def __init__(
         self,
@@ -143,9 +145,15 @@ class ExistingTopics:
         self._clock = clock
         self._every: frozenset[str] = frozenset()
         self._asked_at = -float("inf")
-        self._asking: asyncio.Future[frozenset[str]] | None = None
+        self._asking: asyncio.Future[tuple[float, frozenset[str] | None]] | None = None
 
-    async def __call__(self, topic: str) -> bool:
+    async def __call__(self, topic: str, *, assume_on_failure: bool = False) -> bool:
+        """Whether ``topic`` exists: in the client's metadata, in the last answer, or
+        else in an answer asked after this lookup began (waiting for the next one when
+        one was asked lately), so a topic a producer made a moment before it sent the
+        record that names it counts. ``assume_on_failure``: what to take when that
+        answer fails (a tenant's request is not refused for the broker's trouble; a
+        producer nobody identified is not answered on a topic nobody saw)."""
         client = self._client()
         # ClusterMetadata's own lookup: a producer's is patched to start tracking the
         # topic (``ProducerTopics``), which would name it to the broker.
@@ -153,22 +161,36 @@ class ExistingTopics:
             return True
         if topic in self._every:
             return True
-        if self._asking is None and self._clock() - self._asked_at >= self._refresh_s:
-            self._asked_at = self._clock()
-            self._asking = asyncio.ensure_future(self._ask(client))
-        if self._asking is None:
-            return False  # asked lately: not there then
-        asking = self._asking
-        try:
-            self._every = await asyncio.shield(asking)
-        finally:
-            if self._asking is asking and asking.done():
-                self._asking = None
-        return topic in self._every
+        began = self._clock()
+        while True:
+            if self._asking is None:
+                wait_s = self._asked_at + self._refresh_s - self._clock()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+                    continue
+                self._asked_at = self._clock()
+                self._asking = asyncio.ensure_future(self._ask(client))
+            asking = self._asking
+            try:
+                sent_at, every = await asyncio.shield(asking)
+            finally:
+                if self._asking is asking and asking.done():
+                    self._asking = None
+            if every is None:
+                return assume_on_failure
+            self._every = every
+            if topic in every:
+                return True
+            if sent_at >= began:
+                return False
 
-    async def _ask(self, client: Any) -> frozenset[str]:
+    async def _ask(self, client: Any) -> tuple[float, frozenset[str] | None]:
+        """When the question went out (lookups that began before then, in the same loop
+        turn say, take its answer as theirs), and every topic's name, or None when the
+        broker did not answer."""
+        sent_at = self._clock()
         try:
             metadata = await client.fetch_all_metadata()
         except KafkaError:
-            return self._every
-        return frozenset(metadata.topics())
+            return sent_at, None
+        return sent_at, frozenset(metadata.topics())

@@ -35,7 +35,13 @@ from tests.integration.conftest import BUS_JWT_SECRET, bus_key, eventually
 from tokenbus.chunks import Chunk, decode_batch
 from tokenbus.config import Settings
 from tokenbus.ids import new_request_id
-from tokenbus.kafka import key_partition, make_consumer, make_producer, topic_names
+from tokenbus.kafka import (
+    ensure_topics,
+    key_partition,
+    make_consumer,
+    make_producer,
+    topic_names,
+)
 from tokenbus.topics import Topics
 from tokenbus_cli.stack import Stack
 
@@ -220,6 +226,34 @@ async def test_a_producer_nobody_proved_cannot_make_the_job_create_topics(
         (letter,) = await dead_letters(dlq, value["request_id"])
         assert letter.reason.endswith("(not answered: no such topic)")
     assert not set(ghosts) & await topic_names(settings)
+
+
+async def test_a_tenant_cannot_make_topics_with_fresh_reply_names(
+    settings: Settings, dlq: Tap
+) -> None:
+    # Each fresh name under the tenant's own prefix would be a topic, made by the
+    # worker's tokens (or by an answer): refused before it runs, with nothing billed, and
+    # run as it was once the tenant has made its topic.
+    topics = Topics(settings.topic_prefix)
+    ghosts = [topics.replies(f"{A}.ghost-{new_request_id().lower()}") for _ in range(10)]
+    values = [body(ghost, tenant_id=A) for ghost in ghosts]
+    for value in values:
+        await produce(settings, value, key=A, headers=bearer(bus_key(A)))
+    for value in values:
+        (letter,) = await dead_letters(dlq, value["request_id"])
+        assert letter.reason.startswith("reply_topic_missing:")
+    assert not set(ghosts) & await topic_names(settings)
+
+    await ensure_topics(settings, {ghosts[0]: 1})
+    rid = values[0]["request_id"]
+    await produce(settings, values[0], key=A, headers=bearer(bus_key(A)))
+    rows = await eventually(lambda: billing_rows(settings, rid))
+    assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 4)]
+    chunks = await read_reply_topic(settings, ghosts[0], rid)
+    assert sum(c.num_tokens for c in chunks) == 4 and chunks[-1].error is None
+    # Keyed alike, so on the usage topic's same partition: any row for the refused
+    # requests would have come before the run's.
+    assert billing_rows(settings, values[1]["request_id"]) == []
 
 
 async def test_a_tenant_nobody_configured_is_not_served_on_default_quota(

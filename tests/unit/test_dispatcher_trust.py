@@ -745,7 +745,7 @@ async def test_a_refusal_nobody_proved_goes_only_to_a_reply_topic_the_job_knows(
 ) -> None:
     # Asking the broker about a new topic would make it (Kafka's default) or wait for it,
     # holding an admission slot: neither for a producer nobody identified.
-    async def knows_topic(topic: str) -> bool:
+    async def knows_topic(topic: str, *, assume_on_failure: bool = False) -> bool:
         return topic == ACME
 
     bus = make_bus(tmp_path, knows_topic=knows_topic)
@@ -795,3 +795,71 @@ def test_a_heartbeat_with_a_negative_count_is_ignored(field: str) -> None:
     raw = orjson.loads(encode(good)) | {field: -1}
     with pytest.raises(SchemaError, match=field):
         decode(WorkerStatus, orjson.dumps(raw))
+
+
+# -- a tenant's reply topic must exist ----------------------------------------------------------
+class Topics:
+    """The broker's topics as the job may look them up, and the lookups that would take
+    a topic as there should the broker not answer."""
+
+    def __init__(self, *existing: str) -> None:
+        self.existing = set(existing)
+        self.assumed: list[str] = []
+
+    async def __call__(self, topic: str, *, assume_on_failure: bool = False) -> bool:
+        if assume_on_failure:
+            self.assumed.append(topic)
+        return topic in self.existing
+
+
+async def test_a_request_whose_reply_topic_does_not_exist_is_dead_lettered_and_may_come_again(
+    tmp_path: Path,
+) -> None:
+    # Its tokens would make the topic (a broker that makes topics on demand: a topic per
+    # fresh name a tenant sends) or wait for it; refused before the tenant's state is
+    # touched, so the same request runs once its producer has made the topic.
+    topics = Topics()
+    bus = make_bus(tmp_path, knows_topic=topics)
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    assert bus.topics() == {TOPICS.dead_letters}
+    letter = only(bus.dead_letters())
+    assert letter.reason.startswith("reply_topic_missing:") and ACME in letter.reason
+    assert topics.assumed == [ACME]  # a tenant's request: not refused for the broker
+    assert bus.dispatcher.metrics.num_reply_topic_missing == 1
+
+    topics.existing.add(ACME)
+    loop = asyncio.create_task(bus.dispatcher.run())
+    try:
+        assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    finally:
+        loop.cancel()
+    assert [item.request_id for item in bus.forwarded()] == ["r1"]
+    assert bus.usage() == [] and bus.chunks(ACME) == []
+
+
+async def test_a_copy_naming_a_missing_reply_topic_leaves_the_run_alone(bus: Bus) -> None:
+    # A rejected usage row under a running request's id would settle its reservations to
+    # nothing and take its billing key: the run would go unbilled.
+    assert await bus.produce(body("r1"), headers=bearer(ACME_KEY)) is Outcome.FORWARDED
+    topics = Topics(ACME)
+    bus.dispatcher._knows_topic = topics
+    ghost = ACME.replace("acme.", "acme.ghost-")
+    copy = body("r1", reply_to=ghost)
+    assert await bus.produce(copy, headers=bearer(ACME_KEY)) is Outcome.REFUSED
+    assert only(bus.dead_letters()).reason.startswith("reply_topic_missing:")
+    assert bus.usage() == [] and ghost not in bus.topics()
+    entry = bus.dispatcher._ledger.get("acme", "r1")
+    assert entry is not None and entry.state is State.FORWARDED
+    bus.finish("acme", "r1", last_seq=3)  # the run's own usage settles it
+    ended = bus.dispatcher._ledger.get("acme", "r1")
+    assert ended is not None and ended.state is State.DONE
+
+
+async def test_a_misplaced_request_is_not_answered_on_a_reply_topic_that_does_not_exist(
+    tmp_path: Path,
+) -> None:
+    bus = make_bus(tmp_path, knows_topic=Topics())
+    refused = await bus.produce(body("r1"), headers=bearer(ACME_KEY), key=b"beta")
+    assert refused is Outcome.REFUSED
+    assert bus.topics() == {TOPICS.dead_letters}
+    assert only(bus.dead_letters()).reason.startswith("invalid_key:")
