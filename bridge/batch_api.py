@@ -6,7 +6,8 @@
 #   --> store --> FileObject
 # GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
 # POST /v1/batches --> tokenbus.batch.submit.create_batch (every line checked by the planner)
-#   --> BatchCommand create --> Batch ; one at a time per tenant (429 while one runs)
+#   --> BatchCommand create --> Batch ; one at a time per tenant (429 while one runs), and
+#   at most batch_create_max_inflight_bytes of files at once on the bridge (429 beyond)
 # GET /v1/batches[/{id}] --> the status documents ; POST /v1/batches/{id}/cancel --> cancel
 
 Every path in the store starts with the tenant the caller authenticated as: another
@@ -31,6 +32,7 @@ from starlette.types import Message, Receive
 from bridge.admission import Planner
 from bridge.auth import Caller
 from bridge.batch_lines import BodyChecker
+from bridge.byte_budget import ByteBudget
 from bridge.errors import (
     ApiError,
     invalid_request,
@@ -48,6 +50,7 @@ from tokenbus.kafka import make_producer
 
 MAX_LIST = 100
 FRAMING = 65_536  # a form's bytes beyond its file: boundaries, part headers, purpose
+BUSY_RETRY_S = 5.0  # a few MiB of lines take about a second to check, a large file tens
 log = logging.getLogger(__name__)
 
 
@@ -67,9 +70,11 @@ class BatchApi:
         self._planner = planner
         self._store = BatchStore(settings.batch_store)
         self._producer: AIOKafkaProducer | None = None
-        # Tenants with a create running: checking a file holds it, its lines and a thread,
-        # so a tenant gets one at a time and cannot take the bridge's memory or threads.
+        # Tenants with a create running: checking a file holds a thread and CPU the
+        # interactive requests share, so a tenant gets one at a time; and the bytes of
+        # the files all tenants' creates are checking, so together they are bounded too.
         self._creating: set[str] = set()
+        self._checking = ByteBudget(settings.batch_create_max_inflight_bytes)
 
     async def start(self) -> None:
         self._producer = make_producer(self._settings)
@@ -171,6 +176,13 @@ class BatchApi:
         return JSONResponse(_public(doc), headers=ids_of(http))
 
     async def _create(self, caller: Caller, body: BatchCreateBody) -> BatchDoc:
+        num_bytes = await self._input_bytes(caller.tenant_id, body.input_file_id)
+        if not self._checking.try_take(num_bytes):
+            raise rate_limited(
+                "The bridge is checking as many batch files as it can at once; retry shortly.",
+                "batch_create_busy",
+                retry_after(BUSY_RETRY_S),
+            )
         try:
             return await asyncio.to_thread(
                 create_batch,
@@ -192,6 +204,17 @@ class BatchApi:
             raise ApiError(
                 exc.status, exc.message, type=type_, code=exc.code, param=exc.param
             ) from None
+        finally:
+            self._checking.give_back(num_bytes)
+
+    async def _input_bytes(self, tenant: str, file_id: str) -> int:
+        """The size of the file a create names, 0 if there is none (``create_batch``
+        answers that)."""
+        try:
+            doc = await asyncio.to_thread(self._store.file_doc, tenant, file_id)
+        except NotFound:
+            return 0
+        return doc.bytes
 
     async def retrieve(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)

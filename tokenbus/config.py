@@ -532,6 +532,14 @@ class Settings(BaseSettings):
     """A ``POST /v1/files`` body must arrive whole within this (408, connection closed),
     as JSON bodies within ``bridge_body_read_timeout_s``: longer, since a file may be
     ``batch_max_file_bytes``."""
+    batch_create_max_inflight_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    """The bytes of input files one bridge checks for ``POST /v1/batches`` at once, all
+    tenants' creates together (a tenant has one at a time); a create beyond it is
+    answered 429 ``batch_create_busy`` with ``Retry-After``, so a few tenants' large
+    batches cannot take the bridge that serves everyone's interactive requests. A
+    create reads its file a line at a time (memory for its longest line, not its size),
+    but holds a thread and CPU the interactive requests share for as long as its lines
+    take to check. A file larger than this is let in alone. 0: no limit."""
     batch_max_lines: int = 50_000
     """The most lines one batch may hold (OpenAI's limit)."""
     batch_min_window_s: float = 10.0

@@ -6,7 +6,14 @@ import pytest
 
 from schemas import SamplingParams
 from schemas.batches import BatchEndpoint, LineError, PreparedLine
-from tokenbus.batch.lines import InputLine, InputRefused, parse_input, prepare
+from tokenbus.batch.lines import (
+    InputLine,
+    InputRefused,
+    check_input,
+    parse_input,
+    prepare,
+    read_input,
+)
 
 CHAT: BatchEndpoint = "/v1/chat/completions"
 
@@ -136,3 +143,55 @@ def test_lines_end_at_newlines_only() -> None:
     parsed = parse_input((row + "\r\n" + line("b")).encode(), CHAT, max_lines=10)
     assert [x.custom_id for x in parsed.lines] == ["a", "b"]
     assert parsed.lines[0].body["prompt"] == "x\u2028y\x85z"
+
+
+def blocks_of(raw: bytes, size: int) -> list[bytes]:
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
+
+
+def test_blocks_of_any_size_read_the_same_lines() -> None:
+    chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "é\u2028😀 y"}]}
+    rows = [
+        json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": chat}),
+        "\u3000 ",  # blank: Unicode whitespace only
+        json.dumps(
+            {"custom_id": "b", "method": "POST", "url": CHAT, "body": chat}, ensure_ascii=False
+        ),
+        "{broken",
+        line("c"),
+    ]
+    raw = ("\r\n".join(rows[:3]) + "\n\n" + "\n".join(rows[3:])).encode()  # no final "\n"
+    whole = list(read_input([raw], CHAT, max_line_bytes=len(raw)))
+    assert [(x.line_no, x.custom_id) for x in whole] == [(1, "a"), (3, "b"), (5, None), (6, "c")]
+    assert isinstance(whole[1], InputLine) and whole[1].body == chat
+    for size in (1, 2, 3, 5, 64):
+        blocks = blocks_of(raw, size)
+        assert check_input(blocks, CHAT, max_lines=10, max_line_bytes=len(raw)) == 4
+        assert list(read_input(blocks, CHAT, max_line_bytes=len(raw))) == whole
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xe2\x82", b"\xf0\x9f\x98"])
+def test_bytes_that_are_not_utf8_are_named_by_their_place_in_the_file(bad: bytes) -> None:
+    raw = jsonl(line("a"), "😀" * 40) + line("b").encode()[:20] + bad + b"\n" + jsonl(line("c"))
+    with pytest.raises(UnicodeDecodeError) as decoding:
+        raw.decode("utf-8")
+    expected = f"the file is not UTF-8 text: {decoding.value}"  # as the whole file decoded
+    for size in (1, 3, 7, len(raw)):
+        for max_line_bytes in (8, len(raw)):  # a line held, and one read through
+            with pytest.raises(InputRefused) as refused:
+                check_input(blocks_of(raw, size), CHAT, max_lines=10, max_line_bytes=max_line_bytes)
+            assert (refused.value.code, refused.value.message) == ("invalid_file", expected)
+
+
+def test_a_line_longer_than_a_request_body_is_that_line_s_error() -> None:
+    long = line("long", model="tiny-llama", messages=[{"role": "user", "content": "x" * 5000}])
+    raw = jsonl(line("a"), long, " " * 5000, line("b"))
+    for size in (7, len(raw)):
+        blocks = blocks_of(raw, size)
+        assert check_input(blocks, CHAT, max_lines=10, max_line_bytes=1000) == 3
+        items = list(read_input(blocks, CHAT, max_line_bytes=1000))
+        assert [(x.line_no, x.custom_id) for x in items] == [(1, "a"), (2, None), (4, "b")]
+        assert isinstance(items[1], LineError) and items[1].code == "body_too_large"
+    only_long = jsonl(long, long.replace("long", "other"))
+    # Its JSON unread, so a file of such lines is not refused as "not JSONL".
+    assert check_input([only_long], CHAT, max_lines=10, max_line_bytes=1000) == 2

@@ -102,6 +102,40 @@ def test_prepared_lines_and_errors_round_trip(tmp_path: Path) -> None:
     assert store.line_errors("acme", BATCH_ID) == errors
 
 
+def test_lines_are_in_place_only_once_all_are_written(tmp_path: Path) -> None:
+    store = BatchStore(str(tmp_path))
+    line = PreparedLine(
+        line_no=1, custom_id="a", model="m", prompt="p", sampling=SamplingParams(max_tokens=2)
+    )
+    error = LineError(line_no=2, custom_id=None, code="invalid_json", message="not JSON")
+    with pytest.raises(RuntimeError), store.line_writer("acme", BATCH_ID) as write:
+        write(line)
+        write(error)
+        raise RuntimeError("the check failed half way")
+    assert list((tmp_path / "acme" / "batches").iterdir()) == []  # no half file, no temporary
+    with store.line_writer("acme", BATCH_ID) as write:
+        write(line)
+        write(error)
+        assert not (tmp_path / "acme" / "batches" / f"{BATCH_ID}.lines.jsonl").exists()
+    assert store.lines("acme", BATCH_ID) == [line]
+    assert store.line_errors("acme", BATCH_ID) == [error]
+    assert sorted(p.name for p in (tmp_path / "acme" / "batches").iterdir()) == [
+        f"{BATCH_ID}.errors.jsonl",
+        f"{BATCH_ID}.lines.jsonl",
+    ]
+
+
+def test_a_file_is_read_a_block_at_a_time(tmp_path: Path) -> None:
+    store = BatchStore(str(tmp_path))
+    store.put_file(file_doc(), b"abc")
+    with store.open_file("acme", FILE_ID) as f:
+        assert (f.read(2), f.read(2), f.read(2)) == (b"ab", b"c", b"")
+    with pytest.raises(NotFound), store.open_file("acme", "file-01ABCDEFGHJKMNPQRSTVWXYZ99"):
+        pass
+    with pytest.raises(NotFound), store.open_file("other", FILE_ID):
+        pass
+
+
 def test_a_url_picks_the_filesystem(tmp_path: Path) -> None:
     store = BatchStore(f"file://{tmp_path}/nested")
     store.put_file(file_doc(), b"abc")
@@ -109,3 +143,6 @@ def test_a_url_picks_the_filesystem(tmp_path: Path) -> None:
     memory = BatchStore("memory://tokenbus-test-store")
     memory.put_batch(batch_doc())
     assert memory.batch("acme", BATCH_ID).id == BATCH_ID
+    error = LineError(line_no=1, custom_id=None, code="invalid_json", message="not JSON")
+    memory.put_lines("acme", BATCH_ID, [], [error])  # written under a temporary name, moved
+    assert memory.line_errors("acme", BATCH_ID) == [error]

@@ -12,14 +12,18 @@ Tenant first: every path a caller reaches starts with the tenant it authenticate
 so a file or batch id of another tenant simply is not found. Ids are checked against
 their patterns before they touch a path. Writes are atomic: the bytes go to a temporary
 name beside the target, then move over it (a rename on a local disk; on an object store
-a single PUT is atomic already), so a reader never sees half a document.
+a single PUT is atomic already), so a reader never sees half a document. A batch's lines
+are written as they are checked, never held whole: to temporary names on an object store
+too, copied into place once the last is written.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import IO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -61,6 +65,14 @@ class BatchStore:
     def file_bytes(self, tenant: str, file_id: str) -> bytes:
         return self._read(self._file_path(tenant, file_id))
 
+    def open_file(self, tenant: str, file_id: str) -> IO[bytes]:
+        """The file, to read a block at a time rather than whole; the caller closes it."""
+        try:
+            f: IO[bytes] = self._fs.open(self._file_path(tenant, file_id), "rb")
+        except FileNotFoundError:
+            raise NotFound(file_id) from None
+        return f
+
     # -- batches ----------------------------------------------------------------------
     def put_batch(self, doc: BatchDoc) -> None:
         self._write(self._batch_path(doc.tenant, doc.id) + ".json", _json(doc))
@@ -97,9 +109,28 @@ class BatchStore:
     def put_lines(
         self, tenant: str, batch_id: str, lines: Iterable[PreparedLine], errors: Iterable[LineError]
     ) -> None:
+        with self.line_writer(tenant, batch_id) as write:
+            for line in lines:
+                write(line)
+            for error in errors:
+                write(error)
+
+    @contextmanager
+    def line_writer(
+        self, tenant: str, batch_id: str
+    ) -> Iterator[Callable[[PreparedLine | LineError], None]]:
+        """Writes a batch's prepared lines and line errors one at a time, each in the
+        order written; both files are in place when the block ends, neither if it raises."""
         base = self._batch_path(tenant, batch_id)
-        self._write(base + ".lines.jsonl", b"".join(_json(line) + b"\n" for line in lines))
-        self._write(base + ".errors.jsonl", b"".join(_json(error) + b"\n" for error in errors))
+        with (
+            self._writing(base + ".lines.jsonl") as lines,
+            self._writing(base + ".errors.jsonl") as errors,
+        ):
+
+            def write(item: PreparedLine | LineError) -> None:
+                (errors if isinstance(item, LineError) else lines).write(_json(item) + b"\n")
+
+            yield write
 
     def lines(self, tenant: str, batch_id: str) -> list[PreparedLine]:
         raw = self._read(self._batch_path(tenant, batch_id) + ".lines.jsonl")
@@ -130,11 +161,23 @@ class BatchStore:
         if not self._local:
             self._fs.pipe_file(path, data)  # one PUT: atomic on an object store
             return
+        with self._writing(path) as f:
+            f.write(data)
+
+    @contextmanager
+    def _writing(self, path: str) -> Iterator[IO[bytes]]:
+        """A file written a piece at a time under a temporary name, moved to ``path``
+        when the block ends (a copy on an object store), removed if it raises."""
         self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         temporary = f"{path}.tmp-{secrets.token_hex(6)}"
-        with self._fs.open(temporary, "wb") as f:
-            f.write(data)
-        self._fs.mv(temporary, path)
+        try:
+            with self._fs.open(temporary, "wb") as f:
+                yield f
+            self._fs.mv(temporary, path)
+        except BaseException:
+            if self._fs.exists(temporary):
+                self._fs.rm(temporary)
+            raise
 
 
 def _checked(pattern: re.Pattern[str], value: str, what: str) -> str:

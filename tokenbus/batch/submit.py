@@ -1,18 +1,23 @@
 """Creating a batch, as the bridge's ``POST /v1/batches`` and ``tokenbus batch submit``
 both do it: check everything the client set, record the batch, tell the runners.
 
-# input file (store) + endpoint + completion_window + metadata + BodyCheck
-# --> tokenbus.batch.lines (file refused, or lines + line errors) --> prepared lines, BatchDoc
-# --> store (lines, errors, status document) --> BatchCommand create --> <prefix>.batches
+# input file (store, read a block at a time) + endpoint + completion_window + metadata
+# --> tokenbus.batch.lines: check_input (file refused, or its number of lines)
+# --> read_input + prepare_lines (BodyCheck) --> store, a line at a time (lines, errors)
+# --> BatchDoc (store) --> BatchCommand create --> <prefix>.batches
 
-The status document is written before the command, so a runner that reads the command
-always finds it. A batch none of whose lines can run is ``failed`` at once, with every
-line's reason in its ``errors``; the runner skips it.
+The file is read twice, never held: once to refuse it whole or count its lines, once to
+check and write each line. The status document is written after the lines and before
+the command, so a runner that reads the command always finds both. A batch none of
+whose lines can run is ``failed`` at once, with every line's reason in its ``errors``;
+the runner skips it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import IO
 
 from schemas.batches import (
     BatchCredential,
@@ -24,7 +29,7 @@ from schemas.batches import (
     LineError,
     RequestCounts,
 )
-from tokenbus.batch.lines import BodyCheck, InputRefused, parse_input, prepare
+from tokenbus.batch.lines import BodyCheck, InputRefused, check_input, prepare_lines, read_input
 from tokenbus.batch.store import BatchStore, NotFound
 from tokenbus.config import Settings
 from tokenbus.errors import CodedError
@@ -35,6 +40,12 @@ MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_DOC_ERRORS = 1_000
 """Line errors listed in the status document; the error file has them all."""
+READ_BLOCK_BYTES = 1 << 20
+"""How much of an input file is read at once."""
+LINE_FRAMING_BYTES = 8192
+"""A line's bytes around its body: ``custom_id`` (512 characters, 6 KiB escaped),
+``method`` and ``url``. A line longer than ``bridge_max_body_bytes`` and this is refused
+as the bridge refuses such a body sent alone (``body_too_large``), and never held."""
 
 
 WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -130,46 +141,76 @@ def create_batch(
     checked_metadata = check_metadata(metadata)
     try:
         file_doc = store.file_doc(tenant, input_file_id)
-        raw = store.file_bytes(tenant, input_file_id)
     except NotFound:
-        raise BatchRefused(
-            404, "file_not_found", f"No file {input_file_id[:80]!r} of yours.", "input_file_id"
-        ) from None
+        raise _no_file(input_file_id) from None
     if file_doc.purpose != "batch":
         raise BatchRefused(
             400, "invalid_file", "the input file must have been uploaded with purpose 'batch'",
             "input_file_id",
         )  # fmt: skip
+    batch_id = new_batch_id()
+    max_line_bytes = settings.bridge_max_body_bytes + LINE_FRAMING_BYTES
+    num_prepared, model = 0, None
+    errors: list[LineError] = []  # the first MAX_DOC_ERRORS, for the status document
     try:
-        parsed = parse_input(raw, batch_endpoint, max_lines=settings.batch_max_lines)
+        with store.open_file(tenant, input_file_id) as f:
+            num_lines = check_input(
+                _blocks(f),
+                batch_endpoint,
+                max_lines=settings.batch_max_lines,
+                max_line_bytes=max_line_bytes,
+            )
+            f.seek(0)
+            items = read_input(_blocks(f), batch_endpoint, max_line_bytes=max_line_bytes)
+            with store.line_writer(tenant, batch_id) as write:
+                for line in prepare_lines(items, check_body):
+                    write(line)
+                    if isinstance(line, LineError):
+                        if len(errors) < MAX_DOC_ERRORS:
+                            errors.append(line)
+                    else:
+                        num_prepared += 1
+                        model = model or line.model
+    except NotFound:
+        raise _no_file(input_file_id) from None
     except InputRefused as exc:
         raise BatchRefused(400, exc.code, exc.message, "input_file_id") from None
-    prepared, errors = prepare(parsed, check_body)
     created = int(now)
     doc = BatchDoc(
-        id=new_batch_id(),
+        id=batch_id,
         endpoint=batch_endpoint,
         input_file_id=input_file_id,
         completion_window=completion_window,
-        status="validating" if prepared else "failed",
+        status="validating" if num_prepared else "failed",
         created_at=created,
         expires_at=created + int(window_s),
-        failed_at=None if prepared else created,
+        failed_at=None if num_prepared else created,
         request_counts=RequestCounts(
-            total=parsed.num_lines, completed=0, failed=0 if prepared else parsed.num_lines
+            total=num_lines, completed=0, failed=0 if num_prepared else num_lines
         ),
         metadata=checked_metadata,
         errors=_doc_errors(errors),
-        model=prepared[0].model if prepared else None,
+        model=model,
         tenant=tenant,
         credential=credential,
     )
-    store.put_lines(tenant, doc.id, prepared, errors)
     store.put_batch(doc)
     return doc
 
 
+def _blocks(f: IO[bytes]) -> Iterator[bytes]:
+    while block := f.read(READ_BLOCK_BYTES):
+        yield block
+
+
+def _no_file(input_file_id: str) -> BatchRefused:
+    return BatchRefused(
+        404, "file_not_found", f"No file {input_file_id[:80]!r} of yours.", "input_file_id"
+    )
+
+
 def _doc_errors(errors: list[LineError]) -> BatchErrors | None:
+    """The first ``MAX_DOC_ERRORS`` line errors, as the status document lists them."""
     if not errors:
         return None
     return BatchErrors(
