@@ -3,8 +3,9 @@
 ``tokenbus.batch.submit``.
 
 # POST /v1/files (multipart: file, purpose=batch; one deadline, 413 once past the limit)
-#   --> store --> FileObject
-# GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only)
+#   --> the parser's spool --> store, a block at a time --> FileObject
+# GET /v1/files/{id}, GET /v1/files/{id}/content --> store (the caller's tenant only; the
+#   content streamed a block at a time)
 # POST /v1/batches --> tokenbus.batch.submit.create_batch (every line checked by the planner)
 #   --> BatchCommand create --> Batch ; one at a time per tenant (429 while one runs), and
 #   at most batch_create_max_inflight_bytes of files at once on the bridge (429 beyond)
@@ -19,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import IO, Any
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive
 
@@ -44,12 +46,13 @@ from bridge.gateway import Gateway, ids_of, read_within
 from schemas.batches import BatchCredential, BatchDoc
 from tokenbus.batch.commands import send_command
 from tokenbus.batch.store import BatchStore, NotFound
-from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
+from tokenbus.batch.submit import BatchRefused, create_batch, file_doc_of
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 
 MAX_LIST = 100
 FRAMING = 65_536  # a form's bytes beyond its file: boundaries, part headers, purpose
+DOWNLOAD_BLOCK_BYTES = 1 << 20  # what a file's download holds at once
 BUSY_RETRY_S = 5.0  # a few MiB of lines take about a second to check, a large file tens
 log = logging.getLogger(__name__)
 
@@ -116,14 +119,17 @@ class BatchApi:
                 raise invalid_request(
                     "Missing required parameter: file", "file", "missing_required"
                 )
-            data = await upload.read(limit + 1)
+            num_bytes = upload.size
+            assert num_bytes is not None  # the form parser counts what it spools
+            if num_bytes > limit:
+                raise file_too_large(limit)
             filename = upload.filename or "upload.jsonl"
+            doc = file_doc_of(caller.tenant_id, filename, num_bytes, time.time())
+            # From the parser's spool (on disk past 1 MiB) to the store a block at a time.
+            await upload.seek(0)
+            await asyncio.to_thread(self._store.put_file_from, doc, upload.file)
         finally:
             await form.close()
-        if len(data) > limit:
-            raise file_too_large(limit)
-        doc = file_doc(caller.tenant_id, filename, data, time.time())
-        await asyncio.to_thread(self._store.put_file, doc, data)
         return JSONResponse(doc.public(), headers=ids_of(http))
 
     async def _read_form(self, http: Request, limit: int) -> FormData:
@@ -143,10 +149,13 @@ class BatchApi:
 
     async def content(self, http: Request) -> Response:
         caller = self._gateway.authenticate(http)
-        data = await self._found(
-            self._store.file_bytes, caller.tenant_id, http.path_params["file_id"]
+        tenant, file_id = caller.tenant_id, http.path_params["file_id"]
+        num_bytes = await self._found(self._store.file_size, tenant, file_id)
+        f = await self._found(self._store.open_file, tenant, file_id)
+        headers = {**ids_of(http), "Content-Length": str(num_bytes)}
+        return StreamingResponse(
+            _read_blocks(f), media_type="application/octet-stream", headers=headers
         )
-        return Response(data, media_type="application/octet-stream", headers=ids_of(http))
 
     # -- batches ----------------------------------------------------------------------
     async def create(self, http: Request) -> Response:
@@ -281,6 +290,15 @@ class BatchApi:
 
 def file_too_large(limit: int) -> ApiError:
     return too_large(f"The file exceeds {limit} bytes.", "file", "file_too_large")
+
+
+async def _read_blocks(f: IO[bytes]) -> AsyncIterator[bytes]:
+    """``f`` a block at a time, each read in a thread, then closed."""
+    try:
+        while block := await asyncio.to_thread(f.read, DOWNLOAD_BLOCK_BYTES):
+            yield block
+    finally:
+        f.close()
 
 
 def _capped(receive: Receive, limit: int) -> Receive:

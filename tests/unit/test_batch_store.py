@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,16 @@ def test_lines_are_in_place_only_once_all_are_written(tmp_path: Path) -> None:
     ]
 
 
-def test_a_file_is_read_a_block_at_a_time(tmp_path: Path) -> None:
+def test_a_file_is_written_and_read_a_block_at_a_time(tmp_path: Path) -> None:
     store = BatchStore(str(tmp_path))
-    store.put_file(file_doc(), b"abc")
+    store.put_file_from(file_doc(), io.BytesIO(b"abc"))
+    assert (store.file_bytes("acme", FILE_ID), store.file_doc("acme", FILE_ID)) == (
+        b"abc",
+        file_doc(),
+    )
+    assert store.file_size("acme", FILE_ID) == 3
+    with pytest.raises(NotFound):
+        store.file_size("other", FILE_ID)
     with store.open_file("acme", FILE_ID) as f:
         assert (f.read(2), f.read(2), f.read(2)) == (b"ab", b"c", b"")
     with pytest.raises(NotFound), store.open_file("acme", "file-01ABCDEFGHJKMNPQRSTVWXYZ99"):

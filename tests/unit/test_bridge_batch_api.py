@@ -8,7 +8,9 @@ import hashlib
 import json
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -494,3 +496,75 @@ def test_a_file_read_in_many_blocks_stores_the_lines_it_would_whole(
     assert stored[1].messages is not None and stored[1].messages[0].content == screened["content"]
     assert [(e.line_no, e.code) for e in errors] == [(5, "invalid_json")]
     assert create(len(raw)) == (stored, errors)  # the file read in one block
+
+
+@dataclass
+class Traced:
+    """An answer as ``call_traced`` saw it: its body's SHA-256, not its bytes."""
+
+    status: int = 0
+    first_part: bytes | None = None  # its first 64 KiB
+    sha256: Any = field(default_factory=hashlib.sha256)
+    peak: int = 0
+
+
+async def call_traced(app: Starlette, scope: dict[str, Any], parts: Iterator[bytes]) -> Traced:
+    """One request whose body arrives as ``parts``, and the most memory the app held at
+    once while it answered (``tracemalloc``: Python's allocations)."""
+    traced = Traced()
+
+    body_sent = False
+
+    async def receive() -> Message:
+        nonlocal body_sent
+        if body_sent:
+            await asyncio.Event().wait()  # a client that stays for the answer
+        part = next(parts, None)
+        body_sent = part is None
+        return {"type": "http.request", "body": part or b"", "more_body": not body_sent}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            traced.status = message["status"]
+        elif message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if traced.first_part is None:
+                traced.first_part = body[:65_536]
+            traced.sha256.update(body)
+
+    tracemalloc.start()
+    try:
+        await app(scope, receive, send)
+        _, traced.peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return traced
+
+
+async def test_a_file_goes_up_and_down_a_block_at_a_time(app: Any) -> None:
+    starlette_app, _, _ = app
+    block, num_blocks = 65_536, 256  # 16 MiB, every block its own bytes
+    sent = hashlib.sha256()
+
+    def form() -> Iterator[bytes]:
+        yield FORM_HEAD
+        for i in range(num_blocks):
+            data = bytes([i % 251]) * block
+            sent.update(data)
+            yield data
+        yield b"\r\n--XX--\r\n"
+
+    upload = {"type": "http", "method": "POST", "path": "/v1/files", "headers": MULTIPART}
+    uploaded = await call_traced(starlette_app, upload, form())
+    assert uploaded.status == 200 and uploaded.first_part is not None
+    file_object = json.loads(uploaded.first_part)
+    assert file_object["bytes"] == block * num_blocks
+    # Read whole, the upload held the file and the download held it again.
+    assert uploaded.peak < block * num_blocks / 4
+    headers = [(b"authorization", f"Bearer {KEYS['alice']}".encode())]
+    path = f"/v1/files/{file_object['id']}/content"
+    download = {"type": "http", "method": "GET", "path": path, "headers": headers}
+    downloaded = await call_traced(starlette_app, download, iter(()))
+    assert downloaded.status == 200
+    assert downloaded.sha256.digest() == sent.digest()
+    assert downloaded.peak < block * num_blocks / 4

@@ -227,11 +227,17 @@ def _doc_errors(errors: list[LineError]) -> BatchErrors | None:
 
 
 def file_doc(tenant: str, filename: str, data: bytes, now: float) -> FileDoc:
-    """An uploaded input file's record; the name is the client's, kept only as a label."""
+    """An uploaded input file's record."""
+    return file_doc_of(tenant, filename, len(data), now)
+
+
+def file_doc_of(tenant: str, filename: str, num_bytes: int, now: float) -> FileDoc:
+    """The record of an uploaded input file of ``num_bytes``; the name is the client's,
+    kept only as a label."""
     name = filename.replace("\\", "/").rsplit("/", 1)[-1][:256] or "upload.jsonl"
     return FileDoc(
         id=new_file_id(),
-        bytes=len(data),
+        bytes=num_bytes,
         created_at=int(now),
         filename=name,
         purpose="batch",
