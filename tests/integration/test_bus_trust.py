@@ -212,20 +212,31 @@ async def test_another_tenant_s_id_without_a_credential_leaves_its_real_request_
     assert [(r["status"], r["completion_tokens"]) for r in rows] == [("ok", 4)]
 
 
+async def to_missing_topics(
+    settings: Settings, dlq: Tap, num: int, *, headers: list[tuple[str, bytes]] | None
+) -> tuple[list[dict[str, Any]], list[DeadLetter]]:
+    """``num`` requests of A's, each naming a reply topic of A's that does not exist;
+    returns them and the one dead letter each got, once no topic was made for them."""
+    topics = Topics(settings.topic_prefix)
+    ghosts = [topics.replies(f"{A}.ghost-{new_request_id().lower()}") for _ in range(num)]
+    values = [body(ghost, tenant_id=A) for ghost in ghosts]
+    for value in values:
+        await produce(settings, value, key=A, headers=headers)
+    letters = [
+        letter for value in values for letter in await dead_letters(dlq, value["request_id"])
+    ]
+    assert len(letters) == num, letters
+    assert not set(ghosts) & await topic_names(settings)
+    return values, letters
+
+
 async def test_a_producer_nobody_proved_cannot_make_the_job_create_topics(
     settings: Settings, dlq: Tap
 ) -> None:
     # A send to a missing topic makes it on a broker that makes topics on demand (the
     # bundled one; Kafka's default), and waits for it on one that does not.
-    topics = Topics(settings.topic_prefix)
-    ghosts = [topics.replies(f"{A}.ghost-{new_request_id().lower()}") for _ in range(20)]
-    values = [body(ghost, tenant_id=A) for ghost in ghosts]
-    for value in values:
-        await produce(settings, value, key=A)
-    for value in values:
-        (letter,) = await dead_letters(dlq, value["request_id"])
-        assert letter.reason.endswith("(not answered: no such topic)")
-    assert not set(ghosts) & await topic_names(settings)
+    _, letters = await to_missing_topics(settings, dlq, 20, headers=None)
+    assert all(letter.reason.endswith("(not answered: no such topic)") for letter in letters)
 
 
 async def test_a_tenant_cannot_make_topics_with_fresh_reply_names(
@@ -234,15 +245,9 @@ async def test_a_tenant_cannot_make_topics_with_fresh_reply_names(
     # Each fresh name under the tenant's own prefix would be a topic, made by the
     # worker's tokens (or by an answer): refused before it runs, with nothing billed, and
     # run as it was once the tenant has made its topic.
-    topics = Topics(settings.topic_prefix)
-    ghosts = [topics.replies(f"{A}.ghost-{new_request_id().lower()}") for _ in range(10)]
-    values = [body(ghost, tenant_id=A) for ghost in ghosts]
-    for value in values:
-        await produce(settings, value, key=A, headers=bearer(bus_key(A)))
-    for value in values:
-        (letter,) = await dead_letters(dlq, value["request_id"])
-        assert letter.reason.startswith("reply_topic_missing:")
-    assert not set(ghosts) & await topic_names(settings)
+    values, letters = await to_missing_topics(settings, dlq, 10, headers=bearer(bus_key(A)))
+    assert all(letter.reason.startswith("reply_topic_missing:") for letter in letters)
+    ghosts = [value["reply_to"] for value in values]
 
     await ensure_topics(settings, {ghosts[0]: 1})
     rid = values[0]["request_id"]
