@@ -418,7 +418,7 @@ def submit_batch(settings: Settings, lines: list[str], max_tokens: int) -> str:
     directory = settings.tenant_directory()
     caller = Caller(tenant=directory.get(BATCH_TENANT), credential_id="bench", reply_prefix="")
     store = BatchStore(settings.batch_store)
-    upload = file_doc(BATCH_TENANT, "bench.jsonl", data, time.time())
+    upload = file_doc(BATCH_TENANT, "bench.jsonl", len(data), time.time())
     store.put_file(upload, data)
     doc = create_batch(
         store,

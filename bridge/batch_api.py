@@ -46,7 +46,7 @@ from bridge.gateway import Gateway, ids_of, read_within
 from schemas.batches import BatchCredential, BatchDoc
 from tokenbus.batch.commands import send_command
 from tokenbus.batch.store import BatchStore, NotFound
-from tokenbus.batch.submit import BatchRefused, create_batch, file_doc_of
+from tokenbus.batch.submit import BatchRefused, create_batch, file_doc
 from tokenbus.config import Settings
 from tokenbus.kafka import make_producer
 
@@ -124,7 +124,7 @@ class BatchApi:
             if num_bytes > limit:
                 raise file_too_large(limit)
             filename = upload.filename or "upload.jsonl"
-            doc = file_doc_of(caller.tenant_id, filename, num_bytes, time.time())
+            doc = file_doc(caller.tenant_id, filename, num_bytes, time.time())
             # From the parser's spool (on disk past 1 MiB) to the store a block at a time.
             await upload.seek(0)
             await asyncio.to_thread(self._store.put_file_from, doc, upload.file)

@@ -91,7 +91,7 @@ def submit(
     )
     caller = Caller(tenant=directory.get(tenant), credential_id="cli", reply_prefix="")
     store = BatchStore(settings.batch_store)
-    upload = file_doc(tenant, path.name, data, time.time())
+    upload = file_doc(tenant, path.name, len(data), time.time())
     store.put_file(upload, data)
     try:
         doc = create_batch(

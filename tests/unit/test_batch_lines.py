@@ -1,17 +1,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import pytest
 
 from schemas import SamplingParams
 from schemas.batches import BatchEndpoint, LineError, PreparedLine
 from tokenbus.batch.lines import (
+    BodyCheck,
     InputLine,
     InputRefused,
     check_input,
-    parse_input,
-    prepare,
+    prepare_lines,
     read_input,
 )
 
@@ -25,6 +26,42 @@ def line(custom_id: str, url: str = CHAT, **body: object) -> str:
 
 def jsonl(*rows: str) -> bytes:
     return ("\n".join(rows) + "\n").encode()
+
+
+@dataclass
+class Parsed:
+    lines: list[InputLine] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    num_lines: int = 0
+
+
+def parse_input(raw: bytes, endpoint: BatchEndpoint, *, max_lines: int) -> Parsed:
+    """Both passes over a file held whole, as one block."""
+    max_line_bytes = max(len(raw), 1)
+    parsed = Parsed()
+    parsed.num_lines = check_input(
+        [raw], endpoint, max_lines=max_lines, max_line_bytes=max_line_bytes
+    )
+    for item in read_input([raw], endpoint, max_line_bytes=max_line_bytes):
+        if isinstance(item, LineError):
+            parsed.errors.append(item)
+        else:
+            parsed.lines.append(item)
+    return parsed
+
+
+def prepare(parsed: Parsed, check_body: BodyCheck) -> tuple[list[PreparedLine], list[LineError]]:
+    """``prepare_lines`` over a parsed file, in line order: what runs, and what will not."""
+    in_order: list[InputLine | LineError] = [*parsed.lines, *parsed.errors]
+    in_order.sort(key=lambda item: item.line_no)
+    prepared: list[PreparedLine] = []
+    errors: list[LineError] = []
+    for result in prepare_lines(in_order, check_body):
+        if isinstance(result, LineError):
+            errors.append(result)
+        else:
+            prepared.append(result)
+    return prepared, errors
 
 
 def test_good_lines_parse_with_their_numbers() -> None:

@@ -98,7 +98,11 @@ def test_prepared_lines_and_errors_round_trip(tmp_path: Path) -> None:
         )
     ]
     errors = [LineError(line_no=2, custom_id=None, code="invalid_json", message="not JSON")]
-    store.put_lines("acme", BATCH_ID, lines, errors)
+    with store.line_writer("acme", BATCH_ID) as write:
+        for prepared in lines:
+            write(prepared)
+        for error in errors:
+            write(error)
     assert store.lines("acme", BATCH_ID) == lines
     assert store.line_errors("acme", BATCH_ID) == errors
 
@@ -152,5 +156,6 @@ def test_a_url_picks_the_filesystem(tmp_path: Path) -> None:
     memory.put_batch(batch_doc())
     assert memory.batch("acme", BATCH_ID).id == BATCH_ID
     error = LineError(line_no=1, custom_id=None, code="invalid_json", message="not JSON")
-    memory.put_lines("acme", BATCH_ID, [], [error])  # written under a temporary name, moved
+    with memory.line_writer("acme", BATCH_ID) as write:  # under a temporary name, moved
+        write(error)
     assert memory.line_errors("acme", BATCH_ID) == [error]

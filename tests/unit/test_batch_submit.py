@@ -59,7 +59,7 @@ def create_traced(tmp_path: Path, raw: bytes) -> tuple[BatchStore, str, int]:
     create held at once (``tracemalloc``: Python's allocations)."""
     settings = Settings(home=tmp_path)
     store = BatchStore(settings.batch_store)
-    upload = file_doc("acme", "in.jsonl", raw, time.time())
+    upload = file_doc("acme", "in.jsonl", len(raw), time.time())
     store.put_file(upload, raw)
     del raw
     tracemalloc.start()

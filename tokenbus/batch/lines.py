@@ -16,8 +16,7 @@ naming its number and the reason, and the rest runs.
 Both passes read the file as an iterable of blocks and hold one line at a time (a line
 longer than ``max_line_bytes`` is not held at all), so checking a file costs memory in
 proportion to its longest line, not to its size; the first pass keeps a 16-byte digest
-per ``custom_id``. ``parse_input`` and ``prepare`` are the same steps over a file held
-in memory whole.
+per ``custom_id``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -48,16 +47,6 @@ class InputLine:
     custom_id: str
     url: BatchEndpoint
     body: dict[str, Any]
-
-
-@dataclass
-class ParsedInput:
-    lines: list[InputLine] = field(default_factory=list)
-    errors: list[LineError] = field(default_factory=list)
-
-    @property
-    def num_lines(self) -> int:
-        return len(self.lines) + len(self.errors)
 
 
 BodyCheck = Callable[[InputLine], PreparedLine | LineError]
@@ -143,35 +132,6 @@ def prepare_lines(
     """Every line checked for its tenant, in the order given: what runs, or why not."""
     for item in items:
         yield item if isinstance(item, LineError) else check_body(item)
-
-
-def parse_input(raw: bytes, endpoint: BatchEndpoint, *, max_lines: int) -> ParsedInput:
-    """The lines of a file held whole in memory; raises ``InputRefused`` for the file."""
-    max_line_bytes = max(len(raw), 1)
-    check_input([raw], endpoint, max_lines=max_lines, max_line_bytes=max_line_bytes)
-    parsed = ParsedInput()
-    for item in read_input([raw], endpoint, max_line_bytes=max_line_bytes):
-        if isinstance(item, LineError):
-            parsed.errors.append(item)
-        else:
-            parsed.lines.append(item)
-    return parsed
-
-
-def prepare(
-    parsed: ParsedInput, check_body: BodyCheck
-) -> tuple[list[PreparedLine], list[LineError]]:
-    """``prepare_lines`` over a parsed file: what runs, and every line that will not."""
-    prepared: list[PreparedLine] = []
-    errors: list[LineError] = []
-    in_order: list[InputLine | LineError] = [*parsed.lines, *parsed.errors]
-    in_order.sort(key=lambda item: item.line_no)
-    for result in prepare_lines(in_order, check_body):
-        if isinstance(result, LineError):
-            errors.append(result)
-        else:
-            prepared.append(result)
-    return prepared, errors
 
 
 def _line(line_no: int, data: Any, endpoint: BatchEndpoint) -> InputLine | LineError:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO
 
@@ -119,15 +119,6 @@ class BatchStore:
         for path in self._fs.glob(f"{self._root}/*/batches/{batch_id}.json"):
             return BatchDoc.model_validate_json(self._read(str(path)))
         raise NotFound(batch_id)
-
-    def put_lines(
-        self, tenant: str, batch_id: str, lines: Iterable[PreparedLine], errors: Iterable[LineError]
-    ) -> None:
-        with self.line_writer(tenant, batch_id) as write:
-            for line in lines:
-                write(line)
-            for error in errors:
-                write(error)
 
     @contextmanager
     def line_writer(

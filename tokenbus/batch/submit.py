@@ -226,12 +226,7 @@ def _doc_errors(errors: list[LineError]) -> BatchErrors | None:
     )
 
 
-def file_doc(tenant: str, filename: str, data: bytes, now: float) -> FileDoc:
-    """An uploaded input file's record."""
-    return file_doc_of(tenant, filename, len(data), now)
-
-
-def file_doc_of(tenant: str, filename: str, num_bytes: int, now: float) -> FileDoc:
+def file_doc(tenant: str, filename: str, num_bytes: int, now: float) -> FileDoc:
     """The record of an uploaded input file of ``num_bytes``; the name is the client's,
     kept only as a label."""
     name = filename.replace("\\", "/").rsplit("/", 1)[-1][:256] or "upload.jsonl"
